@@ -1,0 +1,77 @@
+"""The backend interface: turn a model source into modules the engine calls, and say what went where."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from qcls.backends import sources
+from qcls.config import QclsConfig
+
+
+@dataclass
+class LoadedModel:
+    """What a backend hands the engine. `model` is a transformers CausalLM whose decoder modules are
+    called by the engine; the LM head is reached only through `head_rows` / `full_head`."""
+    model: torch.nn.Module
+    tokenizer: object
+    device: torch.device
+    dtype: torch.dtype
+    backend: str
+    graph_capturable: bool = True
+    notes: list[str] = field(default_factory=list)  # start-up log lines that also go into result metadata
+    memory: dict[str, int] = field(default_factory=dict)  # bytes: weights_gpu, weights_cpu, …
+    # Offloading backends gather the embedding rows themselves: fn(ids_cpu [N], out [N, H] on device).
+    embed_fn: Callable[[torch.Tensor, torch.Tensor], None] | None = None
+
+    def head_rows(self, tokens: list[int]) -> torch.Tensor:
+        """[len(tokens), H] rows of the LM head, on the compute device."""
+        w = self.model.get_output_embeddings().weight
+        return w[torch.tensor(tokens, device=w.device)].detach().to(self.device, self.dtype)
+
+    def full_head(self) -> torch.Tensor | None:
+        """The whole [V, H] LM head on the device (for full-vocabulary normalisers), or None."""
+        w = self.model.get_output_embeddings().weight
+        return w.detach() if w.device == self.device else None
+
+
+def resolve_device(cfg: QclsConfig) -> torch.device:
+    want = cfg.backend.device
+    if want == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("backend.device=cuda but no CUDA GPU is visible; use backend.device=cpu "
+                           "(or auto) to run on the CPU")
+    if want == "auto":
+        want = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(want)
+
+
+def resolve_dtype(cfg: QclsConfig, device: torch.device) -> torch.dtype:
+    if cfg.backend.dtype == "auto":
+        return torch.float16 if device.type == "cuda" else torch.float32
+    return {"float16": torch.float16, "float32": torch.float32}[cfg.backend.dtype]
+
+
+def module_bytes(model: torch.nn.Module) -> dict[str, int]:
+    """Bytes of parameters and buffers per device type."""
+    out: dict[str, int] = {}
+    seen = set()
+    for t in list(model.parameters()) + list(model.buffers()):
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        key = "weights_gpu" if t.device.type == "cuda" else "weights_cpu"
+        out[key] = out.get(key, 0) + t.numel() * t.element_size()
+    return out
+
+
+class Backend:
+    """Subclass, set `name`, implement `load`; register it with one line in registry.py."""
+    name = "base"
+
+    def load(self, cfg: QclsConfig) -> LoadedModel:
+        raise NotImplementedError
+
+    @staticmethod
+    def source(cfg: QclsConfig) -> sources.Source:
+        return sources.resolve(cfg.model, cfg.cache_dir)

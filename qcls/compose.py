@@ -1,0 +1,52 @@
+"""Hydra composition → validated `QclsConfig`. The one place config files become a config object."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+from pydantic import ValidationError
+
+from qcls.config import QclsConfig
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message names the field and the reason."""
+
+
+def conf_dir() -> Path:
+    """The repository's `conf/` (QCLS_CONF_DIR overrides it, e.g. for a deployed copy)."""
+    env = os.environ.get("QCLS_CONF_DIR")
+    path = Path(env) if env else Path(__file__).resolve().parents[1] / "conf"
+    if not (path / "config.yaml").is_file():
+        raise ConfigError(f"no Hydra config at {path}/config.yaml: install qcls from a checkout "
+                          "(pip install -e .) or set QCLS_CONF_DIR to a conf/ folder")
+    return path
+
+
+def validate(cfg: DictConfig | dict) -> QclsConfig:
+    """Validate a composed Hydra config (or a plain dict) into a frozen `QclsConfig`."""
+    data = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
+    data = {k: v for k, v in data.items() if k != "hydra"}
+    try:
+        return QclsConfig.model_validate(data)
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            where = ".".join(str(p) for p in err["loc"]) or "config"
+            lines.append(f"  {where}: {err['msg']}")
+        raise ConfigError("invalid qcls config:\n" + "\n".join(lines)) from None
+
+
+def compose(overrides: list[str] | tuple[str, ...] = ()) -> QclsConfig:
+    """Compose `conf/config.yaml` with Hydra overrides (`model=qwen3_4b scoring=exact …`) and validate."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+            cfg = hydra_compose(config_name="config", overrides=list(overrides))
+    except HydraException as e:
+        raise ConfigError(f"bad override: {e}") from None
+    return validate(cfg)

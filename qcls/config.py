@@ -1,0 +1,151 @@
+"""The validated configuration: what Hydra composes is checked here before anything loads.
+
+Every model forbids unknown keys, so a typo in an override is an error that names the key instead of a
+setting silently ignored.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+MAX_PROMPTS = 16
+STRATEGIES = ("first_token", "trie", "exact", "mean_logprob")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PromptSpec(_Strict):
+    """One classification prompt: a template with exactly one `{query}` and the labels to choose from."""
+
+    name: str = Field(min_length=1)
+    template: str
+    label_prefix: str = " "
+    labels: list[str]
+    # Token text that ends a label when one label's tokens are a prefix of another's; None = the
+    # tokenizer's end-of-turn / eos token.
+    label_end: str | None = None
+
+    @field_validator("template")
+    @classmethod
+    def _one_query(cls, v: str) -> str:
+        n = v.count("{query}")
+        if n != 1:
+            raise ValueError(f"template must contain exactly one '{{query}}' placeholder, found {n}")
+        return v
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: list[str]) -> list[str]:
+        if len(v) < 2:
+            raise ValueError(f"a prompt needs at least 2 labels, got {len(v)}")
+        empty = [i for i, lab in enumerate(v) if not lab.strip()]
+        if empty:
+            raise ValueError(f"labels at positions {empty} are empty or whitespace-only")
+        dup = sorted({lab for lab in v if v.count(lab) > 1})
+        if dup:
+            raise ValueError(f"duplicate labels {dup}: every label must be distinct")
+        return v
+
+    @property
+    def prefix(self) -> str:
+        return self.template.split("{query}")[0]
+
+    @property
+    def suffix(self) -> str:
+        return self.template.split("{query}")[1]
+
+
+class ModelSpec(_Strict):
+    """Where the weights come from. `source` says how `path` is read."""
+
+    name: str
+    source: Literal["demo", "local", "hub", "gguf"]
+    path: str | None = None  # local dir (local), repo id (hub), .gguf file or dir (gguf)
+    gguf_file: str | None = None  # file name inside `path` when `path` is a directory or hub id
+    revision: str | None = None
+    # Architecture facts for the memory estimate when the config cannot be read yet (informational).
+    family: Literal["llama", "qwen2", "qwen3"] | None = None
+
+    @model_validator(mode="after")
+    def _needs_path(self) -> "ModelSpec":
+        if self.source != "demo" and not self.path:
+            raise ValueError(f"model.path is required when model.source is '{self.source}'")
+        return self
+
+
+class BackendSpec(_Strict):
+    """Which backend turns the checkpoint into the modules the engine calls (see qcls/backends/)."""
+
+    name: str = "fp16"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    # auto: float16 on a GPU, float32 on the CPU (fp16 matmuls on the CPU are slow and less exact)
+    dtype: Literal["auto", "float16", "float32"] = "auto"
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class ScoringSpec(_Strict):
+    name: Literal["first_token", "trie", "exact", "mean_logprob"] = "trie"
+    # vocabulary rows per chunk of the full-vocabulary normaliser (exact / mean_logprob)
+    vocab_chunk: int = Field(default=16384, ge=256)
+
+
+class EngineSpec(_Strict):
+    """The execution path. `fast` is the packed single-forward engine; `reference` the slow ground truth."""
+
+    kind: Literal["fast", "reference"] = "fast"
+    max_batch_size: int = Field(default=4, ge=1, le=16)
+    # Query-token buckets; the largest must cover max_query_tokens.
+    query_buckets: list[int] = Field(default_factory=lambda: [16, 32, 64])
+    cuda_graphs: bool = True
+    warmup_requests: int = Field(default=2, ge=1)
+    prefix_block_size: int = Field(default=16, ge=1)
+
+    @field_validator("query_buckets")
+    @classmethod
+    def _buckets(cls, v: list[int]) -> list[int]:
+        if not v or any(b < 1 for b in v):
+            raise ValueError("query_buckets must be a non-empty list of positive token counts")
+        return sorted(set(v))
+
+
+class QclsConfig(_Strict):
+    model: ModelSpec
+    backend: BackendSpec = BackendSpec()
+    scoring: ScoringSpec = ScoringSpec()
+    engine: EngineSpec = EngineSpec()
+    prompts: list[PromptSpec]
+    force_single_token_labels: bool = False
+    max_query_tokens: int = Field(default=64, ge=1)
+    max_queries_per_request: int = Field(default=16, ge=1)
+    gpu_memory_gib: float | None = None  # budget checked before loading; None = the card's total
+    cache_dir: str | None = None  # demo-model conversion cache; None = ~/.cache/qcls
+    seed: int = 0
+
+    @field_validator("prompts")
+    @classmethod
+    def _prompts(cls, v: list[PromptSpec]) -> list[PromptSpec]:
+        if not v:
+            raise ValueError("at least one prompt is required")
+        if len(v) > MAX_PROMPTS:
+            raise ValueError(f"{len(v)} prompts given; at most {MAX_PROMPTS} fit one forward")
+        names = [p.name for p in v]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"duplicate prompt names {dup}")
+        return v
+
+    @model_validator(mode="after")
+    def _query_fits(self) -> "QclsConfig":
+        if self.engine.kind == "fast" and self.max_query_tokens > self.engine.query_buckets[-1]:
+            raise ValueError(
+                f"max_query_tokens={self.max_query_tokens} exceeds the largest query bucket "
+                f"{self.engine.query_buckets[-1]}: raise engine.query_buckets or lower max_query_tokens")
+        return self
+
+    @property
+    def strategy(self) -> str:
+        """The scoring strategy in force: force_single_token_labels overrides the `scoring` group."""
+        return "first_token" if self.force_single_token_labels else self.scoring.name

@@ -1,0 +1,49 @@
+"""What `Classifier.classify` returns: plain dataclasses, JSON-ready through `to_dict`."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+STAGES = ("tokenize", "prepare", "forward", "score", "postprocess")
+
+
+@dataclass
+class LabelScore:
+    label: str
+    score: float
+    prob: float
+    tokens: int  # label_prefix + label token count
+
+
+@dataclass
+class PromptResult:
+    prompt: str
+    label: str  # the winner
+    prob: float
+    labels: list[LabelScore]  # in the prompt's label order
+
+    def top(self, k: int) -> list[LabelScore]:
+        return sorted(self.labels, key=lambda s: -s.score)[:k]
+
+
+@dataclass
+class QueryResult:
+    query: str
+    prompts: list[PromptResult] = field(default_factory=list)
+    error: str | None = None  # set when this query was refused; its prompts are then empty
+    query_tokens: int = 0
+    batch_size: int = 0  # queries that shared this query's forward
+    timings_ms: dict[str, float] = field(default_factory=dict)  # STAGES + "total"
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def winner(self, prompt: str) -> str:
+        return next(p.label for p in self.prompts if p.prompt == prompt)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["ok"] = self.ok
+        return d

@@ -1,0 +1,81 @@
+"""Canonical tokenization (design.md §1): prefix, query, suffix and label_prefix+label are each encoded on
+their own, with no special tokens added, and concatenated. Reference and engine both use these ids."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from qcls.config import PromptSpec
+
+
+class QueryError(ValueError):
+    """A query that cannot be classified; reported for that query alone."""
+
+
+@dataclass(frozen=True)
+class PromptTokens:
+    name: str
+    labels: tuple[str, ...]
+    prefix_ids: tuple[int, ...]
+    suffix_ids: tuple[int, ...]
+    label_ids: tuple[tuple[int, ...], ...]
+    end_id: int | None  # token that ends a label which is a token-prefix of another
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    return list(tokenizer.encode(text, add_special_tokens=False)) if text else []
+
+
+def token_text(tokenizer, token_id: int) -> str:
+    return tokenizer.decode([token_id])
+
+
+def _end_id(tokenizer, spec: PromptSpec) -> int | None:
+    if spec.label_end is None:
+        return tokenizer.eos_token_id
+    ids = encode(tokenizer, spec.label_end)
+    if len(ids) != 1:
+        raise ValueError(f"prompt '{spec.name}': label_end {spec.label_end!r} must be one token, "
+                         f"it encodes to {ids}")
+    return ids[0]
+
+
+def encode_prompt(tokenizer, spec: PromptSpec) -> PromptTokens:
+    """Encode one prompt; refuse label sets whose token sequences cannot be told apart."""
+    label_ids = tuple(tuple(encode(tokenizer, spec.label_prefix + lab)) for lab in spec.labels)
+    seen: dict[tuple[int, ...], str] = {}
+    for lab, ids in zip(spec.labels, label_ids):
+        if not ids:
+            raise ValueError(f"prompt '{spec.name}': label {lab!r} encodes to no tokens")
+        if ids in seen:
+            raise ValueError(f"prompt '{spec.name}': labels {seen[ids]!r} and {lab!r} encode to the same "
+                             f"tokens {list(ids)}; they cannot be told apart")
+        seen[ids] = lab
+    pt = PromptTokens(spec.name, tuple(spec.labels), tuple(encode(tokenizer, spec.prefix)),
+                      tuple(encode(tokenizer, spec.suffix)), label_ids, _end_id(tokenizer, spec))
+    if not pt.suffix_ids and not pt.prefix_ids:
+        raise ValueError(f"prompt '{spec.name}': the template has no text around {{query}}")
+    return pt
+
+
+def check_first_tokens(tokenizer, pt: PromptTokens) -> None:
+    """first_token scoring reads one logit per label: labels sharing a first token are indistinguishable."""
+    by_first: dict[int, list[str]] = {}
+    for lab, ids in zip(pt.labels, pt.label_ids):
+        by_first.setdefault(ids[0], []).append(lab)
+    clashes = [(t, labs) for t, labs in by_first.items() if len(labs) > 1]
+    if clashes:
+        desc = "; ".join(f"{labs} share first token {t} ({token_text(tokenizer, t)!r})" for t, labs in clashes)
+        raise ValueError(f"prompt '{pt.name}': first-token scoring (scoring=first_token or "
+                         f"force_single_token_labels=true) cannot tell these labels apart: {desc}. "
+                         "Use scoring=trie, or change the labels or label_prefix")
+
+
+def encode_query(tokenizer, query: str, max_tokens: int) -> list[int]:
+    """Query ids, or a QueryError naming the limit. Nothing is ever truncated."""
+    if not isinstance(query, str) or not query.strip():
+        raise QueryError("empty query: give at least one non-whitespace character")
+    ids = encode(tokenizer, query)
+    if len(ids) > max_tokens:
+        raise QueryError(f"query is {len(ids)} tokens, over max_query_tokens={max_tokens}; shorten it "
+                         "or raise max_query_tokens (and engine.query_buckets) in the config")
+    return ids
