@@ -63,7 +63,7 @@ def convert_gguf(gguf: Path, out: Path) -> Path:
     if unexpected or [m for m in missing if "lm_head" not in m]:
         raise RuntimeError(f"GGUF conversion mismatch: missing={missing} unexpected={unexpected}")
     plain.tie_weights()
-    plain.save_pretrained(tmp, safe_serialization=True)
+    plain.save_pretrained(tmp)
     tok.save_pretrained(tmp)
     (tmp / "qcls_source.json").write_text(json.dumps({"gguf": str(gguf), "size": gguf.stat().st_size}))
     shutil.rmtree(out, ignore_errors=True)

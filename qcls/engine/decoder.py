@@ -35,8 +35,9 @@ class Decoder:
         self.n_kv = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.groups = self.n_heads // self.n_kv
-        p = next(model.parameters())
-        self.device = p.device if p.device.type != "meta" else torch.device("cpu")
+        # The final norm lives where the decoder computes (an offloading backend may keep the embedding
+        # table on the CPU).
+        self.device = self.norm.weight.device
         self.dtype = self.norm.weight.dtype
         self.max_positions = cfg.max_position_embeddings
         self.cos, self.sin = self._rope_table(base.rotary_emb, self.max_positions)

@@ -104,6 +104,7 @@ class FastEngine:
                  full_head: torch.Tensor | None, *, max_batch: int, query_buckets: list[int], block_size: int,
                  vocab_chunk: int, use_graphs: bool, embed_fn=None):
         self.prompts = prompts
+        self.embed_fn = embed_fn
         self.pool = plan_prefixes([p.tokens.prefix_ids for p in prompts], block_size)
         self.pool_len = self.pool.n_slots + (-self.pool.n_slots) % 8
         self.query_buckets = list(query_buckets)
@@ -148,7 +149,11 @@ class FastEngine:
             slot_pos = torch.arange(len(slots), device=dev)  # position of each of the prompt's slots
             allowed[:, slots] = slot_pos[None, :] <= pos[:, None]
             mask = torch.zeros(allowed.shape, dtype=self.dec.dtype, device=dev).masked_fill(~allowed, float("-inf"))
-            self.dec.forward(ids, pos, write, key_len, mask, torch.tensor([0], device=dev))
+            embeds = None
+            if self.embed_fn is not None:
+                embeds = torch.empty(len(ids), self.dec.embed.embedding_dim, dtype=self.dec.dtype, device=dev)
+                self.embed_fn(ids.cpu(), embeds)
+            self.dec.forward(ids, pos, write, key_len, mask, torch.tensor([0], device=dev), embeds)
 
     def bucket_for(self, batch: list[list[int]]) -> Bucket:
         longest = max(len(ids) for ids in batch)

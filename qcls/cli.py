@@ -1,0 +1,129 @@
+"""qcls command line: classify, repl, serve. A thin layer over Classifier.
+
+Hydra overrides (`model=qwen3_4b scoring=exact engine.max_batch_size=2`) may be mixed with queries: an
+argument of the form key=value is an override; put queries that look like one after `--`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+
+from qcls.compose import ConfigError
+from qcls.results import STAGES, QueryResult
+
+OVERRIDE = re.compile(r"^[+~]{0,2}[A-Za-z_][\w.@/-]*=")
+
+EPILOG = """examples:
+  qcls classify "mens slim fit jeans" "夏季女士碎花连衣裙"
+  qcls classify --json "hoodie for boys" scoring=exact
+  qcls classify model=qwen3_4b model.source=local model.path=/models/Qwen3-4B "slim jeans"
+  echo "summer dress" | qcls repl
+  qcls serve model=qwen3_4b serve.num_gpus=1
+
+config groups: model (smollm2_demo, qwen3_4b, qwen3_8b), backend (fp16, ...), scoring (trie, first_token,
+exact, mean_logprob), prompts (default, ecommerce8), engine (fast, reference); keys such as
+force_single_token_labels=true, max_query_tokens=N, cache_dir=DIR."""
+
+
+def split_args(items: list[str], literal: list[str] = ()) -> tuple[list[str], list[str]]:
+    """(queries, overrides): key=value items are overrides; `literal` (after `--`) are all queries."""
+    overrides = [it for it in items if OVERRIDE.match(it)]
+    queries = [it for it in items if not OVERRIDE.match(it)] + list(literal)
+    return queries, overrides
+
+
+def format_result(r: QueryResult, top: int = 3) -> str:
+    if not r.ok:
+        return f"query: {r.query!r}\n  ERROR: {r.error}\n"
+    t = r.timings_ms
+    stages = " · ".join(f"{s} {t[s]:.2f}" for s in STAGES)
+    lines = [f"query: {r.query}  ({r.query_tokens} tokens, batch {r.batch_size}, {t['total']:.2f} ms: {stages})"]
+    width = max(len(p.prompt) for p in r.prompts)
+    for p in r.prompts:
+        others = ", ".join(f"{s.label} {s.prob:.3f}" for s in p.top(top + 1) if s.label != p.label)[:80]
+        lines.append(f"  {p.prompt:<{width}}  {p.label:<10} {p.prob:.3f}   | {others}")
+    return "\n".join(lines) + "\n"
+
+
+def _emit(results: list[QueryResult], as_json: bool, out=sys.stdout) -> None:
+    for r in results:
+        out.write(json.dumps(r.to_dict(), ensure_ascii=False) + "\n" if as_json else format_result(r))
+    out.flush()
+
+
+def _classifier(overrides: list[str]):
+    from qcls.classifier import Classifier
+    from qcls.compose import compose
+    return Classifier(compose(overrides))
+
+
+def cmd_classify(args: argparse.Namespace) -> int:
+    queries, overrides = split_args(args.items, args.literal)
+    if not queries:
+        print("qcls classify: give at least one query", file=sys.stderr)
+        return 2
+    results = _classifier(overrides).classify(queries)
+    _emit(results, args.json)
+    return 0 if all(r.ok for r in results) else 1
+
+
+def cmd_repl(args: argparse.Namespace) -> int:
+    _, overrides = split_args(args.items)
+    clf = _classifier(overrides)
+    interactive = sys.stdin.isatty()
+    if interactive:
+        print("qcls: type a query per line; Ctrl-D ends.", file=sys.stderr)
+    for line in sys.stdin:
+        query = line.rstrip("\n")
+        if not query.strip() and not interactive:
+            continue
+        _emit(clf.classify([query]), args.json)
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    _, overrides = split_args(args.items)
+    from qcls.deployments.serve_cli import serve_main
+    return serve_main(overrides) or 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="qcls", description="Classify search queries with N prompts in one LLM "
+                                 "forward.", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("classify", help="classify queries given as arguments",
+                       description="Classify each query under every prompt; key=value items are Hydra overrides.")
+    c.add_argument("--json", action="store_true", help="one JSON object per query on stdout")
+    c.add_argument("items", nargs="*", metavar="QUERY|OVERRIDE")
+    c.set_defaults(fn=cmd_classify)
+    r = sub.add_parser("repl", help="load once, then classify each line of standard input",
+                       description="Load once, then classify each stdin line as it comes; EOF ends.")
+    r.add_argument("--json", action="store_true", help="one JSON object per query on stdout")
+    r.add_argument("items", nargs="*", metavar="OVERRIDE")
+    r.set_defaults(fn=cmd_repl)
+    s = sub.add_parser("serve", help="start the Ray Serve deployment (HTTP + handles)",
+                       description="Start the Ray Serve app on this machine with the given overrides.")
+    s.add_argument("items", nargs="*", metavar="OVERRIDE")
+    s.set_defaults(fn=cmd_serve)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    literal = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[:argv.index("--")] if "--" in argv else argv
+    args = build_parser().parse_args(argv)
+    args.literal = literal
+    try:
+        return args.fn(args)
+    except (ConfigError, ValueError, FileNotFoundError) as e:
+        print(f"qcls: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""Shared fixtures: models are built once per test session."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from qcls.compose import compose
+from qcls.progress import set_quiet
+
+set_quiet(True)
+
+# Small buckets keep CPU warm-up short; the engine's logic is the same for any bucket list.
+FAST = ["engine.query_buckets=[8,16]", "max_query_tokens=16", "engine.warmup_requests=1"]
+
+
+@pytest.fixture(scope="session")
+def demo_cfg_overrides() -> list[str]:
+    """Overrides for the embedded demo model (converted once into QCLS_CACHE_DIR or ~/.cache/qcls)."""
+    cache = os.environ.get("QCLS_CACHE_DIR")
+    return FAST + ([f"cache_dir={cache}"] if cache else [])
+
+
+@pytest.fixture(scope="session")
+def demo_classifier(demo_cfg_overrides):
+    from qcls.classifier import Classifier
+    return Classifier(compose(demo_cfg_overrides))
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory) -> dict[str, str]:
+    """Tiny random-weight checkpoints of each family as local HF directories (byte tokenizer), plus
+    `qwen3_qwentok`: a tiny Qwen3 with the real Qwen vocabulary and tokenizer."""
+    from qcls.qwen_tokenizer import build_qwen_tokenizer
+    from qcls.tiny_models import TINY_FAMILIES, make_tiny_model_dir, tiny_byte_tokenizer
+
+    root = tmp_path_factory.mktemp("tiny_models")
+    out = {fam: str(make_tiny_model_dir(root / fam, fam, tiny_byte_tokenizer(), seed=1)) for fam in TINY_FAMILIES}
+    out["qwen3_qwentok"] = str(make_tiny_model_dir(root / "qwen3_qwentok", "qwen3", build_qwen_tokenizer(), seed=2))
+    return out
+
+
+def prompt(name: str, labels: list[str], system: str = "Pick one label.", label_prefix: str = " ") -> dict:
+    template = (f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\nquery: {{query}}<|im_end|>\n"
+                "<|im_start|>assistant\nlabel:")
+    return {"name": name, "template": template, "label_prefix": label_prefix, "labels": labels}
+
+
+def tiny_cfg(model_dir: str, prompts: list[dict], **extra):
+    """A validated config for a local tiny model (fp32 on the CPU)."""
+    from qcls.compose import validate
+    engine = {"query_buckets": [8, 16], "warmup_requests": 1, **extra.pop("engine", {})}
+    data = {"model": {"name": "tiny", "source": "local", "path": model_dir}, "prompts": prompts,
+            "max_query_tokens": 16, "engine": engine, **extra}
+    return validate(data)

@@ -1,0 +1,144 @@
+"""The fast engine equals the reference scorer (max |Δ| ≤ 1e-4 in fp32, identical winners)."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from qcls.backends.registry import get_backend
+from qcls.classifier import Classifier
+from tests.conftest import prompt, tiny_cfg
+
+TOL = 1e-4
+STRATEGIES = ["first_token", "trie", "exact", "mean_logprob"]
+# Under the tiny byte tokenizer: 'man'/'manager' and 'boy'/'boys' are token-prefixes of each other,
+# 'dress'/'dresses', 'tee'/'teen', 'knit'/'knitwear' share first tokens; SINGLE is all single tokens.
+MULTI = ["man", "manager", "woman", "boy", "boys", "none"]
+SHARED = ["dress", "dresses", "tee", "teen", "knit", "knitwear", "shirt", "none"]
+SINGLE = ["women", "girl", "pregnant", "other", "trench"]
+ZH = ["男童", "男士", "女童", "女士", "无", "连衣裙"]
+QUERIES = ["mens slim fit jeans", "夏季女士碎花连衣裙", "hoodie", "red knit dress for a pregnant woman",
+           "boys tee", "x", "连衣裙 👗 size M\x07"]
+
+
+def pair(model_dir, prompts, strategy, **extra):
+    """(fast, reference) classifiers sharing one loaded model."""
+    fast_cfg = tiny_cfg(model_dir, prompts, scoring={"name": strategy}, **extra)
+    ref_cfg = tiny_cfg(model_dir, prompts, scoring={"name": strategy}, engine={"kind": "reference"})
+    loaded = get_backend("fp16").load(fast_cfg)
+    return Classifier(fast_cfg, loaded=loaded), Classifier(ref_cfg, loaded=loaded)
+
+
+def assert_same(fast, ref, queries):
+    got, want = fast.classify(queries), ref.classify(queries)
+    worst = 0.0
+    for g, w in zip(got, want):
+        assert g.error == w.error
+        for gp, wp in zip(g.prompts, w.prompts):
+            d = max(abs(a.score - b.score) for a, b in zip(gp.labels, wp.labels))
+            worst = max(worst, d)
+            assert d <= TOL, (g.query, gp.prompt, d)
+            assert gp.label == wp.label
+    return worst
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen2", "llama"])
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_families_and_strategies(tiny_dirs, family, strategy):
+    prompts = [prompt("audience", MULTI), prompt("category", SHARED, system="Category?"),
+               prompt("single", SINGLE, system="Single?")]
+    if strategy == "first_token":  # shared first tokens cannot be told apart there: single-token-first sets
+        prompts = [prompt("single", SINGLE), prompt("first", ["man", "woman", "boy", "girl", "none"])]
+    fast, ref = pair(tiny_dirs[family], prompts, strategy)
+    assert_same(fast, ref, QUERIES[:4])
+
+
+@pytest.mark.parametrize("strategy", ["trie", "exact"])
+def test_batch_sizes_and_mixed_lengths(tiny_dirs, strategy):
+    fast, ref = pair(tiny_dirs["qwen3"], [prompt("a", MULTI), prompt("b", SHARED, system="B?")], strategy)
+    rng = random.Random(0)
+    words = "red blue slim fit jeans dress 女士 连衣裙 boys hoodie cotton summer".split()
+    for b in (1, 2, 3, 4):
+        queries = [" ".join(rng.choice(words) for _ in range(rng.randint(1, 9))) for _ in range(b)]
+        got = fast.classify(queries)
+        assert {r.batch_size for r in got} == {b}
+        assert_same(fast, ref, queries)
+
+
+def test_results_do_not_depend_on_batch_mates(tiny_dirs):
+    fast, _ = pair(tiny_dirs["llama"], [prompt("a", MULTI), prompt("b", SHARED, system="B?")], "trie")
+    alone = [fast.classify([q])[0] for q in QUERIES[:4]]
+    together = fast.classify(QUERIES[:4])
+    for a, t in zip(alone, together):
+        for pa, pt in zip(a.prompts, t.prompts):
+            assert max(abs(x.score - y.score) for x, y in zip(pa.labels, pt.labels)) <= TOL
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_eight_prompts_real_qwen_tokenizer(tiny_dirs, strategy):
+    """8 prompts with Chinese multi-token labels (shared first tokens under Qwen's vocabulary)."""
+    zh = ["连衣裙", "牛仔裤", "衬衫", "风衣", "半身裙", "T恤", "卫衣", "针织衫", "其他", "无"]
+    aud = ["男童", "女童", "男士", "女士", "孕妇", "无"]
+    en = ["dress", "jeans", "shirt", "tee", "hoodie", "none"]
+    prompts = [prompt(f"p{i}", labels, system=f"Task {i}: pick one.") for i, labels in
+               enumerate([en, zh, aud, en[:4], zh[:5], aud[:3], ["man", "woman", "none"], en])]
+    if strategy == "first_token":
+        prompts = [p for p in prompts if not any("\u4e00" <= c <= "\u9fff" for c in "".join(p["labels"]))]
+        prompts = prompts + [prompt("extra", ["boy", "girl", "none"], system="Extra.")]
+    fast, ref = pair(tiny_dirs["qwen3_qwentok"], prompts, strategy, engine={"max_batch_size": 2})
+    assert len(prompts) >= 5
+    assert_same(fast, ref, ["夏季女士碎花连衣裙", "mens slim fit jeans", "孕妇装 dress"])
+
+
+def test_shared_prefix_blocks_are_stored_once(tiny_dirs):
+    header = "You classify e-commerce search queries for a large online fashion store. " * 3
+    prompts = [prompt("a", MULTI, system=header + "Audience?"), prompt("b", SHARED, system=header + "Category?"),
+               prompt("c", SINGLE, system=header + "Other?")]
+    fast, ref = pair(tiny_dirs["qwen3"], prompts, "trie", engine={"prefix_block_size": 4})
+    stats = fast.metadata()["prefix_cache"]
+    assert stats["shared_blocks"] > 0 and stats["tokens_saved"] > 0
+    assert stats["slots"] == stats["prefix_tokens"] - stats["tokens_saved"]
+    assert_same(fast, ref, QUERIES[:3])
+
+
+def test_template_with_empty_suffix(tiny_dirs):
+    """The root is then the last query token: left-padding keeps it at a fixed slot."""
+    p = {"name": "tail", "template": "<|im_start|>user\nClassify: {query}", "labels": MULTI}
+    fast, ref = pair(tiny_dirs["qwen2"], [p], "trie")
+    assert_same(fast, ref, ["a", "longer query with more words"])
+
+
+def test_first_token_collision_refused_at_startup(tiny_dirs):
+    cfg = tiny_cfg(tiny_dirs["qwen3"], [prompt("c", SHARED)], force_single_token_labels=True)
+    with pytest.raises(ValueError, match=r"share first token .*scoring=trie"):
+        Classifier(cfg)
+
+
+def test_bad_queries_fail_alone(tiny_dirs):
+    fast, _ = pair(tiny_dirs["qwen3"], [prompt("a", MULTI)], "trie")
+    res = fast.classify(["ok query", "", "word " * 40, "  "])
+    assert res[0].ok and res[0].prompts
+    assert "empty query" in res[1].error and "empty query" in res[3].error
+    assert "max_query_tokens=16" in res[2].error and not res[2].prompts
+
+
+def test_stage_timings_add_up(tiny_dirs):
+    fast, _ = pair(tiny_dirs["qwen3"], [prompt("a", MULTI)], "trie")
+    r = fast.classify(["red dress"])[0]
+    t = r.timings_ms
+    assert set(t) == {"tokenize", "prepare", "forward", "score", "postprocess", "total"}
+    assert abs(sum(v for k, v in t.items() if k != "total") - t["total"]) < 1e-3
+    assert r.meta["tokens_per_forward"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_demo_model(demo_cfg_overrides, strategy):
+    """Real weights and tokenizer: the mission's two prompts (' tee' and ' hoodie' are two tokens there)."""
+    from qcls.compose import compose
+    fast_cfg = compose(demo_cfg_overrides + [f"scoring={strategy}"])
+    loaded = get_backend("fp16").load(fast_cfg)
+    fast = Classifier(fast_cfg, loaded=loaded)
+    ref = Classifier(compose(demo_cfg_overrides + [f"scoring={strategy}", "engine=reference"]), loaded=loaded)
+    assert_same(fast, ref, ["mens slim fit jeans", "boys hoodie", "summer tee"])
