@@ -98,7 +98,7 @@ class EngineSpec(_Strict):
     kind: Literal["fast", "reference"] = "fast"
     max_batch_size: int = Field(default=4, ge=1, le=16)
     # Query-token buckets; the largest must cover max_query_tokens.
-    query_buckets: list[int] = Field(default_factory=lambda: [16, 32, 64])
+    query_buckets: list[int] = Field(default_factory=lambda: [4, 8, 12, 16, 24, 32, 48, 64])
     cuda_graphs: bool = True
     warmup_requests: int = Field(default=2, ge=1)
     prefix_block_size: int = Field(default=16, ge=1)
@@ -109,6 +109,29 @@ class EngineSpec(_Strict):
         if not v or any(b < 1 for b in v):
             raise ValueError("query_buckets must be a non-empty list of positive token counts")
         return sorted(set(v))
+
+
+class ServeSpec(_Strict):
+    """How Ray Serve runs the Classifier (qcls/deployments/): `qcls serve`, serve_config.yaml, bench/load.py."""
+
+    app_name: str = "qcls"
+    route_prefix: str = "/"
+    host: str = "127.0.0.1"  # 0.0.0.0 to accept other machines' requests
+    port: int = Field(default=8000, ge=0, le=65535)
+    num_replicas: int = Field(default=1, ge=1)
+    # Ray Serve autoscaling_config (min_replicas, max_replicas, target_ongoing_requests …); replaces num_replicas
+    autoscaling: dict[str, Any] | None = None
+    num_gpus: float = Field(default=0, ge=0)  # per replica: 1 pins one card; 0 for the CPU demo
+    num_cpus: float = Field(default=1, ge=0)
+    batch_wait_timeout_s: float = Field(default=0.005, ge=0, le=1)
+    # None = 2 × engine.max_batch_size: one batch runs while the next one gathers
+    max_ongoing_requests: int | None = Field(default=None, ge=1)
+    max_body_bytes: int = Field(default=1 << 20, ge=1024)
+    health_check_period_s: float = Field(default=10, gt=0)
+    health_check_timeout_s: float = Field(default=30, gt=0)
+    # check_health runs a real forward after this long without a successful one (or after any engine error)
+    health_probe_idle_s: float = Field(default=60, gt=0)
+    fault_injection: bool = False  # tests only: lets a handle call break the engine on purpose
 
 
 class QclsConfig(_Strict):
@@ -123,6 +146,7 @@ class QclsConfig(_Strict):
     gpu_memory_gib: float | None = None  # budget checked before loading; None = the card's total
     cache_dir: str | None = None  # demo-model conversion cache; None = ~/.cache/qcls
     seed: int = 0
+    serve: ServeSpec = ServeSpec()
 
     @field_validator("prompts")
     @classmethod
@@ -144,6 +168,19 @@ class QclsConfig(_Strict):
                 f"max_query_tokens={self.max_query_tokens} exceeds the largest query bucket "
                 f"{self.engine.query_buckets[-1]}: raise engine.query_buckets or lower max_query_tokens")
         return self
+
+    @model_validator(mode="after")
+    def _serve_fits(self) -> "QclsConfig":
+        ongoing = self.serve.max_ongoing_requests
+        if ongoing is not None and ongoing < self.engine.max_batch_size:
+            raise ValueError(f"serve.max_ongoing_requests={ongoing} is below engine.max_batch_size="
+                             f"{self.engine.max_batch_size}: a replica could never fill a batch")
+        return self
+
+    @property
+    def max_ongoing_requests(self) -> int:
+        """Requests one replica accepts at once (serve.max_ongoing_requests, or 2 × engine.max_batch_size)."""
+        return self.serve.max_ongoing_requests or 2 * self.engine.max_batch_size
 
     @property
     def strategy(self) -> str:

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from qcls.engine.kernels import add_rmsnorm, rope_into, silu_mul
 
 # The T4 envelope: no FlashAttention, no cuDNN attention (sm_80+ only).
 T4_SDPA = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
@@ -44,6 +47,7 @@ class Decoder:
         shape = (len(self.layers), self.n_kv, max_keys, self.head_dim)
         self.k = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.v = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self._fuse()
 
     @torch.inference_mode()
     def _rope_table(self, rotary_emb, n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -58,9 +62,19 @@ class Decoder:
     def kv_bytes(self) -> int:
         return 2 * self.k.numel() * self.k.element_size()
 
-    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        h = x.shape[-1] // 2
-        return x * cos + torch.cat([-x[..., h:], x[..., :h]], -1) * sin
+    def _fuse(self) -> None:
+        """Concatenate q/k/v and gate/up weights of plain nn.Linear layers into one GEMM each. The original
+        parameters become views into the fused tensor, so memory does not grow and the transformers model
+        (the reference path) still works. Quantized linear modules are left alone and called as modules."""
+        self.qkv, self.gate_up = [], []
+        for layer in self.layers:
+            a, m = layer.self_attn, layer.mlp
+            self.qkv.append(_fuse_linears([a.q_proj, a.k_proj, a.v_proj]))
+            self.gate_up.append(_fuse_linears([m.gate_proj, m.up_proj]))
+
+    @staticmethod
+    def _eps(norm) -> float:
+        return getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))
 
     def forward(self, ids: torch.Tensor, pos: torch.Tensor, write: slice | torch.Tensor, key_len: int,
                 mask: torch.Tensor, read: torch.Tensor, embeds: torch.Tensor | None = None) -> torch.Tensor:
@@ -69,27 +83,65 @@ class Decoder:
         `embeds` [N, H], when given, replaces the embedding lookup (backends that keep the table off the
         device gather it themselves)."""
         n, nh, nkv, d, g = ids.shape[0], self.n_heads, self.n_kv, self.head_dim, self.groups
-        h = self.embed(ids) if embeds is None else embeds
-        cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]
+        delta = self.embed(ids) if embeds is None else embeds
+        res = None
+        cos, sin = self.cos[pos], self.sin[pos]
         attn_mask = mask[None, None]
+        q = torch.empty(n, nh, d, dtype=self.dtype, device=self.device)
         for i, layer in enumerate(self.layers):
             a = layer.self_attn
-            x = layer.input_layernorm(h)
-            q = a.q_proj(x).view(n, nh, d)
-            k = a.k_proj(x).view(n, nkv, d)
-            v = a.v_proj(x).view(n, nkv, d)
-            if hasattr(a, "q_norm"):
-                q, k = a.q_norm(q), a.k_norm(k)
-            q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
-            self.k[i][:, write] = k.transpose(0, 1)
-            self.v[i][:, write] = v.transpose(0, 1)
+            ln = layer.input_layernorm
+            x, res = add_rmsnorm(delta, res, ln.weight, self._eps(ln))
+            if self.qkv[i] is not None:
+                qkv = F.linear(x, *self.qkv[i])
+                qp, kp, vp = qkv.split([nh * d, nkv * d, nkv * d], -1)
+            else:
+                qp, kp, vp = a.q_proj(x), a.k_proj(x), a.v_proj(x)
+            qn, kn = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
+            eps_qk = self._eps(qn) if qn is not None else 0.0
+            rope_into(qp.view(n, nh, d), cos, sin, qn.weight if qn is not None else None, eps_qk, q)
+            kw = kn.weight if kn is not None else None
+            if isinstance(write, slice):  # the request path: straight into the buffer
+                rope_into(kp.view(n, nkv, d), cos, sin, kw, eps_qk, self.k[i][:, write].transpose(0, 1))
+            else:
+                k = torch.empty(n, nkv, d, dtype=self.dtype, device=self.device)
+                rope_into(kp.view(n, nkv, d), cos, sin, kw, eps_qk, k)
+                self.k[i][:, write] = k.transpose(0, 1)
+            self.v[i][:, write] = vp.view(n, nkv, d).transpose(0, 1)
             kk = self.k[i][None, :, :key_len].expand(g, nkv, key_len, d)
             vv = self.v[i][None, :, :key_len].expand(g, nkv, key_len, d)
             qq = q.view(n, nkv, g, d).permute(2, 1, 0, 3)
             with sdpa_kernel(T4_SDPA):
                 o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=attn_mask)
-            h = h + a.o_proj(o.permute(2, 1, 0, 3).reshape(n, nh * d))
-            if i == len(self.layers) - 1:
-                h = h[read]  # the last MLP and the final norm only for rows that are read
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
-        return self.norm(h)
+            delta = a.o_proj(o.permute(2, 1, 0, 3).reshape(n, nh * d))
+            if i == len(self.layers) - 1:  # the last MLP and the final norm only for rows that are read
+                delta, res = delta[read], res[read]
+            ln = layer.post_attention_layernorm
+            x, res = add_rmsnorm(delta, res, ln.weight, self._eps(ln))
+            if self.gate_up[i] is not None:
+                delta = layer.mlp.down_proj(silu_mul(F.linear(x, *self.gate_up[i])))
+            else:
+                delta = layer.mlp(x)
+        out, _ = add_rmsnorm(delta, res, self.norm.weight, self._eps(self.norm))
+        return out
+
+
+def _fuse_linears(mods: list[nn.Module]) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """(weight, bias) of one GEMM equal to the given plain linears side by side, or None if any is not a
+    plain nn.Linear (a quantized module) or they differ in dtype/device/bias."""
+    if any(type(m) is not nn.Linear for m in mods):
+        return None
+    ws = [m.weight for m in mods]
+    if len({(w.dtype, w.device) for w in ws}) != 1 or len({m.bias is None for m in mods}) != 1:
+        return None
+    with torch.no_grad():
+        w = torch.cat([x.detach() for x in ws])
+        b = torch.cat([m.bias.detach() for m in mods]) if mods[0].bias is not None else None
+        off = 0
+        for m in mods:
+            rows = m.weight.shape[0]
+            m.weight.data = w[off:off + rows]
+            if b is not None:
+                m.bias.data = b[off:off + rows]
+            off += rows
+    return w, b

@@ -34,7 +34,9 @@ class Bucket:
                      "read_idx"):
             setattr(self, name, getattr(lay, name).to(dev))
         n = lay.n_tokens
-        self.diag = (torch.arange(n, device=dev), pool_len + torch.arange(n, device=dev))
+        # A pad slot sees itself, so no softmax row is empty; pads are never read.
+        self.self_key = torch.zeros(n, lay.key_len, dtype=torch.bool, device=dev)
+        self.self_key[torch.arange(n), pool_len + torch.arange(n)] = True
         self.pool_keys = torch.ones(pool_len, dtype=torch.bool, device=dev)
         self.pad_keys = torch.zeros(lay.key_len - pool_len - n, dtype=torch.bool, device=dev)
         self.zero = torch.zeros((), dtype=dec.dtype, device=dev)
@@ -51,8 +53,7 @@ class Bucket:
         ids = torch.where(self.is_query, qids.reshape(-1)[self.query_src], self.ids_static)
         pos = (self.pos_base + ql).clamp_min(0)
         key_ok = torch.cat([self.pool_keys, ~self.is_query | (self.from_end <= ql), self.pad_keys])
-        allowed = self.static_mask & key_ok
-        allowed[self.diag] = True  # a pad slot sees itself: no empty softmax row, never read
+        allowed = (self.static_mask & key_ok) | self.self_key
         mask = torch.where(allowed, self.zero, self.neg)
         n = self.lay.n_tokens
         self.hidden = self.dec.forward(ids, pos, slice(self.pool_len, self.pool_len + n), self.lay.key_len, mask,
@@ -110,7 +111,7 @@ class FastEngine:
         self.query_buckets = list(query_buckets)
         self.max_batch = max_batch
         biggest = sum(p.row_len(self.query_buckets[-1]) for p in prompts) * max_batch
-        self.dec = Decoder(model, self.pool_len + biggest + 8)
+        self.dec = Decoder(model, self.pool_len + biggest + 16)
         self.device = self.dec.device
         self._check_positions()
         with torch.inference_mode():

@@ -79,7 +79,7 @@ def build_bucket(prompts: list[PromptLayout], pool: PrefixPlan, pool_len: int, b
     rows = [(q, p) for q in range(b) for p in range(len(prompts))]
     n = sum(prompts[p].row_len(qb) for _, p in rows)
     key_len = pool_len + n
-    key_len += (-key_len) % 8
+    key_len += (-key_len) % 16  # mem-efficient SDPA wants mask rows aligned to 16
     ids, is_q, src, from_end, rq, pos, reads = [], [], [], [], [], [], []
     mask = torch.zeros(n, key_len, dtype=torch.bool)
     off = 0

@@ -41,7 +41,7 @@ class Tail:
             gidx[i, :len(g)] = torch.tensor(g)
         self.normaliser = normaliser
         self.n_reads = read_off
-        self.rows = head_rows.to(device)
+        self.rows = head_rows.to(device=device, dtype=torch.float32)  # tiny table: keep the label logits exact
         self.full_head = full_head
         self.vocab_chunk = vocab_chunk
         self.e_read = torch.tensor(e_read, dtype=torch.long, device=device)
@@ -58,7 +58,7 @@ class Tail:
         return torch.logsumexp(torch.stack(parts, -1), -1)
 
     def __call__(self, h_read: torch.Tensor) -> torch.Tensor:
-        logits = (h_read @ self.rows.T).float()
+        logits = h_read.float() @ self.rows.T
         x = logits[self.e_read, self.e_col]
         if self.normaliser == "group":
             ext = torch.cat([x, x.new_full((1,), float("-inf"))])

