@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import datetime as dt
 import gc
+import os
 import statistics
 import subprocess
 import time
@@ -88,6 +89,10 @@ def device_name() -> str:
 
 
 def commit() -> str:
+    """The commit measured: git where the checkout has .git, else QCLS_BENCH_COMMIT (the device copy has
+    no .git; the caller passes the sha it sent)."""
+    if os.environ.get("QCLS_BENCH_COMMIT"):
+        return os.environ["QCLS_BENCH_COMMIT"]
     try:
         sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                              cwd=RESULTS.parent).stdout.strip()

@@ -128,8 +128,11 @@ def bench_engine(loaded, prompts, strategy, buckets, iters, ref_clf_factory=None
                 total += 1
         out.update(ref_max_abs_diff=worst, ref_winners_same=f"{same}/{total}")
         del ref
-    bk = clf.engine.buckets[(1, clf.engine.query_buckets[0])]
-    out["profile"] = kernel_profile(bk) if torch.cuda.is_available() else ""
+    if torch.cuda.is_available():  # the buckets the timed b1 / b4 requests ran in
+        out["profile"] = kernel_profile(clf.engine.bucket_for([[0] * first.query_tokens]))
+        out["profile_b4"] = kernel_profile(clf.engine.bucket_for([[0] * q.query_tokens for q in clf.classify(QUERIES[:4])]))
+    else:
+        out["profile"] = out["profile_b4"] = ""
     del clf
     C.free()
     return out
@@ -214,8 +217,9 @@ def report(name, res, base, lbytes, lparams, floor, bw, args) -> None:
                 if "ref_max_abs_diff" in r else "")
         text += (f"- {label}: stages ms (b1 median) {r['stages']}; start-up {r['startup_s']} s "
                  f"{r['startup_phases']}; prefix cache {r['prefix_cache']}{diff}\n")
-    text += f"\nKernel time by type, 8 prompts multi-token, batch 1, smallest bucket:\n\n"
-    text += res["8 prompts (2 Chinese multi-token)"]["profile"] + "\n"
+    m8 = res["8 prompts (2 Chinese multi-token)"]
+    text += f"\nKernel time by type, 8 prompts multi-token, batch 1 ({m8['tokens_b1']} tokens):\n\n{m8['profile']}\n"
+    text += f"Batch 4 ({m8['tokens_b4']} tokens):\n\n{m8['profile_b4']}\n"
     C.append(text)
 
 

@@ -52,8 +52,12 @@ class Tail:
         self.label_counts = [p.weights.shape[0] for p in plans]
 
     def vocab_lse(self, h: torch.Tensor) -> torch.Tensor:
-        """log-sum-exp over the full vocabulary at each read row; never a [rows, vocab] fp32 tensor."""
-        parts = [torch.logsumexp((h @ self.full_head[i:i + self.vocab_chunk].T).float(), -1)
+        """log-sum-exp over the full vocabulary at each read row; never a [rows, vocab] fp32 tensor held
+        longer than one chunk."""
+        # fp32 products: fp16 logits of magnitude ~30 are rounded by ~0.015, which the normaliser would
+        # carry straight into the score. One chunk of the head is converted at a time.
+        h = h.float()
+        parts = [torch.logsumexp(h @ self.full_head[i:i + self.vocab_chunk].float().T, -1)
                  for i in range(0, self.full_head.shape[0], self.vocab_chunk)]
         return torch.logsumexp(torch.stack(parts, -1), -1)
 
