@@ -84,13 +84,13 @@ class Classifier:
             return
         keys = sorted(self.engine.buckets)
         if self.engine.device.type != "cuda":
-            # No graphs to replay on the CPU: one pass per batch size and per query bucket is enough to
-            # page in weights and kernels; warming all of them would cost seconds per bucket.
-            small = keys[0][1]
-            keys = sorted({(b, small) for b, _ in keys} | {(1, qb) for _, qb in keys})
-        for b, qb in keys:
+            # No graphs to replay on the CPU: one pass per batch size and per single-query bucket is
+            # enough to page in weights and kernels; all of them would cost seconds each.
+            keys = sorted({min(k for k in keys if k[0] == b) for b, _ in keys} | {k for k in keys if k[0] == 1})
+        for b, total in keys:
+            lengths = [total // b + (i < total % b) for i in range(b)]  # b queries with `total` tokens
             for _ in range(self.cfg.engine.warmup_requests):
-                self.engine.run([(ids * qb)[:qb]] * b)
+                self.engine.run([(ids * total)[:n] for n in lengths])
 
     @property
     def prompt_names(self) -> list[str]:

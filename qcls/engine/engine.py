@@ -2,7 +2,7 @@
 
 Start-up (constructor): plan and fill the prefix KV pool, build every (batch size, query bucket) layout
 with its static buffers, and on a GPU capture one CUDA graph per bucket for the forward and one for the
-tail. Request path (`run`): copy the query ids into the bucket's input buffer, replay, read the scores.
+tail. Request path (`run`): pack the batch into the bucket's descriptor buffer, replay, read the scores.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from qcls.engine.decoder import Decoder
-from qcls.engine.layout import BucketLayout, PromptLayout, build_bucket
+from qcls.engine.layout import Packer, PromptLayout, build_mask, unpack
 from qcls.engine.prefix_cache import plan_prefixes
 from qcls.engine.tail import Tail
 
@@ -23,22 +23,19 @@ def _sync(device: torch.device) -> None:
 
 
 class Bucket:
-    """Static buffers of one (b, Qb) bucket and the computation over them (captured as is on a GPU)."""
+    """Static buffers of one (b, L) bucket and the computation over them (captured as is on a GPU)."""
 
-    def __init__(self, lay: BucketLayout, dec: Decoder, tail: Tail, pool_len: int, embed_fn):
+    def __init__(self, b: int, query_tokens: int, packer: Packer, dec: Decoder, tail: Tail, pool_len: int,
+                 embed_fn):
         dev = dec.device
-        self.lay, self.dec, self.tail, self.pool_len, self.embed_fn = lay, dec, tail, pool_len, embed_fn
-        self.qin_host = torch.zeros(lay.b, lay.qb + 1, dtype=torch.long, pin_memory=dev.type == "cuda")
-        self.qin = torch.zeros(lay.b, lay.qb + 1, dtype=torch.long, device=dev)
-        for name in ("ids_static", "is_query", "query_src", "from_end", "row_query", "pos_base", "static_mask",
-                     "read_idx"):
-            setattr(self, name, getattr(lay, name).to(dev))
-        n = lay.n_tokens
-        # A pad slot sees itself, so no softmax row is empty; pads are never read.
-        self.self_key = torch.zeros(n, lay.key_len, dtype=torch.bool, device=dev)
-        self.self_key[torch.arange(n), pool_len + torch.arange(n)] = True
-        self.pool_keys = torch.ones(pool_len, dtype=torch.bool, device=dev)
-        self.pad_keys = torch.zeros(lay.key_len - pool_len - n, dtype=torch.bool, device=dev)
+        self.b, self.query_tokens = b, query_tokens
+        self.n_tokens = n = packer.n_tokens(b, query_tokens)
+        self.key_len = pool_len + n + (-(pool_len + n)) % 16  # mem-efficient SDPA wants aligned mask rows
+        self.packer, self.dec, self.tail, self.pool_len, self.embed_fn = packer, dec, tail, pool_len, embed_fn
+        size = packer.buffer_len(b, n)
+        self.host = torch.zeros(size, dtype=torch.long, pin_memory=dev.type == "cuda")
+        self.buf = torch.zeros(size, dtype=torch.long, device=dev)
+        self.visible = packer.visible.to(dev)
         self.zero = torch.zeros((), dtype=dec.dtype, device=dev)
         self.neg = torch.full((), float("-inf"), dtype=dec.dtype, device=dev)
         self.embeds = None
@@ -48,16 +45,10 @@ class Bucket:
         self.graphs: tuple[torch.cuda.CUDAGraph, torch.cuda.CUDAGraph] | None = None
 
     def forward(self) -> torch.Tensor:
-        qids, qlen = self.qin[:, :-1], self.qin[:, -1]
-        ql = qlen[self.row_query]
-        ids = torch.where(self.is_query, qids.reshape(-1)[self.query_src], self.ids_static)
-        pos = (self.pos_base + ql).clamp_min(0)
-        key_ok = torch.cat([self.pool_keys, ~self.is_query | (self.from_end <= ql), self.pad_keys])
-        allowed = (self.static_mask & key_ok) | self.self_key
-        mask = torch.where(allowed, self.zero, self.neg)
-        n = self.lay.n_tokens
-        self.hidden = self.dec.forward(ids, pos, slice(self.pool_len, self.pool_len + n), self.lay.key_len, mask,
-                                       self.read_idx, self.embeds)
+        d = unpack(self.buf, self.n_tokens)
+        mask = torch.where(build_mask(d, self.visible, self.key_len), self.zero, self.neg)
+        self.hidden = self.dec.forward(d["ids"], d["pos"], slice(self.pool_len, self.pool_len + self.n_tokens),
+                                       self.key_len, mask, d["read"], self.embeds)
         return self.hidden
 
     def score(self) -> torch.Tensor:
@@ -65,15 +56,10 @@ class Bucket:
         return self.scores
 
     def load(self, batch: list[list[int]]) -> None:
-        host = self.qin_host
-        host.zero_()
-        for i, ids in enumerate(batch):
-            host[i, self.lay.qb - len(ids):self.lay.qb] = torch.tensor(ids, dtype=torch.long)
-            host[i, -1] = len(ids)
-        self.qin.copy_(host, non_blocking=True)
+        self.packer.pack(batch, self.n_tokens, self.host)
+        self.buf.copy_(self.host, non_blocking=True)
         if self.embed_fn is not None:
-            ids = torch.where(self.lay.is_query, host[:, :-1].reshape(-1)[self.lay.query_src], self.lay.ids_static)
-            self.embed_fn(ids, self.embeds)
+            self.embed_fn(self.host[:self.n_tokens], self.embeds)
 
     def capture(self, pool) -> None:
         dev = self.dec.device
@@ -92,10 +78,20 @@ class Bucket:
         self.graphs = (g_fwd, g_tail)
 
 
+def token_buckets(query_buckets: list[int], b: int) -> list[int]:
+    """Buckets of the batch's total query tokens: the per-query buckets, then ×1.5 steps up to b × the
+    largest (a batch of b queries never holds fewer than b tokens)."""
+    top = b * query_buckets[-1]
+    out = list(query_buckets)
+    while out[-1] < top:
+        out.append(min(top, out[-1] * 3 // 2))
+    return [x for x in out if x >= b]
+
+
 @dataclass
 class EngineStats:
     prefix: dict
-    buckets: list[tuple[int, int, int]]  # (b, Qb, tokens per forward)
+    buckets: list[tuple[int, int, int]]  # (b, query tokens in the batch, tokens per forward)
     graphs: bool
     kv_buffer_bytes: int
 
@@ -110,7 +106,8 @@ class FastEngine:
         self.pool_len = self.pool.n_slots + (-self.pool.n_slots) % 8
         self.query_buckets = list(query_buckets)
         self.max_batch = max_batch
-        biggest = sum(p.row_len(self.query_buckets[-1]) for p in prompts) * max_batch
+        self.packer = Packer(prompts, self.pool, self.pool_len)
+        biggest = self.packer.n_tokens(max_batch, max_batch * self.query_buckets[-1])
         self.dec = Decoder(model, self.pool_len + biggest + 16)
         self.device = self.dec.device
         self._check_positions()
@@ -118,18 +115,17 @@ class FastEngine:
             self._fill_prefix_pool()
             tails = {b: Tail([p.plan for p in prompts], b, head_rows, head_tokens, full_head, vocab_chunk, self.device)
                      for b in range(1, max_batch + 1)}
-            self.buckets = {(b, qb): Bucket(build_bucket(prompts, self.pool, self.pool_len, b, qb), self.dec,
-                                            tails[b], self.pool_len, embed_fn)
-                            for b in range(1, max_batch + 1) for qb in self.query_buckets}
+            self.buckets = {(b, lt): Bucket(b, lt, self.packer, self.dec, tails[b], self.pool_len, embed_fn)
+                            for b in range(1, max_batch + 1) for lt in token_buckets(self.query_buckets, b)}
         self.graphs = use_graphs and self.device.type == "cuda"
         if self.graphs:
             pool = torch.cuda.graph_pool_handle()
             with torch.inference_mode():
-                for key in sorted(self.buckets, key=lambda k: -self.buckets[k].lay.n_tokens):
+                for key in sorted(self.buckets, key=lambda k: -self.buckets[k].n_tokens):
                     self.buckets[key].capture(pool)
 
     def _check_positions(self) -> None:
-        worst = max(len(p.tokens.prefix_ids) + p.row_len(self.query_buckets[-1]) for p in self.prompts)
+        worst = max(len(p.tokens.prefix_ids) + self.query_buckets[-1] + p.const_len for p in self.prompts)
         if worst > self.dec.max_positions:
             raise ValueError(f"a prompt row reaches position {worst}, over the model's max_position_embeddings="
                              f"{self.dec.max_positions}: shorten the prompt or the largest query bucket")
@@ -157,12 +153,12 @@ class FastEngine:
             self.dec.forward(ids, pos, write, key_len, mask, torch.tensor([0], device=dev), embeds)
 
     def bucket_for(self, batch: list[list[int]]) -> Bucket:
-        longest = max(len(ids) for ids in batch)
-        qb = next((q for q in self.query_buckets if q >= longest), None)
-        if qb is None or len(batch) > self.max_batch:
+        longest, total = max(len(ids) for ids in batch), sum(len(ids) for ids in batch)
+        key = next(((len(batch), lt) for lt in token_buckets(self.query_buckets, len(batch)) if lt >= total), None)
+        if key is None or longest > self.query_buckets[-1] or len(batch) > self.max_batch:
             raise ValueError(f"batch of {len(batch)} queries, longest {longest} tokens, exceeds the engine's "
                              f"limits (max_batch_size={self.max_batch}, largest query bucket {self.query_buckets[-1]})")
-        return self.buckets[(len(batch), qb)]
+        return self.buckets[key]
 
     @torch.inference_mode()
     def run(self, batch: list[list[int]]) -> tuple[list[list[torch.Tensor]], dict[str, float], int]:
@@ -187,8 +183,8 @@ class FastEngine:
                 per.append(flat[i:i + n])
                 i += n
             out.append(per)
-        return out, t, bk.lay.n_tokens
+        return out, t, bk.n_tokens
 
     def stats(self) -> EngineStats:
-        return EngineStats(self.pool.stats(), [(k[0], k[1], b.lay.n_tokens) for k, b in sorted(self.buckets.items())],
+        return EngineStats(self.pool.stats(), [(k[0], k[1], b.n_tokens) for k, b in sorted(self.buckets.items())],
                            self.graphs, self.dec.kv_bytes)

@@ -1,0 +1,120 @@
+"""The HTTP API's request and response bodies. Unknown fields are refused so a typo is an error, not a no-op.
+
+Inside the replica results stay `qcls.results` dataclasses; these models only shape them on the wire.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
+
+from qcls.results import QueryResult
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ClassifyRequest(_Body):
+    """Exactly one of `query` or `queries`."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        "examples": [{"query": "red cotton hoodie for boys"}, {"queries": ["maxi dress", "slim jeans men"]}]})
+
+    query: str | None = Field(default=None, description="one query")
+    queries: list[str] | None = Field(default=None, description="several queries (at most "
+                                      "max_queries_per_request); each is batched with concurrent requests")
+
+    @model_validator(mode="after")
+    def _one_of(self, info: ValidationInfo) -> "ClassifyRequest":
+        if (self.query is None) == (self.queries is None):
+            raise ValueError('give exactly one of "query" (a string) or "queries" (a list of strings)')
+        limit = (info.context or {}).get("max_queries")
+        if self.queries is not None:
+            if not self.queries:
+                raise ValueError('"queries" is empty: give at least one query')
+            if limit and len(self.queries) > limit:
+                raise ValueError(f'"queries" has {len(self.queries)} queries, over max_queries_per_request='
+                                 f'{limit}: split them over several requests')
+        return self
+
+    @property
+    def query_list(self) -> list[str]:
+        return [self.query] if self.query is not None else list(self.queries or [])
+
+
+class LabelOut(_Body):
+    label: str
+    score: float | None = Field(description="the label's score under the scoring strategy (a log-probability)")
+    prob: float | None = Field(description="softmax of the scores over this prompt's labels")
+    tokens: int = Field(description="tokens of label_prefix + label")
+
+
+class PromptOut(_Body):
+    prompt: str
+    label: str = Field(description="the winner")
+    prob: float | None
+    labels: list[LabelOut] = Field(description="every label, in the prompt's label order")
+
+
+class QueryOut(_Body):
+    query: str
+    ok: bool
+    error: str | None = Field(description="why this query was not classified (then `prompts` is empty)")
+    query_tokens: int
+    batch_size: int = Field(description="queries that shared this query's forward")
+    timings_ms: dict[str, float] = Field(description="engine stages (tokenize, prepare, forward, score, "
+                                         "postprocess), their total, queue_wait (arrival at the replica to "
+                                         "the batch's start) and in_replica (arrival to result)")
+    prompts: list[PromptOut]
+    meta: dict[str, Any]
+
+    @classmethod
+    def of(cls, r: QueryResult) -> "QueryOut":
+        return cls.model_validate(r.to_dict())
+
+
+class ClassifyResponse(_Body):
+    model: str
+    results: list[QueryOut] = Field(description="one per query, in request order")
+
+
+class ErrorResponse(_Body):
+    detail: str = Field(description="what was wrong, naming the limit where one applies")
+    errors: list[str] | None = Field(default=None, description="every problem found, one per line")
+    results: list[QueryOut] | None = Field(default=None, description="per-query results when no query "
+                                           "could be classified")
+
+
+class PromptInfo(_Body):
+    name: str
+    labels: list[str]
+
+
+class PromptsResponse(_Body):
+    model: str
+    strategy: str
+    prompts: list[PromptInfo]
+
+
+class HealthResponse(_Body):
+    status: Literal["ok", "unhealthy"]
+    model: str
+    device: str
+    detail: str | None = None
+
+
+def validation_messages(e: ValidationError) -> list[str]:
+    """pydantic's errors as `field: message` lines a client can act on."""
+    out = []
+    for err in e.errors(include_url=False):
+        where = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field; the accepted fields are 'query' and 'queries'"
+        out.append(f"{where}: {msg}" if where else msg)
+    return out
+
+
+def is_json_error(e: ValidationError) -> bool:
+    return any(err["type"] == "json_invalid" for err in e.errors(include_url=False))

@@ -1,0 +1,47 @@
+"""serve_config.yaml and the app builder, checked without starting Ray."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from qcls.compose import ConfigError, compose
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_serve_config_yaml_is_a_valid_serve_config_for_the_builder():
+    from ray.serve.schema import ServeDeploySchema
+
+    raw = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+    schema = ServeDeploySchema.model_validate(raw)
+    [app] = schema.applications
+    assert app.import_path == "qcls.deployments.app:build_app"
+    compose(app.args["overrides"])  # the overrides it ships compose and validate
+
+
+def test_builder_maps_config_to_deployment_options():
+    from ray.serve import Application
+
+    from qcls.deployments.app import build_app, deployment_options
+
+    app = build_app({"overrides": ["serve.num_replicas=3"], "serve.num_gpus": "1", "engine.max_batch_size": 4})
+    assert isinstance(app, Application)
+    cfg = compose(["serve.num_replicas=3", "serve.num_gpus=1", "engine.max_batch_size=4"])
+    opts = deployment_options(cfg)
+    assert opts["num_replicas"] == 3 and opts["ray_actor_options"] == {"num_gpus": 1.0, "num_cpus": 1.0}
+    assert opts["max_ongoing_requests"] == 8  # two batches of 4: one runs while the next gathers
+    auto = deployment_options(compose(["serve.autoscaling={min_replicas:1,max_replicas:4}"]))
+    assert auto["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 4} and "num_replicas" not in auto
+
+
+def test_inconsistent_serving_configs_are_refused():
+    from qcls.deployments.app import app_for
+
+    with pytest.raises(ConfigError, match="max_ongoing_requests=2 is below engine.max_batch_size=4"):
+        compose(["engine.max_batch_size=4", "serve.max_ongoing_requests=2"])
+    with pytest.raises(ConfigError, match="serve.num_gpus=0"):
+        app_for(compose(["backend.device=cuda"]))
+    with pytest.raises(ConfigError, match="serve.bogus"):
+        compose(["+serve.bogus=1"])
