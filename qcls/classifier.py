@@ -12,7 +12,8 @@ from qcls.compose import compose
 from qcls.config import QclsConfig
 from qcls.engine.engine import FastEngine
 from qcls.engine.layout import PromptLayout
-from qcls.progress import step, warn
+from qcls.backends.memory import measured
+from qcls.progress import step, step_note, warn
 from qcls.results import STAGES, LabelScore, PromptResult, QueryResult
 from qcls.scoring.reference import ReferenceEngine
 from qcls.scoring.strategies import get_strategy
@@ -45,6 +46,10 @@ class Classifier:
         with step(f"warm-up ({cfg.engine.warmup_requests} requests per bucket)", self.startup_s, "warmup"):
             self._warm_up()
         self.startup_s["total"] = round(time.perf_counter() - t0, 3)
+        self.measured_memory = measured(loaded.device)  # weights + KV pool + graph pools, and the peak
+        if self.measured_memory:
+            gib = {k: round(v / 2**30, 2) for k, v in self.measured_memory.items()}
+            step_note(f"GPU memory after start-up (GiB): {gib}")
         self.notes = list(loaded.notes)
         if cfg.engine.kind == "fast" and loaded.device.type == "cuda" and not self.engine.graphs:
             self.notes.append("CUDA graphs off: the forward runs eagerly (slower)")
@@ -106,6 +111,7 @@ class Classifier:
             st = self.engine.stats()
             meta.update(graphs=st.graphs, prefix_cache=st.prefix, buckets=st.buckets)
             meta["memory"]["kv_buffer"] = st.kv_buffer_bytes
+        meta["memory"].update(self.measured_memory)
         return meta
 
     def classify(self, queries: list[str]) -> list[QueryResult]:

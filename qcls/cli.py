@@ -114,7 +114,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     literal = argv[argv.index("--") + 1:] if "--" in argv else []
     argv = argv[:argv.index("--")] if "--" in argv else argv
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    # Options may follow queries (`classify "red dress" --json`): argparse leaves such queries unparsed.
+    args, rest = parser.parse_known_args(argv)
+    bad = [r for r in rest if r.startswith("-")]
+    if bad:
+        parser.error(f"unrecognized arguments: {' '.join(bad)} (a query starting with '-' goes after --)")
+    args.items = list(args.items) + rest
     args.literal = literal
     try:
         return args.fn(args)

@@ -29,6 +29,11 @@ def step(what: str, phases: dict[str, float] | None = None, key: str | None = No
         print(f"[qcls]   done in {dt:.2f}s", file=sys.stderr, flush=True)
 
 
+def step_note(msg: str) -> None:
+    if not _quiet:
+        print(f"[qcls] {msg}", file=sys.stderr, flush=True)
+
+
 def warn(msg: str) -> None:
     log.warning(msg)
     if not _quiet:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -33,7 +33,7 @@ class LoadedModel:
     def full_head(self) -> torch.Tensor | None:
         """The whole [V, H] LM head on the device (for full-vocabulary normalisers), or None."""
         w = self.model.get_output_embeddings().weight
-        return w.detach() if w.device == self.device else None
+        return w.detach() if w.device.type == self.device.type else None
 
 
 def resolve_device(cfg: QclsConfig) -> torch.device:
@@ -65,12 +65,33 @@ def module_bytes(model: torch.nn.Module) -> dict[str, int]:
     return out
 
 
+def backend_options(cfg: QclsConfig, defaults: dict[str, Any]) -> dict[str, Any]:
+    """`backend.options` over `defaults`; an unknown key is an error naming the known ones (a typo must not
+    silently fall back to a default)."""
+    given = dict(cfg.backend.options)
+    unknown = sorted(set(given) - set(defaults))
+    if unknown:
+        raise ValueError(f"backend {cfg.backend.name}: unknown option(s) {unknown}; known: "
+                         f"{sorted(defaults) or 'none'}")
+    return {**defaults, **given}
+
+
 class Backend:
     """Subclass, set `name`, implement `load`; register it with one line in registry.py."""
     name = "base"
 
     def load(self, cfg: QclsConfig) -> LoadedModel:
         raise NotImplementedError
+
+    def preflight(self, cfg: QclsConfig, src: sources.Source, device: torch.device):
+        """Estimate GPU memory from the model config alone and refuse before any weight is read when it
+        will not fit (CUDA only). Returns the MemoryEstimate, or None on the CPU."""
+        if device.type != "cuda":
+            return None
+        from qcls.backends import memory  # memory imports this module
+        est = memory.estimate(cfg, sources.load_config(src), backend=self.name)
+        memory.check_budget(cfg, est, device=device)
+        return est
 
     @staticmethod
     def source(cfg: QclsConfig) -> sources.Source:

@@ -13,6 +13,10 @@ class Fp16Backend(Backend):
         device = resolve_device(cfg)
         dtype = resolve_dtype(cfg, device)
         src = self.source(cfg)
+        est = self.preflight(cfg, src, device)  # refuse before reading weights when it cannot fit
         tokenizer = sources.load_tokenizer(src)
         model = sources.load_model(src, dtype).to(device)
-        return LoadedModel(model, tokenizer, device, dtype, self.name, memory=module_bytes(model))
+        memory = module_bytes(model)
+        if est is not None:
+            memory.update(est.as_dict())
+        return LoadedModel(model, tokenizer, device, dtype, self.name, memory=memory)

@@ -7,11 +7,15 @@ from qcls.backends.base import Backend
 
 BACKENDS: dict[str, str] = {
     "fp16": "qcls.backends.fp16:Fp16Backend",
+    "fp16-offload": "qcls.backends.offload:Fp16OffloadBackend",
+    "bnb-int8": "qcls.backends.bnb:BnbInt8Backend",
+    "bnb-nf4": "qcls.backends.bnb:BnbNf4Backend",
+    "gptq": "qcls.backends.gptq:GptqBackend",
 }
 
 
 def get_backend(name: str) -> Backend:
     if name not in BACKENDS:
-        raise ValueError(f"unknown backend {name!r}; known: {sorted(BACKENDS)}")
+        raise ValueError(f"unknown backend {name!r}; known: {sorted(BACKENDS)} (override with backend=NAME)")
     module, cls = BACKENDS[name].split(":")
     return getattr(importlib.import_module(module), cls)()
