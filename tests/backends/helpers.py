@@ -11,8 +11,9 @@ PROMPTS = [prompt("category", ["dress", "jeans", "hoodie", "trench coat", "none"
            prompt("audience_zh", ["男童", "女童", "男士", "女士", "无"])]
 
 
-def cfg(model_dir: str, backend: str = "fp16", options: dict | None = None, **extra):
-    return tiny_cfg(model_dir, PROMPTS, backend={"name": backend, "options": options or {}}, **extra)
+def cfg(model_dir: str, backend: str = "fp16", options: dict | None = None, device: str = "auto", **extra):
+    return tiny_cfg(model_dir, PROMPTS, backend={"name": backend, "options": options or {}, "device": device},
+                    **extra)
 
 
 def scores(clf, queries: list[str] = QUERIES) -> torch.Tensor:

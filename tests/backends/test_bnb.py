@@ -90,8 +90,8 @@ def test_bnb_runs_on_the_cpu_close_to_fp16(tiny_dirs):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
 def test_gpu_bnb_graphs_and_scores(tiny_dirs, backend, options, graphs):
     _bnb()
-    ref = scores(Classifier(cfg(tiny_dirs["qwen3"], backend={"name": "fp16", "device": "cuda"})))
-    c = cfg(tiny_dirs["qwen3"], backend={"name": backend, "device": "cuda", "options": options})
+    ref = scores(Classifier(cfg(tiny_dirs["qwen3"], "fp16", device="cuda")))
+    c = cfg(tiny_dirs["qwen3"], backend, options, device="cuda")
     clf = Classifier(c)
     assert clf.engine.graphs is graphs
     assert bool(clf.notes) is (not graphs)

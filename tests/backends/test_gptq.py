@@ -85,8 +85,8 @@ def test_gptq_int8_close_to_fp16_on_the_cpu(tiny_dirs, gptq8):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
 @pytest.mark.parametrize("kernel", ["torch"])  # JIT kernels (marlin, exllama_v2) need nvcc: bench them
 def test_gpu_gptq(tiny_dirs, gptq8, kernel):
-    ref = scores(Classifier(cfg(tiny_dirs["qwen3"], backend={"name": "fp16", "device": "cuda"})))
-    c = cfg(gptq8, backend={"name": "gptq", "device": "cuda", "options": {"kernel": kernel}})
+    ref = scores(Classifier(cfg(tiny_dirs["qwen3"], "fp16", device="cuda")))
+    c = cfg(gptq8, "gptq", {"kernel": kernel}, device="cuda")
     clf = Classifier(c)
     assert clf.loaded.memory["weights_gpu"] > 0 and clf.engine.graphs
     assert (scores(clf) - ref).abs().max() < 0.1 * ref.abs().max()

@@ -99,9 +99,9 @@ def test_demo_model_scores_equal_the_fp16_backend(demo_classifier, demo_cfg_over
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
 @pytest.mark.parametrize("family", ["qwen3", "llama"])
 def test_gpu_offload_matches_fp16_with_graphs(tiny_dirs, family):
-    ref_clf = Classifier(cfg(tiny_dirs[family], backend={"name": "fp16", "device": "cuda"}))
+    ref_clf = Classifier(cfg(tiny_dirs[family], "fp16", device="cuda"))
     ref = scores(ref_clf)
-    clf = Classifier(cfg(tiny_dirs[family], backend={"name": "fp16-offload", "device": "cuda"}))
+    clf = Classifier(cfg(tiny_dirs[family], "fp16-offload", device="cuda"))
     assert clf.engine.graphs and clf.notes == []
     embed = clf.loaded.model.model.embed_tokens.weight
     assert embed.device.type == "cpu" and embed.is_pinned()
@@ -114,11 +114,10 @@ def test_gpu_offload_matches_fp16_with_graphs(tiny_dirs, family):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
 def test_gpu_streamed_layers_and_the_budget_check(tiny_dirs):
     from qcls.backends.memory import MemoryBudgetError
-    ref = scores(Classifier(cfg(tiny_dirs["llama"], backend={"name": "fp16", "device": "cuda"})))
-    c = cfg(tiny_dirs["llama"], backend={"name": "fp16-offload", "device": "cuda",
-                                         "options": {"offload_layers": "true", "gpu_layers": 1}})
+    ref = scores(Classifier(cfg(tiny_dirs["llama"], "fp16", device="cuda")))
+    c = cfg(tiny_dirs["llama"], "fp16-offload", {"offload_layers": "true", "gpu_layers": 1}, device="cuda")
     clf = Classifier(c)
     assert not clf.engine.graphs and "per request" in " ".join(clf.notes)
     assert (scores(clf) - ref).abs().max() <= 1e-3
     with pytest.raises(MemoryBudgetError, match="over the budget of 0.00 GiB"):
-        Classifier(cfg(tiny_dirs["llama"], backend={"name": "fp16-offload", "device": "cuda"}, gpu_memory_gib=0.001))
+        Classifier(cfg(tiny_dirs["llama"], "fp16-offload", device="cuda", gpu_memory_gib=0.001))
