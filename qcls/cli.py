@@ -22,9 +22,10 @@ EPILOG = """examples:
   echo "summer dress" | qcls repl
   qcls serve model=qwen3_4b serve.num_gpus=1
 
-config groups: model (smollm2_demo, qwen3_4b, qwen3_8b), backend (fp16, ...), scoring (trie, first_token,
-exact, mean_logprob), prompts (default, ecommerce8), engine (fast, reference); keys such as
-force_single_token_labels=true, max_query_tokens=N, cache_dir=DIR."""
+config groups: model (smollm2_demo, qwen3_4b, qwen3_8b), backend (fp16, fp16-offload, bnb-int8, bnb-nf4,
+gptq), scoring (trie, first_token, exact, mean_logprob), prompts (default, ecommerce8), engine (fast,
+reference), serve (default), gpu (t4); keys such as force_single_token_labels=true, max_query_tokens=N,
+cache_dir=DIR. See README.md."""
 
 
 def split_args(items: list[str], literal: list[str] = ()) -> tuple[list[str], list[str]]:

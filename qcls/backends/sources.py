@@ -29,7 +29,7 @@ class Source:
 
 
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("QCLS_CACHE_DIR", Path.home() / ".cache" / "qcls"))
+    return Path(os.environ.get("QCLS_CACHE_DIR") or Path.home() / ".cache" / "qcls")
 
 
 def demo_gguf_path() -> Path:
