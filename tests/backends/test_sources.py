@@ -1,0 +1,40 @@
+"""Model sources: local directories, hub ids (offline mode honoured), GGUF paths, the demo package."""
+from __future__ import annotations
+
+import pytest
+
+from qcls.backends import sources
+from qcls.config import ModelSpec
+
+
+def test_local_dir_must_be_a_checkpoint(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        sources.resolve(ModelSpec(name="m", source="local", path=str(tmp_path)), None)
+
+
+def test_local_dir_resolves_and_loads(tiny_dirs):
+    src = sources.resolve(ModelSpec(name="m", source="local", path=tiny_dirs["qwen2"]), None)
+    assert src.path == tiny_dirs["qwen2"] and sources.load_config(src).model_type == "qwen2"
+
+
+def test_hub_id_in_offline_mode_fails_without_network(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path))  # an empty cache: nothing to fall back on
+    src = sources.resolve(ModelSpec(name="m", source="hub", path="Qwen/Qwen3-4B"), None)
+    assert src.path == "Qwen/Qwen3-4B"
+    with pytest.raises(OSError):
+        sources.load_config(src)
+
+
+def test_gguf_needs_a_file_or_a_file_name(tmp_path):
+    with pytest.raises(FileNotFoundError, match="model.gguf_file"):
+        sources.resolve(ModelSpec(name="m", source="gguf", path=str(tmp_path)), None)
+    src = sources.resolve(ModelSpec(name="m", source="gguf", path=str(tmp_path), gguf_file="x.gguf"), None)
+    assert src.gguf_file == "x.gguf"
+
+
+def test_demo_gguf_is_found_without_importing_the_package():
+    import sys
+    path = sources.demo_gguf_path()
+    assert path.name == sources.DEMO_FILE and path.stat().st_size > 50_000_000
+    assert sources.DEMO_PACKAGE not in sys.modules
