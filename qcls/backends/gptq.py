@@ -8,7 +8,8 @@ Triton's `tl.dot` has no tensor cores below sm_80. See docs/backends.md for the 
 
 `write_gptq_checkpoint` turns a plain fp16 checkpoint into a GPTQ-format one by round-to-nearest
 quantization (no calibration): the benchmark's way to get GPTQ weights that match the fp16 weights it
-compares against.
+compares against. `write_awq_checkpoint` does the same into AWQ's 4-bit "gemm" format (asymmetric,
+no activation-aware scaling).
 """
 from __future__ import annotations
 
@@ -121,6 +122,42 @@ def write_gptq_checkpoint(src: str | Path, out: str | Path, bits: int = 4, group
                           device: str = "cpu") -> Path:
     """GPTQ-format copy of a plain safetensors checkpoint: every decoder `*_proj.weight` RTN-quantized and
     packed, everything else (embedding, norms, LM head) kept in fp16. Tokenizer files are copied."""
+    return _write_packed(src, out, lambda w: _rtn_pack(w.to(device), bits, group_size),
+                         {"quant_method": "gptq", "bits": bits, "group_size": group_size, "desc_act": False,
+                          "sym": True, "checkpoint_format": "gptq"})
+
+
+AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]  # AWQ "gemm" int4 interleave of the 8 codes in one int32
+
+
+def _awq_pack(w: torch.Tensor, group: int) -> dict[str, torch.Tensor]:
+    """Asymmetric 4-bit round-to-nearest AWQ "gemm" tensors for a [out, in] weight: qweight [in, out/8] and
+    qzeros [in/group, out/8] packed along the output dim in AWQ_ORDER, scales fp16 [in/group, out];
+    weight = (q - zero) * scale."""
+    n, k = w.shape
+    if k % group or n % 8:
+        raise ValueError(f"cannot AWQ-pack a [{n}, {k}] weight at group {group}")
+    wg = w.float().t().reshape(k // group, group, n)
+    lo, hi = wg.amin(1).clamp(max=0), wg.amax(1).clamp(min=0)  # [groups, n], range includes 0
+    scale = ((hi - lo) / 15).clamp_min(1e-8).half()  # the kernel computes with the fp16 scale
+    zero = torch.round(-lo / scale.float()).clamp(0, 15)
+    q = (torch.round(wg / scale.float()[:, None]) + zero[:, None]).clamp(0, 15).reshape(k, n)
+
+    def pack(c: torch.Tensor) -> torch.Tensor:
+        c = c.to(torch.int32).reshape(c.shape[0], n // 8, 8)[..., AWQ_ORDER]
+        return sum(c[..., j] << (4 * j) for j in range(8)).to(torch.int32).contiguous().cpu()
+    return {"qweight": pack(q), "qzeros": pack(zero), "scales": scale.cpu()}
+
+
+def write_awq_checkpoint(src: str | Path, out: str | Path, group_size: int = 128, device: str = "cpu") -> Path:
+    """AWQ-format ("gemm", 4-bit, zero point) copy of a plain safetensors checkpoint by round-to-nearest (no
+    activation-aware scaling): the decoder `*_proj.weight`s packed, everything else kept in fp16."""
+    return _write_packed(src, out, lambda w: _awq_pack(w.to(device), group_size),
+                         {"quant_method": "awq", "bits": 4, "group_size": group_size, "zero_point": True,
+                          "version": "gemm"})
+
+
+def _write_packed(src: str | Path, out: str | Path, pack, quantization_config: dict) -> Path:
     from safetensors import safe_open
     from safetensors.torch import save_file
     src, out = Path(src), Path(out)
@@ -133,7 +170,7 @@ def write_gptq_checkpoint(src: str | Path, out: str | Path, bits: int = 4, group
             for name in st.keys():
                 t = st.get_tensor(name)
                 if ".layers." in name and name.endswith("_proj.weight"):
-                    for suffix, v in _rtn_pack(t.to(device), bits, group_size).items():
+                    for suffix, v in pack(t).items():
                         tensors[name[: -len("weight")] + suffix] = v
                 else:
                     tensors[name] = t.half() if t.is_floating_point() else t
@@ -145,8 +182,7 @@ def write_gptq_checkpoint(src: str | Path, out: str | Path, bits: int = 4, group
     if (src / "model.safetensors.index.json").is_file():
         (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     cfg = json.loads((out / "config.json").read_text())
-    cfg["quantization_config"] = {"quant_method": "gptq", "bits": bits, "group_size": group_size,
-                                  "desc_act": False, "sym": True, "checkpoint_format": "gptq"}
+    cfg["quantization_config"] = quantization_config
     cfg["dtype"] = "float16"
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     return out
