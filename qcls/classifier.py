@@ -6,13 +6,14 @@ from typing import Any
 
 import torch
 
+from qcls.backends import sources
 from qcls.backends.base import LoadedModel
+from qcls.backends.memory import measured
 from qcls.backends.registry import get_backend
 from qcls.compose import compose
 from qcls.config import QclsConfig
 from qcls.engine.engine import FastEngine
 from qcls.engine.layout import PromptLayout
-from qcls.backends.memory import measured
 from qcls.progress import step, step_note, warn
 from qcls.results import STAGES, LabelScore, PromptResult, QueryResult
 from qcls.scoring.reference import ReferenceEngine
@@ -33,14 +34,18 @@ class Classifier:
         self.startup_s: dict[str, float] = {}
         t0 = time.perf_counter()
         backend = get_backend(cfg.backend.name)
+        if loaded is None:  # the tokenizer first: label sets are checked before any weight is read
+            with step("loading the tokenizer", self.startup_s, "tokenizer"):
+                self.tokenizer = sources.load_tokenizer(backend.source(cfg))
+        else:
+            self.tokenizer = loaded.tokenizer
+        with step(f"preparing {len(cfg.prompts)} prompts (strategy {cfg.strategy})", self.startup_s, "prompts"):
+            self.layouts = self._prepare_prompts()
         if loaded is None:
             with step(f"loading {cfg.model.name} with backend {backend.name}", self.startup_s, "load"):
                 loaded = backend.load(cfg)
         self.loaded = loaded
-        self.tokenizer = loaded.tokenizer
         torch.manual_seed(cfg.seed)
-        with step(f"preparing {len(cfg.prompts)} prompts (strategy {cfg.strategy})", self.startup_s, "prompts"):
-            self.layouts = self._prepare_prompts()
         with step(f"building the {cfg.engine.kind} engine", self.startup_s, "engine"):
             self.engine = self._build_engine()
         with step(f"warm-up ({cfg.engine.warmup_requests} requests per bucket)", self.startup_s, "warmup"):

@@ -109,7 +109,12 @@ def test_template_with_empty_suffix(tiny_dirs):
     assert_same(fast, ref, ["a", "longer query with more words"])
 
 
-def test_first_token_collision_refused_at_startup(tiny_dirs):
+def test_first_token_collision_refused_before_weights_load(tiny_dirs, monkeypatch):
+    from qcls.backends.fp16 import Fp16Backend
+
+    def no_weights(self, cfg):
+        raise AssertionError("weights were loaded before the label sets were checked")
+    monkeypatch.setattr(Fp16Backend, "load", no_weights)
     cfg = tiny_cfg(tiny_dirs["qwen3"], [prompt("c", SHARED)], force_single_token_labels=True)
     with pytest.raises(ValueError, match=r"share first token .*scoring=trie"):
         Classifier(cfg)
