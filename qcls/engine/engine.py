@@ -1,6 +1,6 @@
 """The fast engine: every prompt of up to `max_batch_size` queries in one packed forward.
 
-Start-up (constructor): plan and fill the prefix KV pool, build every (batch size, query bucket) layout
+Start-up (constructor): plan and fill the prefix KV pool, build every (batch size, total query tokens) bucket
 with its static buffers, and on a GPU capture one CUDA graph per bucket for the forward and one for the
 tail. Request path (`run`): pack the batch into the bucket's descriptor buffer, replay, read the scores.
 """

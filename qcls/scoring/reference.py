@@ -62,7 +62,6 @@ class ReferenceEngine:
         self.model, self.layouts, self.strategy = model, layouts, strategy
 
     def run(self, batch: list[list[int]]):
-
         t0 = time.perf_counter()
         scores = [[torch.tensor(reference_scores(self.model, lay.tokens, lay.trie, ids, self.strategy))
                    for lay in self.layouts] for ids in batch]
