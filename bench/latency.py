@@ -24,7 +24,7 @@ from bench import common as C  # noqa: E402
 from qcls.backends.base import LoadedModel, module_bytes  # noqa: E402
 from qcls.classifier import Classifier  # noqa: E402
 from qcls.compose import compose, validate  # noqa: E402
-from qcls.engine.decoder import T4_SDPA  # noqa: E402
+from qcls.engine.attention import T4_SDPA  # noqa: E402
 from qcls.qwen_tokenizer import build_qwen_tokenizer  # noqa: E402
 from torch.nn.attention import sdpa_kernel  # noqa: E402
 
@@ -40,10 +40,11 @@ def prompt_sets() -> dict[str, list[dict]]:
     return {"2 prompts": default, "8 prompts (2 Chinese multi-token)": eight, "8 prompts single-token": single}
 
 
-def make_cfg(prompts: list[dict], strategy: str, buckets: list[int]):
+def make_cfg(prompts: list[dict], strategy: str, buckets: list[int], attention: str = "auto"):
     return validate({"model": {"name": "random", "source": "local", "path": "/random-weights"}, "prompts": prompts,
                      "scoring": {"name": strategy}, "max_query_tokens": buckets[-1],
-                     "engine": {"query_buckets": buckets, "max_batch_size": 4, "warmup_requests": 2}})
+                     "engine": {"query_buckets": buckets, "max_batch_size": 4, "warmup_requests": 2,
+                                "attention": attention}})
 
 
 # ---- baselines: what a user writes with transformers -------------------------------------------------
@@ -95,9 +96,10 @@ def kernel_profile(bucket, n: int = 10) -> str:
 
 
 # ---- the run -----------------------------------------------------------------------------------------
-def bench_engine(loaded, prompts, strategy, buckets, iters, ref_clf_factory=None) -> dict:
+def bench_engine(loaded, prompts, strategy, buckets, iters, ref_clf_factory=None, attention="auto"):
+    """Numbers of one configuration, and its Classifier (kept for the paired comparisons)."""
     t0 = time.perf_counter()
-    clf = Classifier(make_cfg(prompts, strategy, buckets), loaded=loaded)
+    clf = Classifier(make_cfg(prompts, strategy, buckets, attention), loaded=loaded)
     startup = time.perf_counter() - t0
     t1 = time.perf_counter()
     first = clf.classify(QUERIES[:1])[0]
@@ -116,7 +118,8 @@ def bench_engine(loaded, prompts, strategy, buckets, iters, ref_clf_factory=None
            "b1_p50": C.median(b1), "b1_p90": C.pct(b1, 0.9), "b4_p50": C.median(b4), "b4_p90": C.pct(b4, 0.9),
            "tokens_b1": first.meta["tokens_per_forward"], "tokens_b4": r4.meta["tokens_per_forward"],
            "stages": {k: round(C.median(v), 3) for k, v in stages.items()}, "graphs": clf.engine.graphs,
-           "allocs_during_requests": allocs, "prefix_cache": clf.metadata()["prefix_cache"]}
+           "allocs_during_requests": allocs, "prefix_cache": clf.metadata()["prefix_cache"],
+           "attention": clf.metadata().get("attention")}
     if ref_clf_factory is not None:
         ref = ref_clf_factory(prompts, strategy)
         worst, same, total = 0.0, 0, 0
@@ -133,9 +136,24 @@ def bench_engine(loaded, prompts, strategy, buckets, iters, ref_clf_factory=None
         out["profile_b4"] = kernel_profile(clf.engine.bucket_for([[0] * q.query_tokens for q in clf.classify(QUERIES[:4])]))
     else:
         out["profile"] = out["profile_b4"] = ""
-    del clf
-    C.free()
-    return out
+    return out, clf
+
+
+def paired(a, b, queries, iters: int) -> tuple[float, float, float]:
+    """p50 of a and b timed in alternation (a, b, a, b, …), so drift of a shared machine hits both alike;
+    also the median of the per-pair ratios a/b."""
+    ta, tb = [], []
+    for clf, out in ((a, ta), (b, tb)):
+        for _ in range(3):
+            clf.classify(queries)
+    for _ in range(iters):
+        for clf, out in ((a, ta), (b, tb)):
+            C.sync()
+            t0 = time.perf_counter()
+            clf.classify(queries)
+            C.sync()
+            out.append((time.perf_counter() - t0) * 1e3)
+    return C.median(ta), C.median(tb), C.median([x / y for x, y in zip(ta, tb)])
 
 
 def main() -> None:
@@ -145,6 +163,7 @@ def main() -> None:
     ap.add_argument("--buckets", type=int, nargs="+", default=[4, 8, 12, 16, 24, 32, 48, 64])
     ap.add_argument("--no-baselines", action="store_true")
     ap.add_argument("--no-reference", action="store_true", help="skip the fp16 reference comparison")
+    ap.add_argument("--no-sdpa-ab", action="store_true", help="skip the tree-vs-dense attention comparison")
     ap.add_argument("--json", default=None, help="also write raw numbers here")
     args = ap.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -165,10 +184,29 @@ def main() -> None:
             return Classifier(cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"kind": "reference"})}),
                               loaded=loaded)
 
-        res = {}
+        res, kept = {}, {}
         for label, prompts in prompt_sets().items():
-            res[label] = bench_engine(loaded, prompts, "trie", args.buckets, args.iters,
-                                      None if args.no_reference else ref_factory)
+            res[label], clf = bench_engine(loaded, prompts, "trie", args.buckets, args.iters,
+                                           None if args.no_reference else ref_factory)
+            if label.startswith("8 prompts"):
+                kept[label] = clf
+            del clf
+            C.free()
+        m8, s8 = kept["8 prompts (2 Chinese multi-token)"], kept["8 prompts single-token"]
+        pairs = {"multi / single, b1": paired(m8, s8, QUERIES[:1], 2 * args.iters),
+                 "multi / single, b4": paired(m8, s8, QUERIES[:4], args.iters)}
+        del kept, s8
+        C.free()
+        if dev == "cuda" and not args.no_sdpa_ab and res["8 prompts (2 Chinese multi-token)"]["attention"] == "tree":
+            # the same configuration with dense masked SDPA attention, timed in alternation with the tree kernel
+            dense, dclf = bench_engine(loaded, prompt_sets()["8 prompts (2 Chinese multi-token)"], "trie",
+                                       args.buckets, args.iters, None, attention="sdpa")
+            pairs["tree / sdpa attention, b1"] = paired(m8, dclf, QUERIES[:1], args.iters)
+            pairs["tree / sdpa attention, b4"] = paired(m8, dclf, QUERIES[:4], args.iters)
+            res["8 prompts (2 Chinese multi-token), attention=sdpa"] = dense
+            del dclf
+        del m8
+        C.free()
         base = {}
         if not args.no_baselines:
             with torch.inference_mode(), sdpa_kernel(T4_SDPA):
@@ -178,8 +216,8 @@ def main() -> None:
                                    "hf_batched": C.median(C.timed(lambda: hf_batched(model, tok, prompts, QUERIES[0]),
                                                                   n_iter, 2))}
         raw[name] = {"engine": res, "baselines": base, "layer_bytes": lbytes, "floor_ms": floor,
-                     "copy_gbs": bw, "build_s": build_s}
-        report(name, res, base, lbytes, lparams, floor, bw, args)
+                     "copy_gbs": bw, "build_s": build_s, "pairs": pairs}
+        report(name, res, base, pairs, lbytes, lparams, floor, bw, args)
         del model, loaded
         C.free()
     if args.json:
@@ -192,10 +230,11 @@ def t4_projection(lbytes: int, lparams: int, tokens: int) -> float:
     return (lbytes / (C.T4_BW * C.T4_BW_EFF) + 2 * lparams * tokens / (C.T4_FLOPS * C.T4_FLOP_EFF)) * 1e3
 
 
-def report(name, res, base, lbytes, lparams, floor, bw, args) -> None:
+def report(name, res, base, pairs, lbytes, lparams, floor, bw, args) -> None:
     text = C.header(f"latency: {name} random weights, fp16, scoring=trie",
                     f"bench/latency.py --models {name} --iters {args.iters} --buckets {' '.join(map(str, args.buckets))}; "
-                    f"SDPA limited to mem-efficient+math; CUDA graphs; queries {QUERIES}")
+                    f"attention {res['2 prompts']['attention']} (SDPA rows: mem-efficient+math only); CUDA graphs; "
+                    f"queries {QUERIES}")
     text += (f"Layer weights {lbytes / 1e9:.2f} GB; copy bandwidth {bw:.0f} GB/s; floor {floor:.2f} ms.\n\n"
              "| prompts | b1 p50 | b1 p90 | b4 p50 | b4 p90 | tokens b1/b4 | ratio to floor (b1) | first request | "
              "naive HF | HF padded batch | speed-up vs naive / batched | T4 projection b1 / b4 |\n"
@@ -207,8 +246,11 @@ def report(name, res, base, lbytes, lparams, floor, bw, args) -> None:
                  f"{r['tokens_b1']}/{r['tokens_b4']} | {r['b1_p50'] / floor:.1f}× | {r['first_ms']:.2f} | {nv:.1f} | "
                  f"{hb:.1f} | {nv / r['b1_p50']:.1f}× / {hb / r['b1_p50']:.1f}× | "
                  f"{t4_projection(lbytes, lparams, r['tokens_b1']):.1f} / {t4_projection(lbytes, lparams, r['tokens_b4']):.1f} |\n")
-    multi, single = res["8 prompts (2 Chinese multi-token)"], res["8 prompts single-token"]
-    text += (f"\nChecks: multi-token / single-token (8 prompts, b1) = {multi['b1_p50'] / single['b1_p50']:.3f} "
+    multi = res["8 prompts (2 Chinese multi-token)"]
+    text += "\nPaired runs (the two configurations timed in alternation in one process; p50 ms each, median of the " \
+            "per-pair ratios):\n\n| pair | p50 a | p50 b | ratio |\n|---|---|---|---|\n"
+    text += "".join(f"| {k} | {a:.2f} | {b:.2f} | {r:.3f} |\n" for k, (a, b, r) in pairs.items())
+    text += (f"\nChecks: multi-token / single-token (8 prompts, b1, paired) = {pairs['multi / single, b1'][2]:.3f} "
              f"(target ≤ 1.10); b4 / b1 (8 prompts) = {multi['b4_p50'] / multi['b1_p50']:.2f} (target ≤ 1.5); "
              f"first request / p50 = {multi['first_ms'] / multi['b1_p50']:.2f} (target ≤ 1.2); "
              f"CUDA allocations during timed requests: {sum(r['allocs_during_requests'] for r in res.values())}.\n\n")

@@ -55,7 +55,7 @@ class Classifier:
         if self.measured_memory:
             gib = {k: round(v / 2**30, 2) for k, v in self.measured_memory.items()}
             step_note(f"GPU memory after start-up (GiB): {gib}")
-        self.notes = list(loaded.notes)
+        self.notes = list(loaded.notes) + list(getattr(self.engine, "notes", []))
         if cfg.engine.kind == "fast" and loaded.device.type == "cuda" and not self.engine.graphs:
             self.notes.append("CUDA graphs off: the forward runs eagerly (slower)")
         for n in self.notes:
@@ -85,7 +85,8 @@ class Classifier:
         return FastEngine(ld.model, self.layouts, ld.head_rows(tokens), tokens, full,
                           max_batch=cfg.engine.max_batch_size, query_buckets=cfg.engine.query_buckets,
                           block_size=cfg.engine.prefix_block_size, vocab_chunk=cfg.scoring.vocab_chunk,
-                          use_graphs=cfg.engine.cuda_graphs and ld.graph_capturable, embed_fn=ld.embed_fn)
+                          use_graphs=cfg.engine.cuda_graphs and ld.graph_capturable, embed_fn=ld.embed_fn,
+                          attention=cfg.engine.attention)
 
     def _warm_up(self) -> None:
         ids = encode_query(self.tokenizer, WARMUP_QUERY, self.cfg.max_query_tokens)
@@ -114,7 +115,7 @@ class Classifier:
                 "notes": self.notes}
         if isinstance(self.engine, FastEngine):
             st = self.engine.stats()
-            meta.update(graphs=st.graphs, prefix_cache=st.prefix, buckets=st.buckets)
+            meta.update(graphs=st.graphs, attention=st.attention, prefix_cache=st.prefix, buckets=st.buckets)
             meta["memory"]["kv_buffer"] = st.kv_buffer_bytes
         meta["memory"].update(self.measured_memory)
         return meta

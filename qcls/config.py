@@ -100,6 +100,9 @@ class EngineSpec(_Strict):
     # Query-token buckets; the largest must cover max_query_tokens.
     query_buckets: list[int] = Field(default_factory=lambda: [4, 8, 12, 16, 24, 32, 48, 64])
     cuda_graphs: bool = True
+    # tree: the Triton kernel that visits only visible keys (needs CUDA + Triton); sdpa: dense masked SDPA;
+    # auto: tree where it runs, else sdpa (with a note in the result metadata on a GPU)
+    attention: Literal["auto", "tree", "sdpa"] = "auto"
     warmup_requests: int = Field(default=2, ge=1)
     prefix_block_size: int = Field(default=16, ge=1)
 

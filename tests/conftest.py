@@ -4,6 +4,12 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
+
+# Without a GPU, Triton kernels run in its interpreter (numpy), so CPU CI checks them too. Set before
+# qcls imports Triton: the flag is read when a kernel is defined.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from qcls.compose import compose
 from qcls.progress import set_quiet

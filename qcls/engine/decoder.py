@@ -3,23 +3,17 @@
 It calls the loaded transformers model's own modules (norms, q/k/v/o projections, Qwen3 q/k norms, MLP),
 so quantized linear layers from any backend plug in unchanged. What it does differently from
 transformers: tokens are one flat sequence with explicit positions, K/V go into a preallocated buffer
-(prefix pool first, then this forward's tokens), attention takes an arbitrary mask, and only the rows
-that are read come out.
-
-GQA without repeating K/V: queries [N, heads, d] are viewed as [groups, kv_heads, N, d], and the K/V
-buffer [kv_heads, S, d] is expanded over the group dimension with stride 0.
+(prefix pool first, then this forward's tokens), attention is a function given by the caller (dense
+masked SDPA or the tree kernel, qcls/engine/attention.py), and only the rows that are read come out.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from qcls.engine.kernels import add_rmsnorm, rope_into, silu_mul
 
-# The T4 envelope: no FlashAttention, no cuDNN attention (sm_80+ only).
-T4_SDPA = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 SUPPORTED = ("llama", "qwen2", "qwen3")
 
 
@@ -76,17 +70,16 @@ class Decoder:
     def _eps(norm) -> float:
         return getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))
 
-    def forward(self, ids: torch.Tensor, pos: torch.Tensor, write: slice | torch.Tensor, key_len: int,
-                mask: torch.Tensor, read: torch.Tensor, embeds: torch.Tensor | None = None) -> torch.Tensor:
-        """ids/pos [N]; K/V of these tokens go to buffer slots `write`; attention over slots [0, key_len)
-        with additive `mask` [N, key_len]; returns final-normed hidden states of tokens `read` [R, H].
+    def forward(self, ids: torch.Tensor, pos: torch.Tensor, write: slice | torch.Tensor, attend,
+                read: torch.Tensor, embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """ids/pos [N]; K/V of these tokens go to buffer slots `write`; `attend(q [N, heads, d], k, v)` with
+        one layer's K/V buffers returns [N, heads·d]; returns final-normed hidden states of tokens `read`.
         `embeds` [N, H], when given, replaces the embedding lookup (backends that keep the table off the
         device gather it themselves)."""
-        n, nh, nkv, d, g = ids.shape[0], self.n_heads, self.n_kv, self.head_dim, self.groups
+        n, nh, nkv, d = ids.shape[0], self.n_heads, self.n_kv, self.head_dim
         delta = self.embed(ids) if embeds is None else embeds
         res = None
         cos, sin = self.cos[pos], self.sin[pos]
-        attn_mask = mask[None, None]
         q = torch.empty(n, nh, d, dtype=self.dtype, device=self.device)
         for i, layer in enumerate(self.layers):
             a = layer.self_attn
@@ -108,12 +101,7 @@ class Decoder:
                 rope_into(kp.view(n, nkv, d), cos, sin, kw, eps_qk, k)
                 self.k[i][:, write] = k.transpose(0, 1)
             self.v[i][:, write] = vp.view(n, nkv, d).transpose(0, 1)
-            kk = self.k[i][None, :, :key_len].expand(g, nkv, key_len, d)
-            vv = self.v[i][None, :, :key_len].expand(g, nkv, key_len, d)
-            qq = q.view(n, nkv, g, d).permute(2, 1, 0, 3)
-            with sdpa_kernel(T4_SDPA):
-                o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=attn_mask)
-            delta = a.o_proj(o.permute(2, 1, 0, 3).reshape(n, nh * d))
+            delta = a.o_proj(attend(q, self.k[i], self.v[i]))
             if i == len(self.layers) - 1:  # the last MLP and the final norm only for rows that are read
                 delta, res = delta[read], res[read]
             ln = layer.post_attention_layernorm

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from qcls.engine.attention import DenseAttention, TreeAttention, tree_available
 from qcls.engine.decoder import Decoder
 from qcls.engine.layout import Packer, PromptLayout, build_mask, unpack
 from qcls.engine.prefix_cache import plan_prefixes
@@ -26,16 +27,19 @@ class Bucket:
     """Static buffers of one (b, L) bucket and the computation over them (captured as is on a GPU)."""
 
     def __init__(self, b: int, query_tokens: int, packer: Packer, dec: Decoder, tail: Tail, pool_len: int,
-                 embed_fn):
+                 embed_fn, tree: bool, longest_query: int):
         dev = dec.device
         self.b, self.query_tokens = b, query_tokens
         self.n_tokens = n = packer.n_tokens(b, query_tokens)
         self.key_len = pool_len + n + (-(pool_len + n)) % 16  # mem-efficient SDPA wants aligned mask rows
         self.packer, self.dec, self.tail, self.pool_len, self.embed_fn = packer, dec, tail, pool_len, embed_fn
+        self.tree, self.n_reads = tree, packer.n_reads(b)
+        self.max_row = max(packer.max_row(b, query_tokens, longest_query), 16)
         size = packer.buffer_len(b, n)
         self.host = torch.zeros(size, dtype=torch.long, pin_memory=dev.type == "cuda")
         self.buf = torch.zeros(size, dtype=torch.long, device=dev)
         self.visible = packer.visible.to(dev)
+        self.prefix_slots, self.prefix_len = packer.prefix_slots.to(dev), packer.prefix_len.to(dev)
         self.zero = torch.zeros((), dtype=dec.dtype, device=dev)
         self.neg = torch.full((), float("-inf"), dtype=dec.dtype, device=dev)
         self.embeds = None
@@ -45,10 +49,17 @@ class Bucket:
         self.graphs: tuple[torch.cuda.CUDAGraph, torch.cuda.CUDAGraph] | None = None
 
     def forward(self) -> torch.Tensor:
-        d = unpack(self.buf, self.n_tokens)
-        mask = torch.where(build_mask(d, self.visible, self.key_len), self.zero, self.neg)
+        d = unpack(self.buf, self.n_tokens, self.n_reads)
+        if self.tree:
+            out = torch.empty(self.n_tokens, self.dec.n_heads * self.dec.head_dim, dtype=self.dec.dtype,
+                              device=self.dec.device)
+            attend = TreeAttention(d["seq"], d["anc"], d["tslot"], d["tiles"], self.prefix_slots, self.prefix_len,
+                                   self.pool_len, self.max_row, out)
+        else:
+            attend = DenseAttention(torch.where(build_mask(d, self.visible, self.key_len), self.zero, self.neg),
+                                    self.key_len)
         self.hidden = self.dec.forward(d["ids"], d["pos"], slice(self.pool_len, self.pool_len + self.n_tokens),
-                                       self.key_len, mask, d["read"], self.embeds)
+                                       attend, d["read"], self.embeds)
         return self.hidden
 
     def score(self) -> torch.Tensor:
@@ -93,13 +104,14 @@ class EngineStats:
     prefix: dict
     buckets: list[tuple[int, int, int]]  # (b, query tokens in the batch, tokens per forward)
     graphs: bool
+    attention: str
     kv_buffer_bytes: int
 
 
 class FastEngine:
     def __init__(self, model, prompts: list[PromptLayout], head_rows: torch.Tensor, head_tokens: list[int],
                  full_head: torch.Tensor | None, *, max_batch: int, query_buckets: list[int], block_size: int,
-                 vocab_chunk: int, use_graphs: bool, embed_fn=None):
+                 vocab_chunk: int, use_graphs: bool, embed_fn=None, attention: str = "auto"):
         self.prompts = prompts
         self.embed_fn = embed_fn
         self.pool = plan_prefixes([p.tokens.prefix_ids for p in prompts], block_size)
@@ -110,12 +122,14 @@ class FastEngine:
         biggest = self.packer.n_tokens(max_batch, max_batch * self.query_buckets[-1])
         self.dec = Decoder(model, self.pool_len + biggest + 16)
         self.device = self.dec.device
+        self.attention, self.notes = self._pick_attention(attention)
         self._check_positions()
         with torch.inference_mode():
             self._fill_prefix_pool()
             tails = {b: Tail([p.plan for p in prompts], b, head_rows, head_tokens, full_head, vocab_chunk, self.device)
                      for b in range(1, max_batch + 1)}
-            self.buckets = {(b, lt): Bucket(b, lt, self.packer, self.dec, tails[b], self.pool_len, embed_fn)
+            self.buckets = {(b, lt): Bucket(b, lt, self.packer, self.dec, tails[b], self.pool_len, embed_fn,
+                                          self.attention == "tree", self.query_buckets[-1])
                             for b in range(1, max_batch + 1) for lt in token_buckets(self.query_buckets, b)}
         self.graphs = use_graphs and self.device.type == "cuda"
         if self.graphs:
@@ -123,6 +137,22 @@ class FastEngine:
             with torch.inference_mode():
                 for key in sorted(self.buckets, key=lambda k: -self.buckets[k].n_tokens):
                     self.buckets[key].capture(pool)
+
+    def _pick_attention(self, wanted: str) -> tuple[str, list[str]]:
+        """'auto' takes the tree kernel wherever it runs (a CUDA device with Triton); on a GPU without it,
+        the dense SDPA path runs and says so. An explicit 'tree' that cannot run is refused here."""
+        if wanted not in ("auto", "tree", "sdpa"):
+            raise ValueError(f"engine.attention must be auto, tree or sdpa, not {wanted!r}")
+        why = tree_available(self.device, self.dec.head_dim)
+        if wanted == "tree" and why:
+            raise ValueError(f"engine.attention=tree cannot run: {why}; use engine.attention=auto or sdpa")
+        if wanted == "auto":
+            if why is None and self.device.type == "cuda":
+                return "tree", []
+            if self.device.type == "cuda":
+                return "sdpa", [f"tree attention unavailable ({why}): dense masked SDPA runs instead (slower)"]
+            return "sdpa", []
+        return wanted, []
 
     def _check_positions(self) -> None:
         worst = max(len(p.tokens.prefix_ids) + self.query_buckets[-1] + p.const_len for p in self.prompts)
@@ -150,7 +180,7 @@ class FastEngine:
             if self.embed_fn is not None:
                 embeds = torch.empty(len(ids), self.dec.embed.embedding_dim, dtype=self.dec.dtype, device=dev)
                 self.embed_fn(ids.cpu(), embeds)
-            self.dec.forward(ids, pos, write, key_len, mask, torch.tensor([0], device=dev), embeds)
+            self.dec.forward(ids, pos, write, DenseAttention(mask, key_len), torch.tensor([0], device=dev), embeds)
 
     def bucket_for(self, batch: list[list[int]]) -> Bucket:
         longest, total = max(len(ids) for ids in batch), sum(len(ids) for ids in batch)
@@ -187,4 +217,4 @@ class FastEngine:
 
     def stats(self) -> EngineStats:
         return EngineStats(self.pool.stats(), [(k[0], k[1], b.n_tokens) for k, b in sorted(self.buckets.items())],
-                           self.graphs, self.dec.kv_bytes)
+                           self.graphs, self.attention, self.dec.kv_bytes)

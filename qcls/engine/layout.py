@@ -20,8 +20,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
+from qcls.engine.attention import TILE, TILE_FIELDS
 from qcls.engine.prefix_cache import PrefixPlan
 from qcls.scoring.strategies import ScorePlan
 from qcls.scoring.tokenization import PromptTokens
@@ -61,65 +63,124 @@ class PromptLayout:
 
 
 class Packer:
-    """Turns a batch of query ids into the descriptor buffer of one forward."""
+    """Turns a batch of query ids into the descriptor buffer of one forward.
+
+    Everything in a row but the query ids depends only on (prompt, query length), so the descriptors of
+    all P rows of one query are built once per query length (numpy) and each request only fills in the
+    ids and shifts row/token offsets."""
 
     def __init__(self, prompts: list[PromptLayout], pool: PrefixPlan, pool_len: int):
         self.prompts = prompts
         self.pool_len = pool_len
         # Which pool slots each prompt sees; the extra last row (seen by pads) sees none.
         self.visible = torch.zeros(len(prompts) + 1, pool_len, dtype=torch.bool)
+        width = max([len(pool.prompt_slots(p)) for p in range(len(prompts))] + [1])
+        self.prefix_slots = torch.zeros(len(prompts) + 1, width, dtype=torch.long)
+        self.prefix_len = torch.zeros(len(prompts) + 1, dtype=torch.long)
         for p in range(len(prompts)):
             slots = pool.prompt_slots(p)
             if slots:
                 self.visible[p, torch.tensor(slots)] = True
+                self.prefix_slots[p, :len(slots)] = torch.tensor(slots)
+                self.prefix_len[p] = len(slots)
         self.const = sum(p.const_len for p in prompts)
         self.reads_per_query = sum(len(p.read_slots) for p in prompts)
+        self._templates: dict[int, _QueryTemplate] = {}
 
     def n_tokens(self, b: int, query_tokens: int) -> int:
         return len(self.prompts) * query_tokens + b * self.const
 
+    def n_reads(self, b: int) -> int:
+        return b * self.reads_per_query
+
+    def max_tiles(self, b: int, n: int) -> int:
+        """Attention tiles (≤ TILE tokens of one row) any batch of b queries in n tokens can need."""
+        return n // TILE + b * len(self.prompts) + 2
+
+    def max_row(self, b: int, query_tokens: int, longest_query: int) -> int:
+        """Tokens in the longest row a batch of b queries with `query_tokens` in all can have."""
+        return min(query_tokens - (b - 1), longest_query) + max(p.const_len for p in self.prompts)
+
     def buffer_len(self, b: int, n: int) -> int:
-        return len(FIELDS) * n + b * self.reads_per_query
+        return len(FIELDS) * n + self.n_reads(b) + TILE_FIELDS * self.max_tiles(b, n)
+
+    def template(self, lq: int) -> "_QueryTemplate":
+        if lq not in self._templates:
+            self._templates[lq] = _QueryTemplate.build(self.prompts, lq)
+        return self._templates[lq]
 
     def pack(self, batch: list[list[int]], n: int, out: torch.Tensor) -> None:
-        """Write descriptors for `batch` into `out` (int64, buffer_len): FIELDS × n, then read indices."""
+        """Write descriptors for `batch` into `out` (int64, buffer_len): FIELDS × n, read indices, tiles."""
+        cols, reads, tiles, off = [], [], [], 0
+        for qi, q in enumerate(batch):
+            t = self.template(len(q))
+            c = t.cols.copy()
+            c[0, t.query_at] = np.tile(np.asarray(q, dtype=np.int64), len(self.prompts))
+            c[2] += qi * len(self.prompts)
+            cols.append(c)
+            reads.append(t.reads + off)
+            tl = t.tiles.copy()
+            tl[:, 0] += off
+            tl[:, 2] += off
+            tiles.append(tl)
+            off += c.shape[1]
+        if off > n:
+            raise ValueError(f"batch needs {off} tokens, bucket holds {n}")
+        pad = n - off
+        pads = np.zeros((len(FIELDS), pad), dtype=np.int64)
+        pads[2] = -1 - np.arange(pad)  # unique: a pad shares a row with nothing
+        pads[5] = -1
+        pads[6] = len(self.prompts)
+        cols.append(pads)
+        starts = np.arange(off, n, TILE, dtype=np.int64)  # pad tiles: rows of their own, no prefix
+        cnt = np.minimum(TILE, n - starts)
+        tiles.append(np.stack([starts, cnt, starts, cnt, np.full_like(starts, len(self.prompts))], 1))
+        tiles_all = np.concatenate(tiles)
+        room = self.max_tiles(len(batch), n)
+        if len(tiles_all) > room:  # cannot happen by max_tiles' bound; checked because the kernel trusts it
+            raise AssertionError(f"{len(tiles_all)} attention tiles, room for {room}")
+        tiles_all = np.concatenate([tiles_all, np.zeros((room - len(tiles_all), TILE_FIELDS), dtype=np.int64)])
+        flat = np.concatenate([np.concatenate(cols, 1).ravel(), *reads, tiles_all.ravel()])
+        out.numpy()[:len(flat)] = flat
+
+
+@dataclass
+class _QueryTemplate:
+    """Descriptors of the P rows of one query of a given length, query ids left as zeros."""
+    cols: np.ndarray  # [len(FIELDS), tokens]
+    query_at: np.ndarray  # token indices where the query's ids go, prompt after prompt
+    reads: np.ndarray  # read token indices
+    tiles: np.ndarray  # [tiles, TILE_FIELDS]
+
+    @staticmethod
+    def build(prompts: list[PromptLayout], lq: int) -> "_QueryTemplate":
         cols: dict[str, list[int]] = {f: [] for f in FIELDS}
-        reads: list[int] = []
-        row = 0
-        for q in batch:
-            lq = len(q)
-            for p, pl in enumerate(self.prompts):
-                start = len(cols["ids"])
-                lp, suf = len(pl.tokens.prefix_ids), pl.tokens.suffix_ids
-                seq_len = lq + len(suf)
-                cols["ids"] += q + list(suf) + pl.trie_ids
-                cols["pos"] += list(range(lp, lp + seq_len)) + [lp + seq_len - 1 + d for d in pl.trie_depth]
-                cols["row"] += [row] * (seq_len + len(pl.trie_ids))
-                cols["seq"] += list(range(seq_len)) + [TRIE_SEQ] * len(pl.trie_ids)
-                cols["anc"] += [0] * seq_len + pl.trie_anc
-                cols["tslot"] += [-1] * seq_len + list(range(len(pl.trie_ids)))
-                cols["prompt"] += [p] * (seq_len + len(pl.trie_ids))
-                reads += [start + seq_len - 1 if s < 0 else start + seq_len + s for s in pl.read_slots]
-                row += 1
-        used = len(cols["ids"])
-        if used > n:
-            raise ValueError(f"batch needs {used} tokens, bucket holds {n}")
-        pad = n - used
-        cols["ids"] += [0] * pad
-        cols["pos"] += [0] * pad
-        cols["row"] += [-1 - i for i in range(pad)]  # unique: a pad shares a row with nothing
-        cols["seq"] += [0] * pad
-        cols["anc"] += [0] * pad
-        cols["tslot"] += [-1] * pad
-        cols["prompt"] += [len(self.prompts)] * pad
-        flat = [v for f in FIELDS for v in cols[f]] + reads
-        out[:len(flat)] = torch.tensor(flat, dtype=torch.long)
+        query_at, reads, tiles = [], [], []
+        for p, pl in enumerate(prompts):
+            start = len(cols["ids"])
+            lp, suf = len(pl.tokens.prefix_ids), pl.tokens.suffix_ids
+            seq_len = lq + len(suf)
+            row_len = seq_len + len(pl.trie_ids)
+            query_at += range(start, start + lq)
+            cols["ids"] += [0] * lq + list(suf) + pl.trie_ids
+            cols["pos"] += list(range(lp, lp + seq_len)) + [lp + seq_len - 1 + d for d in pl.trie_depth]
+            cols["row"] += [p] * row_len
+            cols["seq"] += list(range(seq_len)) + [TRIE_SEQ] * len(pl.trie_ids)
+            cols["anc"] += [0] * seq_len + pl.trie_anc
+            cols["tslot"] += [-1] * seq_len + list(range(len(pl.trie_ids)))
+            cols["prompt"] += [p] * row_len
+            reads += [start + seq_len - 1 if s < 0 else start + seq_len + s for s in pl.read_slots]
+            tiles += [[start + t, min(TILE, row_len - t), start, row_len, p] for t in range(0, row_len, TILE)]
+        arr = np.array([cols[f] for f in FIELDS], dtype=np.int64)
+        return _QueryTemplate(arr, np.array(query_at, dtype=np.int64), np.array(reads, dtype=np.int64),
+                              np.array(tiles, dtype=np.int64).reshape(-1, TILE_FIELDS))
 
 
-def unpack(buf: torch.Tensor, n: int) -> dict[str, torch.Tensor]:
+def unpack(buf: torch.Tensor, n: int, n_reads: int) -> dict[str, torch.Tensor]:
     """Views of the descriptor buffer (host or device)."""
     views = {f: buf[i * n:(i + 1) * n] for i, f in enumerate(FIELDS)}
-    views["read"] = buf[len(FIELDS) * n:]
+    views["read"] = buf[len(FIELDS) * n:len(FIELDS) * n + n_reads]
+    views["tiles"] = buf[len(FIELDS) * n + n_reads:]
     return views
 
 

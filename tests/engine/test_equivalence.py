@@ -147,3 +147,34 @@ def test_demo_model(demo_cfg_overrides, strategy):
     fast = Classifier(fast_cfg, loaded=loaded)
     ref = Classifier(compose(demo_cfg_overrides + [f"scoring={strategy}", "engine=reference"]), loaded=loaded)
     assert_same(fast, ref, ["mens slim fit jeans", "boys hoodie", "summer tee"])
+
+
+needs_triton = pytest.mark.skipif(__import__("qcls.engine.attention", fromlist=["triton"]).triton is None,
+                                  reason="Triton is not installed: the tree-attention kernel cannot run")
+
+
+@needs_triton
+@pytest.mark.parametrize("family,strategy", [("qwen3", "trie"), ("llama", "exact"), ("qwen2", "mean_logprob")])
+def test_tree_attention_engine(tiny_dirs, family, strategy):
+    """The whole engine with the tree-attention kernel (Triton's interpreter on a CPU): batches 1–4."""
+    prompts = [prompt("a", MULTI), prompt("b", SHARED, system="B?"), prompt("c", SINGLE, system="C?")]
+    fast, ref = pair(tiny_dirs[family], prompts, strategy, engine={"attention": "tree"})
+    assert fast.metadata()["attention"] == "tree"
+    for b in (1, 4, 2):
+        assert_same(fast, ref, QUERIES[:b])
+
+
+@needs_triton
+def test_tree_attention_eight_prompts_real_qwen_tokenizer(tiny_dirs):
+    zh = ["连衣裙", "牛仔裤", "衬衫", "风衣", "半身裙", "T恤", "卫衣", "针织衫", "其他", "无"]
+    aud = ["男童", "女童", "男士", "女士", "孕妇", "无"]
+    en = ["dress", "jeans", "shirt", "tee", "hoodie", "none"]
+    prompts = [prompt(f"p{i}", labels, system=f"Task {i}: pick one.") for i, labels in
+               enumerate([en, zh, aud, en[:4], zh[:5], aud[:3], ["man", "woman", "none"], en])]
+    fast, ref = pair(tiny_dirs["qwen3_qwentok"], prompts, "trie", engine={"attention": "tree", "max_batch_size": 2})
+    assert_same(fast, ref, ["夏季女士碎花连衣裙", "mens slim fit jeans"])
+
+
+def test_attention_auto_is_dense_on_cpu(tiny_dirs):
+    fast, _ = pair(tiny_dirs["qwen3"], [prompt("a", MULTI)], "trie")
+    assert fast.metadata()["attention"] == "sdpa" and not fast.notes
