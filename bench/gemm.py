@@ -69,12 +69,17 @@ def main() -> None:
         shape = C.SHAPES[name]
         weights = layer_weights(shape, shape["num_hidden_layers"])
         params = sum(w.numel() for ws in weights for w in ws)
-        rows = [(n, gemm_ms(weights, n, args.iters)) for n in TOKENS]
-        base = dict(rows)[126]
-        text = C.header(f"GEMM scaling: {name} layer GEMMs (cuBLAS fp16, one CUDA graph per token count)",
+        libs = {}
+        for lib in ("cublas", "cublaslt"):  # torch's two routes to the same GEMMs; the engine uses the default
+            torch.backends.cuda.preferred_blas_library(lib)
+            libs[lib] = {n: gemm_ms(weights, n, args.iters) for n in TOKENS}
+        torch.backends.cuda.preferred_blas_library("cublas")
+        base = libs["cublas"][126]
+        text = C.header(f"GEMM scaling: {name} layer GEMMs (fp16, one CUDA graph per token count)",
                         f"bench/gemm.py --models {name} --iters {args.iters}; {params / 1e9:.2f} B layer parameters")
-        text += "| tokens | GEMM ms | ×126 tokens | TFLOP/s |\n|---|---|---|---|\n"
-        text += "".join(f"| {n} | {ms:.3f} | {ms / base:.2f} | {2 * params * n / ms / 1e9:.0f} |\n" for n, ms in rows)
+        text += ("| tokens | cuBLAS ms | ×126 tokens | TFLOP/s | cuBLASLt ms |\n|---|---|---|---|---|\n")
+        text += "".join(f"| {n} | {ms:.3f} | {ms / base:.2f} | {2 * params * n / ms / 1e9:.0f} | "
+                        f"{libs['cublaslt'][n]:.3f} |\n" for n, ms in libs["cublas"].items())
         C.append(text + "\n")
         del weights
         C.free()

@@ -48,6 +48,11 @@ class Classifier:
         torch.manual_seed(cfg.seed)
         with step(f"building the {cfg.engine.kind} engine", self.startup_s, "engine"):
             self.engine = self._build_engine()
+        self.notes = list(loaded.notes) + list(getattr(self.engine, "notes", []))
+        if cfg.engine.kind == "fast" and loaded.device.type == "cuda" and not self.engine.graphs:
+            self.notes.append("CUDA graphs off: the forward runs eagerly (slower)")
+        for n in self.notes:
+            warn(n)
         with step(f"warm-up ({cfg.engine.warmup_requests} requests per bucket)", self.startup_s, "warmup"):
             self._warm_up()
         self.startup_s["total"] = round(time.perf_counter() - t0, 3)
@@ -55,11 +60,6 @@ class Classifier:
         if self.measured_memory:
             gib = {k: round(v / 2**30, 2) for k, v in self.measured_memory.items()}
             step_note(f"GPU memory after start-up (GiB): {gib}")
-        self.notes = list(loaded.notes) + list(getattr(self.engine, "notes", []))
-        if cfg.engine.kind == "fast" and loaded.device.type == "cuda" and not self.engine.graphs:
-            self.notes.append("CUDA graphs off: the forward runs eagerly (slower)")
-        for n in self.notes:
-            warn(n)
 
     def _prepare_prompts(self) -> list[PromptLayout]:
         strategy = get_strategy(self.cfg.strategy)
@@ -102,6 +102,8 @@ class Classifier:
             lengths = [total // b + (i < total % b) for i in range(b)]  # b queries with `total` tokens
             for _ in range(self.cfg.engine.warmup_requests):
                 self.engine.run([(ids * total)[:n] for n in lengths])
+        for b in range(1, self.cfg.engine.max_batch_size + 1):  # and the whole request path, results included
+            self.classify([WARMUP_QUERY] * b)
 
     @property
     def prompt_names(self) -> list[str]:

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qcls.engine.kernels import add_rmsnorm, rope_into, silu_mul
+from qcls.engine.kernels import add_rmsnorm, qkv_into, silu_mul
 
 SUPPORTED = ("llama", "qwen2", "qwen3")
 
@@ -41,7 +41,11 @@ class Decoder:
         shape = (len(self.layers), self.n_kv, max_keys, self.head_dim)
         self.k = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.v = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self._slot_ranges: dict[tuple[int, int], torch.Tensor] = {}
         self._fuse()
+        if any((getattr(l.self_attn, "q_norm", None) is None) != (getattr(l.self_attn, "k_norm", None) is None)
+               for l in self.layers):
+            raise ValueError("a layer has a q norm without a k norm (or the reverse): not a supported family")
 
     @torch.inference_mode()
     def _rope_table(self, rotary_emb, n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,6 +70,15 @@ class Decoder:
             self.qkv.append(_fuse_linears([a.q_proj, a.k_proj, a.v_proj]))
             self.gate_up.append(_fuse_linears([m.gate_proj, m.up_proj]))
 
+    def _slots(self, write: slice | torch.Tensor, n: int) -> torch.Tensor:
+        """K/V slot of every token; a bucket's contiguous range is made once (before its graph is captured)."""
+        if not isinstance(write, slice):
+            return write
+        key = (write.start, n)
+        if key not in self._slot_ranges:
+            self._slot_ranges[key] = torch.arange(write.start, write.start + n, device=self.device)
+        return self._slot_ranges[key]
+
     @staticmethod
     def _eps(norm) -> float:
         return getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))
@@ -81,6 +94,7 @@ class Decoder:
         res = None
         cos, sin = self.cos[pos], self.sin[pos]
         q = torch.empty(n, nh, d, dtype=self.dtype, device=self.device)
+        slots = self._slots(write, n)
         for i, layer in enumerate(self.layers):
             a = layer.self_attn
             ln = layer.input_layernorm
@@ -91,16 +105,9 @@ class Decoder:
             else:
                 qp, kp, vp = a.q_proj(x), a.k_proj(x), a.v_proj(x)
             qn, kn = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
-            eps_qk = self._eps(qn) if qn is not None else 0.0
-            rope_into(qp.view(n, nh, d), cos, sin, qn.weight if qn is not None else None, eps_qk, q)
-            kw = kn.weight if kn is not None else None
-            if isinstance(write, slice):  # the request path: straight into the buffer
-                rope_into(kp.view(n, nkv, d), cos, sin, kw, eps_qk, self.k[i][:, write].transpose(0, 1))
-            else:
-                k = torch.empty(n, nkv, d, dtype=self.dtype, device=self.device)
-                rope_into(kp.view(n, nkv, d), cos, sin, kw, eps_qk, k)
-                self.k[i][:, write] = k.transpose(0, 1)
-            self.v[i][:, write] = vp.view(n, nkv, d).transpose(0, 1)
+            qkv_into(qp.view(n, nh, d), kp.view(n, nkv, d), vp.view(n, nkv, d), cos, sin,
+                     qn.weight if qn is not None else None, kn.weight if kn is not None else None,
+                     self._eps(qn) if qn is not None else 0.0, q, self.k[i], self.v[i], slots)
             delta = a.o_proj(attend(q, self.k[i], self.v[i]))
             if i == len(self.layers) - 1:  # the last MLP and the final norm only for rows that are read
                 delta, res = delta[read], res[read]

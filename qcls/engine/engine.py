@@ -35,6 +35,7 @@ class Bucket:
         self.packer, self.dec, self.tail, self.pool_len, self.embed_fn = packer, dec, tail, pool_len, embed_fn
         self.tree, self.n_reads = tree, packer.n_reads(b)
         self.max_row = max(packer.max_row(b, query_tokens, longest_query), 16)
+        dec._slots(slice(pool_len, pool_len + n), n)  # made now, not on a first request
         size = packer.buffer_len(b, n)
         self.host = torch.zeros(size, dtype=torch.long, pin_memory=dev.type == "cuda")
         self.buf = torch.zeros(size, dtype=torch.long, device=dev)
@@ -118,7 +119,7 @@ class FastEngine:
         self.pool_len = self.pool.n_slots + (-self.pool.n_slots) % 8
         self.query_buckets = list(query_buckets)
         self.max_batch = max_batch
-        self.packer = Packer(prompts, self.pool, self.pool_len)
+        self.packer = Packer(prompts, self.pool, self.pool_len, self.query_buckets[-1])
         biggest = self.packer.n_tokens(max_batch, max_batch * self.query_buckets[-1])
         self.dec = Decoder(model, self.pool_len + biggest + 16)
         self.device = self.dec.device

@@ -1,8 +1,8 @@
 """Fused elementwise kernels for the decoder (Triton on CUDA, plain torch elsewhere).
 
 The unfused layer spends more time in ~30 small norm/rope/activation/copy kernels than in its GEMMs
-(facts.md). These three kernels replace them: residual-add + RMSNorm, (q/k-norm +) RoPE written straight
-into the attention layouts (K/V into the KV buffer), and SiLU·mul. They are elementwise/reduction work,
+(facts.md). These three kernels replace them: residual-add + RMSNorm, (q/k-norm +) RoPE of queries and keys with the
+K/V written straight into the KV buffer (one launch per layer), and SiLU·mul. They are elementwise/reduction work,
 which Triton runs on sm_75 without tensor cores; the GEMMs stay on cuBLAS. The torch versions define the
 math and are what CPU runs use; GPU tests hold the Triton versions to them.
 """
@@ -71,39 +71,66 @@ def rope_torch(x, cos, sin, norm_w, eps):
 
 if triton is not None:
     @triton.jit
-    def _rope_kernel(x_ptr, cos_ptr, sin_ptr, w_ptr, out_ptr, x_s0, x_s1, o_s0, o_s1, eps,
-                     D: tl.constexpr, HAS_NORM: tl.constexpr):
+    def _qkv_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, qo_ptr, kb_ptr, vb_ptr, slot_ptr,
+                    q_s0, k_s0, v_s0, qo_s0, kb_s_head, eps, NH: tl.constexpr, D: tl.constexpr,
+                    HAS_NORM: tl.constexpr):
+        """Program (token t, head hd): hd < NH rotates query head hd into the query buffer; otherwise it
+        rotates key head hd-NH into the K buffer at the token's slot and copies the value head beside it."""
         t = tl.program_id(0)
         hd = tl.program_id(1)
         half: tl.constexpr = D // 2
         i = tl.arange(0, half)
-        base = x_ptr + t * x_s0 + hd * x_s1
-        x1 = tl.load(base + i)
-        x2 = tl.load(base + half + i)
-        if HAS_NORM:
-            f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
-            inv = 1.0 / tl.sqrt((tl.sum(f1 * f1, 0) + tl.sum(f2 * f2, 0)) / D + eps)
-            x1 = tl.load(w_ptr + i) * (f1 * inv).to(x1.dtype)
-            x2 = tl.load(w_ptr + half + i) * (f2 * inv).to(x2.dtype)
         c1 = tl.load(cos_ptr + t * D + i)
         c2 = tl.load(cos_ptr + t * D + half + i)
         s1 = tl.load(sin_ptr + t * D + i)
         s2 = tl.load(sin_ptr + t * D + half + i)
-        ob = out_ptr + t * o_s0 + hd * o_s1
-        tl.store(ob + i, x1 * c1 - x2 * s1)
-        tl.store(ob + half + i, x2 * c2 + x1 * s2)
+        if hd < NH:
+            x1 = tl.load(q_ptr + t * q_s0 + hd * D + i)
+            x2 = tl.load(q_ptr + t * q_s0 + hd * D + half + i)
+            if HAS_NORM:
+                f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
+                inv = 1.0 / tl.sqrt((tl.sum(f1 * f1, 0) + tl.sum(f2 * f2, 0)) / D + eps)
+                x1 = tl.load(qw_ptr + i) * (f1 * inv).to(x1.dtype)
+                x2 = tl.load(qw_ptr + half + i) * (f2 * inv).to(x2.dtype)
+            tl.store(qo_ptr + t * qo_s0 + hd * D + i, x1 * c1 - x2 * s1)
+            tl.store(qo_ptr + t * qo_s0 + hd * D + half + i, x2 * c2 + x1 * s2)
+        else:
+            kh = hd - NH
+            slot = tl.load(slot_ptr + t)
+            x1 = tl.load(k_ptr + t * k_s0 + kh * D + i)
+            x2 = tl.load(k_ptr + t * k_s0 + kh * D + half + i)
+            if HAS_NORM:
+                f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
+                inv = 1.0 / tl.sqrt((tl.sum(f1 * f1, 0) + tl.sum(f2 * f2, 0)) / D + eps)
+                x1 = tl.load(kw_ptr + i) * (f1 * inv).to(x1.dtype)
+                x2 = tl.load(kw_ptr + half + i) * (f2 * inv).to(x2.dtype)
+            kd = kb_ptr + kh * kb_s_head + slot * D
+            tl.store(kd + i, x1 * c1 - x2 * s1)
+            tl.store(kd + half + i, x2 * c2 + x1 * s2)
+            vd = vb_ptr + kh * kb_s_head + slot * D
+            tl.store(vd + i, tl.load(v_ptr + t * v_s0 + kh * D + i))
+            tl.store(vd + half + i, tl.load(v_ptr + t * v_s0 + kh * D + half + i))
 
 
-def rope_into(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, norm_w: torch.Tensor | None, eps: float,
-              out: torch.Tensor) -> None:
-    """Write rope(norm(x)) for x [N, heads, d] into `out`, any view indexable as [N, heads, d] (e.g. the
-    K buffer's slots for these tokens, or the queries in SDPA's layout)."""
-    if not use_triton(x):
-        out.copy_(rope_torch(x, cos, sin, norm_w, eps))
+def qkv_into(qp: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+             qw: torch.Tensor | None, kw: torch.Tensor | None, eps: float, q_out: torch.Tensor,
+             kbuf: torch.Tensor, vbuf: torch.Tensor, slots: torch.Tensor, impl: str = "auto") -> None:
+    """One launch per layer for everything between the QKV GEMM and attention: (q/k norm +) RoPE of the
+    queries into `q_out` [N, heads, d], of the keys into the K buffer [kv_heads, slots, d] at `slots`, and
+    the values copied beside them. qp/kp/vp are [N, heads, d] views (e.g. splits of the fused GEMM).
+    impl: auto (Triton on CUDA), or torch / triton to pick one (tests)."""
+    if impl == "torch" or (impl == "auto" and not use_triton(qp)):
+        q_out.copy_(rope_torch(qp, cos, sin, qw, eps))
+        kbuf[:, slots] = rope_torch(kp, cos, sin, kw, eps).transpose(0, 1)
+        vbuf[:, slots] = vp.transpose(0, 1)
         return
-    n, heads, d = x.shape
-    _rope_kernel[(n, heads)](x, cos, sin, norm_w if norm_w is not None else x, out, x.stride(0), x.stride(1),
-                             out.stride(0), out.stride(1), eps, D=d, HAS_NORM=norm_w is not None)
+    n, nh, d = qp.shape
+    nkv = kp.shape[1]
+    if any(x.stride(2) != 1 or x.stride(1) != d for x in (qp, kp, vp)):
+        raise ValueError("qkv_into needs each head's d values contiguous")
+    _qkv_kernel[(n, nh + nkv)](qp, kp, vp, cos, sin, qw if qw is not None else qp, kw if kw is not None else kp,
+                               q_out, kbuf, vbuf, slots, qp.stride(0), kp.stride(0), vp.stride(0),
+                               q_out.stride(0), kbuf.stride(0), eps, NH=nh, D=d, HAS_NORM=qw is not None)
 
 
 # ---- SwiGLU activation --------------------------------------------------------------------------------

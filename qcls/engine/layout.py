@@ -8,13 +8,17 @@ All rows lie back to back after the prefix pool, each exactly as long as it need
 A batch of b queries with L query tokens in all needs N = P·L + b·C tokens (C = Σ suffix + trie tokens
 over the P prompts), so a CUDA graph is captured per (b, L-bucket) and only the tail of the sequence is
 padded. Per request the host writes one int64 buffer of per-token descriptors (id, position, row, index
-in the row's sequence, trie ancestry bits, trie slot, prompt) and the read indices; the mask is built
-from them on the device inside the graph:
+in the row's sequence, trie ancestry bits, trie slot, prompt), the read indices and the attention tiles
+(≤ TILE tokens of one row: where the row starts, how long it is, which prompt's prefix it sees). Which
+keys a token sees:
 
     key in the pool      → visible iff it belongs to the token's prompt's prefix
     key in the same row  → a sequence key: visible iff not after the token (trie tokens see all of them);
                            a trie key: visible iff it is an ancestor-or-self of the token
-    anything else        → hidden (pads see only themselves)
+    anything else        → hidden (pads see only pads)
+
+The tree-attention kernel applies this rule per tile (qcls/engine/attention.py); `build_mask` turns it
+into the dense [N, keys] mask of the SDPA path.
 """
 from __future__ import annotations
 
@@ -66,10 +70,10 @@ class Packer:
     """Turns a batch of query ids into the descriptor buffer of one forward.
 
     Everything in a row but the query ids depends only on (prompt, query length), so the descriptors of
-    all P rows of one query are built once per query length (numpy) and each request only fills in the
-    ids and shifts row/token offsets."""
+    all P rows of one query are built at start-up for every query length (numpy) and each request only
+    fills in the ids and shifts row/token offsets."""
 
-    def __init__(self, prompts: list[PromptLayout], pool: PrefixPlan, pool_len: int):
+    def __init__(self, prompts: list[PromptLayout], pool: PrefixPlan, pool_len: int, max_query: int = 64):
         self.prompts = prompts
         self.pool_len = pool_len
         # Which pool slots each prompt sees; the extra last row (seen by pads) sees none.
@@ -85,7 +89,8 @@ class Packer:
                 self.prefix_len[p] = len(slots)
         self.const = sum(p.const_len for p in prompts)
         self.reads_per_query = sum(len(p.read_slots) for p in prompts)
-        self._templates: dict[int, _QueryTemplate] = {}
+        # every query length, at start-up: nothing is built on a first request
+        self._templates = {lq: _QueryTemplate.build(prompts, lq) for lq in range(1, max_query + 1)}
 
     def n_tokens(self, b: int, query_tokens: int) -> int:
         return len(self.prompts) * query_tokens + b * self.const
@@ -104,16 +109,13 @@ class Packer:
     def buffer_len(self, b: int, n: int) -> int:
         return len(FIELDS) * n + self.n_reads(b) + TILE_FIELDS * self.max_tiles(b, n)
 
-    def template(self, lq: int) -> "_QueryTemplate":
-        if lq not in self._templates:
-            self._templates[lq] = _QueryTemplate.build(self.prompts, lq)
-        return self._templates[lq]
-
     def pack(self, batch: list[list[int]], n: int, out: torch.Tensor) -> None:
         """Write descriptors for `batch` into `out` (int64, buffer_len): FIELDS × n, read indices, tiles."""
         cols, reads, tiles, off = [], [], [], 0
         for qi, q in enumerate(batch):
-            t = self.template(len(q))
+            t = self._templates.get(len(q))
+            if t is None:
+                raise ValueError(f"query of {len(q)} tokens: the packer holds templates for 1–{len(self._templates)}")
             c = t.cols.copy()
             c[0, t.query_at] = np.tile(np.asarray(q, dtype=np.int64), len(self.prompts))
             c[2] += qi * len(self.prompts)

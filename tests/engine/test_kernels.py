@@ -22,13 +22,47 @@ def test_torch_rmsnorm_matches_transformers():
 
 def test_torch_rope_matches_transformers():
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-    q, k = torch.randn(1, 3, 7, 16), torch.randn(1, 2, 7, 16)
+    q, k, v = torch.randn(1, 4, 7, 16), torch.randn(1, 2, 7, 16), torch.randn(1, 2, 7, 16)
     ang = torch.randn(7, 8)
     cos, sin = torch.cat([ang, ang], -1).cos(), torch.cat([ang, ang], -1).sin()
     q2, k2 = apply_rotary_pos_emb(q, k, cos[None], sin[None])
-    out = torch.empty(7, 3, 16)
-    K.rope_into(q[0].transpose(0, 1), cos, sin, None, 0.0, out)
+    out, kb, vb = torch.empty(7, 4, 16), torch.zeros(2, 20, 16), torch.zeros(2, 20, 16)
+    slots = torch.arange(5, 12)
+    K.qkv_into(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), cos, sin, None, None, 0.0,
+               out, kb, vb, slots)
     assert torch.allclose(out, q2[0].transpose(0, 1), atol=1e-6)
+    assert torch.allclose(kb[:, 5:12], k2[0], atol=1e-6) and torch.equal(vb[:, 5:12], v[0])
+    assert kb[:, :5].abs().sum() == 0 and vb[:, 12:].abs().sum() == 0
+
+
+def _qkv_case(device, dtype, norm, n=29, heads=8, kv=2, d=64, slots=64):
+    g = torch.Generator().manual_seed(0)
+    qkv = torch.randn(n, (heads + 2 * kv) * d, generator=g).to(device, dtype)
+    qp, kp, vp = (t.view(n, -1, d) for t in qkv.split([heads * d, kv * d, kv * d], -1))  # strided, as in the engine
+    ang = torch.randn(n, d // 2, generator=g)
+    cos, sin = (torch.cat([ang, ang], -1).cos().to(device, dtype), torch.cat([ang, ang], -1).sin().to(device, dtype))
+    qw, kw = ((torch.randn(d, generator=g).to(device, dtype), torch.randn(d, generator=g).to(device, dtype))
+              if norm else (None, None))
+    where = torch.randperm(slots, generator=g)[:n].to(device)  # scattered slots (the prefix fill) …
+    outs = []
+    for impl in ("triton", "torch"):
+        q, kb, vb = torch.empty(n, heads, d, device=device, dtype=dtype), *(torch.zeros(kv, slots, d, device=device,
+                                                                                         dtype=dtype) for _ in "kv")
+        K.qkv_into(qp, kp, vp, cos, sin, qw, kw, 1e-6, q, kb, vb, where, impl=impl)
+        outs.append((q, kb, vb))
+    (q1, k1, v1), (q0, k0, v0) = outs  # Triton, torch
+    tol = 2e-2 if dtype == torch.float16 else 1e-5
+    assert (q1.float() - q0.float()).abs().max() < tol and (k1.float() - k0.float()).abs().max() < tol
+    assert torch.equal(v1, v0)
+    untouched = torch.ones(slots, dtype=torch.bool)
+    untouched[where.cpu()] = False
+    assert k1[:, untouched.to(device)].abs().sum() == 0
+
+
+@pytest.mark.skipif(K.triton is None or torch.cuda.is_available(), reason="interpreter run: needs Triton, no GPU")
+@pytest.mark.parametrize("norm", [False, True])
+def test_qkv_kernel_interpreted(norm):
+    _qkv_case("cpu", torch.float32, norm)
 
 
 gpu = pytest.mark.gpu
@@ -53,19 +87,9 @@ def test_triton_add_rmsnorm(h):
 
 @gpu
 @pytest.mark.parametrize("norm", [False, True])
-def test_triton_rope_into_strided_buffer(norm):
+def test_triton_qkv_into(norm):
     _cuda()
-    n, heads, d, slots = 29, 8, 128, 64
-    qkv = torch.randn(n, 3 * heads * d, device="cuda", dtype=torch.float16)
-    x = qkv[:, heads * d:2 * heads * d].view(n, heads, d)  # a strided view, as split from the fused GEMM
-    ang = torch.randn(n, d // 2, device="cuda")
-    cos, sin = torch.cat([ang, ang], -1).cos().half(), torch.cat([ang, ang], -1).sin().half()
-    w = torch.randn(d, device="cuda", dtype=torch.float16) if norm else None
-    buf = torch.zeros(heads, slots, d, device="cuda", dtype=torch.float16)
-    K.rope_into(x, cos, sin, w, 1e-6, buf[:, 10:10 + n].transpose(0, 1))
-    want = K.rope_torch(x, cos, sin, w, 1e-6)
-    assert (buf[:, 10:10 + n].transpose(0, 1).float() - want.float()).abs().max() < 2e-2
-    assert buf[:, :10].abs().sum() == 0 and buf[:, 10 + n:].abs().sum() == 0
+    _qkv_case("cuda", torch.float16, norm, d=128)
 
 
 @gpu
