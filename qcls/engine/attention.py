@@ -32,7 +32,7 @@ except ImportError:  # CPU-only installs
 T4_SDPA = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 TILE = 16  # tokens per program (tile entries are written by layout.Packer)
 TILE_FIELDS = 5  # token start, token count, row start, row length, prompt
-KEY_BLOCK = 32
+KEY_BLOCK, NUM_WARPS = 32, 4  # chosen with bench/attention.py
 
 
 def tree_available(device: torch.device, head_dim: int) -> str | None:
@@ -70,12 +70,13 @@ class TreeAttention:
 
     def __init__(self, seq: torch.Tensor, anc: torch.Tensor, tslot: torch.Tensor, tiles: torch.Tensor,
                  prefix_slots: torch.Tensor, prefix_len: torch.Tensor, pool_len: int, max_row: int,
-                 out: torch.Tensor):
+                 out: torch.Tensor, key_block: int = KEY_BLOCK, num_warps: int = NUM_WARPS):
         """Loop bounds are compile-time constants (the longest prefix, `max_row` tokens in a row), rounded
         up to KEY_BLOCK so few kernel variants exist; blocks past a tile's own lengths are skipped."""
         self.seq, self.anc, self.tslot, self.tiles = seq, anc, tslot, tiles
-        self.pmax = _round(prefix_slots.shape[1], KEY_BLOCK)
-        self.rmax = _round(max_row, KEY_BLOCK)
+        self.bn, self.warps = key_block, num_warps
+        self.pmax = _round(prefix_slots.shape[1], key_block)
+        self.rmax = _round(max_row, key_block)
         self.prefix_slots, self.prefix_len, self.pool_len = prefix_slots, prefix_len, pool_len
         self.out = out  # [N, heads·d], reused by every layer (o_proj reads it before the next layer writes)
 
@@ -88,7 +89,8 @@ class TreeAttention:
         _tree_attn_kernel[(n_tiles, nkv)](
             q, k, v, self.out, self.seq, self.anc, self.tslot, self.tiles, self.prefix_slots, self.prefix_len,
             self.pool_len, self.prefix_slots.shape[1], q.stride(0), q.stride(1), self.out.stride(0), slots * d, d ** -0.5,
-            G=g, GP=gp, D=d, BT=TILE, BN=KEY_BLOCK, PMAX=self.pmax, RMAX=self.rmax, num_warps=4)
+            G=g, GP=gp, D=d, BT=TILE, BN=self.bn, PMAX=self.pmax, RMAX=self.rmax,
+            num_warps=self.warps)
         return self.out
 
 
