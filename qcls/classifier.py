@@ -1,6 +1,7 @@
 """config → Classifier (load, prompts, prefix cache, graphs, warm-up) → classify(queries) → results."""
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -153,12 +154,16 @@ class Classifier:
                           "notes": self.notes}
         return results
 
-    def _build(self, scores: list[torch.Tensor]) -> list[PromptResult]:
+    def _build(self, scores: list) -> list[PromptResult]:
+        """Per prompt: scores (a tensor or a list of floats) → probabilities (softmax in float64) and winner.
+        Plain Python: for a handful of labels per prompt it is faster than any tensor op's overhead."""
         out = []
         for lay, s in zip(self.layouts, scores):
-            s = s.double()
-            probs = torch.softmax(s, 0).tolist()
-            vals = s.tolist()
+            vals = s.double().tolist() if isinstance(s, torch.Tensor) else s
+            top = max(vals)
+            exps = [math.exp(v - top) for v in vals]
+            z = math.fsum(exps)
+            probs = [e / z for e in exps]
             labels = [LabelScore(lab, v, p, len(ids)) for lab, v, p, ids in
                       zip(lay.tokens.labels, vals, probs, lay.tokens.label_ids)]
             best = max(range(len(vals)), key=vals.__getitem__)

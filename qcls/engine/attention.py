@@ -39,10 +39,13 @@ def tree_available(device: torch.device, head_dim: int) -> str | None:
     """None if TreeAttention can run here, else why not."""
     if triton is None:
         return "Triton is not installed"
-    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        return "the tree-attention kernel needs a CUDA device (or TRITON_INTERPRET=1 for tests)"
     if head_dim & (head_dim - 1) or head_dim < 16:
         return f"head_dim={head_dim} is not a power of two ≥ 16"
+    if device.type != "cuda":
+        return None if os.environ.get("TRITON_INTERPRET") == "1" else \
+            "the tree-attention kernel needs a CUDA device (or TRITON_INTERPRET=1 for tests)"
+    if torch.cuda.get_device_capability(device) < (7, 0):
+        return f"Triton needs compute capability 7.0+, this GPU is {torch.cuda.get_device_capability(device)}"
     return None
 
 

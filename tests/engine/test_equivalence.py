@@ -178,3 +178,10 @@ def test_tree_attention_eight_prompts_real_qwen_tokenizer(tiny_dirs):
 def test_attention_auto_is_dense_on_cpu(tiny_dirs):
     fast, _ = pair(tiny_dirs["qwen3"], [prompt("a", MULTI)], "trie")
     assert fast.metadata()["attention"] == "sdpa" and not fast.notes
+
+
+def test_attention_tree_refused_where_it_cannot_run(tiny_dirs, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # a CPU without the interpreter: no kernel to run
+    cfg = tiny_cfg(tiny_dirs["qwen3"], [prompt("a", MULTI)], engine={"attention": "tree"})
+    with pytest.raises(ValueError, match=r"engine.attention=tree cannot run: .*use engine.attention=auto or sdpa"):
+        Classifier(cfg)
