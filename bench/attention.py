@@ -38,27 +38,6 @@ def layouts(tok) -> list[PromptLayout]:
     return out
 
 
-def time_ms(fn, iters=30) -> float:
-    """Median replay time of `fn` captured in a CUDA graph (no Python launch overhead in the number)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    ts = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    return C.median(ts)
-
-
 def main() -> None:
     tok = build_qwen_tokenizer()
     prompts = layouts(tok)
@@ -82,14 +61,14 @@ def main() -> None:
         ref = dense(q, k, v)
         used = int((d["prompt"] < len(prompts)).sum())
         max_row = packer.max_row(b, sum(map(len, batch)), 64)
-        rows.append((b, n, "dense SDPA (mem-efficient)", time_ms(lambda: [dense(q, k, v) for _ in range(LAYERS)]), 0.0))
+        rows.append((b, n, "dense SDPA (mem-efficient)", C.graph_ms(lambda: [dense(q, k, v) for _ in range(LAYERS)]), 0.0))
         for bn in (32, 64):
             for warps in (2, 4, 8):
                 out = torch.empty(n, HEADS * D, device="cuda", dtype=torch.float16)
                 tree = A.TreeAttention(d["seq"], d["anc"], d["tslot"], d["tiles"], packer.prefix_slots.cuda(),
                                        packer.prefix_len.cuda(), pool_len, max_row, out, bn, warps)
                 err = (tree(q, k, v)[:used].float() - ref[:used].float()).abs().max().item()
-                rows.append((b, n, f"tree BN={bn} warps={warps}", time_ms(lambda: [tree(q, k, v) for _ in range(LAYERS)]),
+                rows.append((b, n, f"tree BN={bn} warps={warps}", C.graph_ms(lambda: [tree(q, k, v) for _ in range(LAYERS)]),
                              err))
     text = C.header("attention: tree kernel vs dense SDPA, 8 e-commerce prompts, Qwen3-4B/8B heads",
                     f"bench/attention.py; {LAYERS} calls captured in one CUDA graph (one forward's layers); H={HEADS}, KV={KV}, d={D}")

@@ -40,24 +40,7 @@ def gemm_ms(weights, n: int, iters: int) -> float:
             F.linear(mid, wo)
             F.linear(x, wgu)
             F.linear(act, wd)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        run()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        run()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    del g, x, mid, act
-    return C.median(times)
+    return C.graph_ms(run, iters)
 
 
 def main() -> None:

@@ -71,6 +71,20 @@ def rope_torch(x, cos, sin, norm_w, eps):
 
 if triton is not None:
     @triton.jit
+    def _load_head(src, w_ptr, eps, D: tl.constexpr, HAS_NORM: tl.constexpr):
+        """One head's two halves, RMS-normed by w (Qwen3's q/k norm) when HAS_NORM."""
+        half: tl.constexpr = D // 2
+        i = tl.arange(0, half)
+        x1 = tl.load(src + i)
+        x2 = tl.load(src + half + i)
+        if HAS_NORM:
+            f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
+            inv = 1.0 / tl.sqrt((tl.sum(f1 * f1, 0) + tl.sum(f2 * f2, 0)) / D + eps)
+            x1 = tl.load(w_ptr + i) * (f1 * inv).to(x1.dtype)
+            x2 = tl.load(w_ptr + half + i) * (f2 * inv).to(x2.dtype)
+        return x1, x2
+
+    @triton.jit
     def _qkv_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, qo_ptr, kb_ptr, vb_ptr, slot_ptr,
                     q_s0, k_s0, v_s0, qo_s0, kb_s_head, eps, NH: tl.constexpr, D: tl.constexpr,
                     HAS_NORM: tl.constexpr):
@@ -85,25 +99,13 @@ if triton is not None:
         s1 = tl.load(sin_ptr + t * D + i)
         s2 = tl.load(sin_ptr + t * D + half + i)
         if hd < NH:
-            x1 = tl.load(q_ptr + t * q_s0 + hd * D + i)
-            x2 = tl.load(q_ptr + t * q_s0 + hd * D + half + i)
-            if HAS_NORM:
-                f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
-                inv = 1.0 / tl.sqrt((tl.sum(f1 * f1, 0) + tl.sum(f2 * f2, 0)) / D + eps)
-                x1 = tl.load(qw_ptr + i) * (f1 * inv).to(x1.dtype)
-                x2 = tl.load(qw_ptr + half + i) * (f2 * inv).to(x2.dtype)
+            x1, x2 = _load_head(q_ptr + t * q_s0 + hd * D, qw_ptr, eps, D, HAS_NORM)
             tl.store(qo_ptr + t * qo_s0 + hd * D + i, x1 * c1 - x2 * s1)
             tl.store(qo_ptr + t * qo_s0 + hd * D + half + i, x2 * c2 + x1 * s2)
         else:
             kh = hd - NH
             slot = tl.load(slot_ptr + t)
-            x1 = tl.load(k_ptr + t * k_s0 + kh * D + i)
-            x2 = tl.load(k_ptr + t * k_s0 + kh * D + half + i)
-            if HAS_NORM:
-                f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
-                inv = 1.0 / tl.sqrt((tl.sum(f1 * f1, 0) + tl.sum(f2 * f2, 0)) / D + eps)
-                x1 = tl.load(kw_ptr + i) * (f1 * inv).to(x1.dtype)
-                x2 = tl.load(kw_ptr + half + i) * (f2 * inv).to(x2.dtype)
+            x1, x2 = _load_head(k_ptr + t * k_s0 + kh * D, kw_ptr, eps, D, HAS_NORM)
             kd = kb_ptr + kh * kb_s_head + slot * D
             tl.store(kd + i, x1 * c1 - x2 * s1)
             tl.store(kd + half + i, x2 * c2 + x1 * s2)

@@ -29,6 +29,8 @@ def _prompts(rng: random.Random, n_prompts: int, strategy: str) -> list[PromptLa
     out = []
     for p in range(n_prompts):
         prefix = header + tuple(rng.randrange(1000) for _ in range(rng.randrange(0, 30)))
+        if p == 2:  # a template that starts with {query}: no prefix at all
+            prefix = ()
         suffix = tuple(rng.randrange(1000) for _ in range(rng.randrange(1, 5)))
         labels = {tuple(rng.randrange(50, 60) for _ in range(rng.randrange(1, 4))) for _ in range(rng.randrange(2, 7))}
         out.append(_layout(f"p{p}", prefix, suffix, tuple(sorted(labels)), strategy))

@@ -157,7 +157,8 @@ needs_triton = pytest.mark.skipif(__import__("qcls.engine.attention", fromlist=[
 @pytest.mark.parametrize("family,strategy", [("qwen3", "trie"), ("llama", "exact"), ("qwen2", "mean_logprob")])
 def test_tree_attention_engine(tiny_dirs, family, strategy):
     """The whole engine with the tree-attention kernel (Triton's interpreter on a CPU): batches 1–4."""
-    prompts = [prompt("a", MULTI), prompt("b", SHARED, system="B?"), prompt("c", SINGLE, system="C?")]
+    prompts = [prompt("a", MULTI), prompt("b", SHARED, system="B?"), prompt("c", SINGLE, system="C?"),
+               {"name": "bare", "template": "{query} is a", "labels": SHARED}]  # no prefix to attend to
     fast, ref = pair(tiny_dirs[family], prompts, strategy, engine={"attention": "tree"})
     assert fast.metadata()["attention"] == "tree"
     for b in (1, 4, 2):

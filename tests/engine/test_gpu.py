@@ -7,7 +7,6 @@ import time
 import pytest
 import torch
 
-from qcls.backends.registry import get_backend
 from qcls.classifier import Classifier
 from tests.conftest import prompt, tiny_cfg
 from tests.engine.test_equivalence import MULTI, QUERIES, SHARED, SINGLE
