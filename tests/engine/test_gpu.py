@@ -41,10 +41,11 @@ def gpu_dirs(tiny_dirs, tmp_path_factory):
     return out
 
 
-def fp16_pair(model_dir, prompts, strategy):
+def fp16_pair(model_dir, prompts, strategy, attention="auto"):
     """Fast engine (packed, fused kernels, graphs) vs the reference (plain transformers forwards), both in
     fp16 on the GPU on the same weights."""
-    fast_cfg = tiny_cfg(model_dir, prompts, scoring={"name": strategy}, backend={"device": "cuda"})
+    fast_cfg = tiny_cfg(model_dir, prompts, scoring={"name": strategy}, backend={"device": "cuda"},
+                        engine={"attention": attention})
     ref_cfg = tiny_cfg(model_dir, prompts, scoring={"name": strategy}, engine={"kind": "reference"},
                        backend={"device": "cuda"})
     return Classifier(fast_cfg), Classifier(ref_cfg)
@@ -52,14 +53,15 @@ def fp16_pair(model_dir, prompts, strategy):
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen2", "llama", "qwen3_qwentok"])
 @pytest.mark.parametrize("strategy", ["first_token", "trie", "exact", "mean_logprob"])
-def test_fp16_graphs_match_reference(gpu_dirs, family, strategy):
+@pytest.mark.parametrize("attention", ["tree", "sdpa"])
+def test_fp16_graphs_match_reference(gpu_dirs, family, strategy, attention):
     prompts = [prompt("a", MULTI), prompt("b", SHARED, system="B?"), prompt("c", SINGLE, system="C?")]
     if family == "qwen3_qwentok":
         prompts = [prompt("zh", ["男童", "女童", "男士", "女士", "孕妇", "无"]), prompt("en", ["dress", "jeans", "none"])]
     if strategy == "first_token":
         prompts = [prompt("c", SINGLE), prompt("d", ["man", "woman", "boy", "girl", "none"], system="D?")]
-    fast, ref = fp16_pair(gpu_dirs[family], prompts, strategy)
-    assert fast.engine.graphs and fast.loaded.dtype == torch.float16
+    fast, ref = fp16_pair(gpu_dirs[family], prompts, strategy, attention)
+    assert fast.engine.graphs and fast.loaded.dtype == torch.float16 and fast.metadata()["attention"] == attention
     for b in (1, 2, 3, 4):
         got, want = fast.classify(QUERIES[:b]), ref.classify(QUERIES[:b])
         for g, w in zip(got, want):
@@ -73,6 +75,7 @@ def test_no_allocation_or_capture_on_request_path(tiny_dirs):
     cfg = tiny_cfg(tiny_dirs["qwen3"], [prompt("a", MULTI), prompt("b", SHARED, system="B?")],
                    backend={"device": "cuda"})
     clf = Classifier(cfg)
+    assert clf.metadata()["attention"] == "tree" and not clf.notes  # auto takes the kernel on a GPU
     t0 = time.perf_counter()
     clf.classify(["first request"])
     first = time.perf_counter() - t0
