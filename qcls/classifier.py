@@ -154,12 +154,11 @@ class Classifier:
                           "notes": self.notes}
         return results
 
-    def _build(self, scores: list) -> list[PromptResult]:
-        """Per prompt: scores (a tensor or a list of floats) → probabilities (softmax in float64) and winner.
-        Plain Python: for a handful of labels per prompt it is faster than any tensor op's overhead."""
+    def _build(self, scores: list[list[float]]) -> list[PromptResult]:
+        """Per prompt: scores → probabilities (softmax in float64) and winner. Plain Python: for a handful
+        of labels per prompt it is faster than any tensor op's overhead."""
         out = []
-        for lay, s in zip(self.layouts, scores):
-            vals = s.double().tolist() if isinstance(s, torch.Tensor) else s
+        for lay, vals in zip(self.layouts, scores):
             top = max(vals)
             exps = [math.exp(v - top) for v in vals]
             z = math.fsum(exps)

@@ -31,7 +31,6 @@ class Decoder:
         self.n_heads = cfg.num_attention_heads
         self.n_kv = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.groups = self.n_heads // self.n_kv
         # The final norm lives where the decoder computes (an offloading backend may keep the embedding
         # table on the CPU).
         self.device = self.norm.weight.device
@@ -41,7 +40,6 @@ class Decoder:
         shape = (len(self.layers), self.n_kv, max_keys, self.head_dim)
         self.k = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.v = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        self._slot_ranges: dict[tuple[int, int], torch.Tensor] = {}
         self._fuse()
         if any((getattr(l.self_attn, "q_norm", None) is None) != (getattr(l.self_attn, "k_norm", None) is None)
                for l in self.layers):
@@ -70,22 +68,13 @@ class Decoder:
             self.qkv.append(_fuse_linears([a.q_proj, a.k_proj, a.v_proj]))
             self.gate_up.append(_fuse_linears([m.gate_proj, m.up_proj]))
 
-    def _slots(self, write: slice | torch.Tensor, n: int) -> torch.Tensor:
-        """K/V slot of every token; a bucket's contiguous range is made once (before its graph is captured)."""
-        if not isinstance(write, slice):
-            return write
-        key = (write.start, n)
-        if key not in self._slot_ranges:
-            self._slot_ranges[key] = torch.arange(write.start, write.start + n, device=self.device)
-        return self._slot_ranges[key]
-
     @staticmethod
     def _eps(norm) -> float:
         return getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))
 
-    def forward(self, ids: torch.Tensor, pos: torch.Tensor, write: slice | torch.Tensor, attend,
+    def forward(self, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, attend,
                 read: torch.Tensor, embeds: torch.Tensor | None = None) -> torch.Tensor:
-        """ids/pos [N]; K/V of these tokens go to buffer slots `write`; `attend(q [N, heads, d], k, v)` with
+        """ids/pos [N]; K/V of these tokens go to buffer `slots` [N]; `attend(q [N, heads, d], k, v)` with
         one layer's K/V buffers returns [N, heads·d]; returns final-normed hidden states of tokens `read`.
         `embeds` [N, H], when given, replaces the embedding lookup (backends that keep the table off the
         device gather it themselves)."""
@@ -94,7 +83,6 @@ class Decoder:
         res = None
         cos, sin = self.cos[pos], self.sin[pos]
         q = torch.empty(n, nh, d, dtype=self.dtype, device=self.device)
-        slots = self._slots(write, n)
         for i, layer in enumerate(self.layers):
             a = layer.self_attn
             ln = layer.input_layernorm

@@ -35,7 +35,7 @@ class Bucket:
         self.packer, self.dec, self.tail, self.pool_len, self.embed_fn = packer, dec, tail, pool_len, embed_fn
         self.tree, self.n_reads = tree, packer.n_reads(b)
         self.max_row = max(packer.max_row(b, query_tokens, longest_query), 16)
-        dec._slots(slice(pool_len, pool_len + n), n)  # made now, not on a first request
+        self.slots = torch.arange(pool_len, pool_len + n, device=dev)  # where this forward's K/V go
         size = packer.buffer_len(b, n)
         self.host = torch.zeros(size, dtype=torch.long, pin_memory=dev.type == "cuda")
         self.buf = torch.zeros(size, dtype=torch.long, device=dev)
@@ -59,8 +59,7 @@ class Bucket:
         else:
             attend = DenseAttention(torch.where(build_mask(d, self.visible, self.key_len), self.zero, self.neg),
                                     self.key_len)
-        self.hidden = self.dec.forward(d["ids"], d["pos"], slice(self.pool_len, self.pool_len + self.n_tokens),
-                                       attend, d["read"], self.embeds)
+        self.hidden = self.dec.forward(d["ids"], d["pos"], self.slots, attend, d["read"], self.embeds)
         return self.hidden
 
     def score(self) -> torch.Tensor:

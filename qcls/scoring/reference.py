@@ -63,8 +63,8 @@ class ReferenceEngine:
 
     def run(self, batch: list[list[int]]):
         t0 = time.perf_counter()
-        scores = [[torch.tensor(reference_scores(self.model, lay.tokens, lay.trie, ids, self.strategy))
-                   for lay in self.layouts] for ids in batch]
+        scores = [[reference_scores(self.model, lay.tokens, lay.trie, ids, self.strategy) for lay in self.layouts]
+                  for ids in batch]
         forward_ms = (time.perf_counter() - t0) * 1e3
         tokens = sum(len(lay.tokens.prefix_ids) + len(ids) + len(lay.tokens.suffix_ids) + len(lab)
                      for ids in batch for lay in self.layouts for lab in lay.tokens.label_ids)
