@@ -11,6 +11,14 @@ from qcls.classifier import Classifier
 from tests.conftest import prompt, tiny_cfg
 
 TOL = 1e-4
+# fp32 rounding grows with a score's size: an untrained tiny model over the real 152k Qwen vocabulary gives
+# `exact` scores of -30 to -90 (5 tokens at ~-15 each), where the two paths differ by ~1.5e-6 relative
+# (hidden states summed in another order). So the bound is 1e-4 for scores up to 10 and 1e-5 relative above.
+REL = 1e-5
+
+
+def tol(ref_score: float) -> float:
+    return max(TOL, REL * abs(ref_score))
 STRATEGIES = ["first_token", "trie", "exact", "mean_logprob"]
 # Under the tiny byte tokenizer: 'man'/'manager' and 'boy'/'boys' are token-prefixes of each other,
 # 'dress'/'dresses', 'tee'/'teen', 'knit'/'knitwear' share first tokens; SINGLE is all single tokens.
@@ -36,7 +44,7 @@ def assert_same(fast, ref, queries):
     for g, w in zip(got, want):
         assert g.error == w.error
         for gp, wp in zip(g.prompts, w.prompts):
-            d = max(abs(a.score - b.score) for a, b in zip(gp.labels, wp.labels))
+            d = max(abs(a.score - b.score) / tol(b.score) * TOL for a, b in zip(gp.labels, wp.labels))
             worst = max(worst, d)
             assert d <= TOL, (g.query, gp.prompt, d)
             assert gp.label == wp.label
