@@ -1,7 +1,11 @@
-"""qcls command line: classify, repl, serve. A thin layer over Classifier.
+"""qcls command line: classify, repl, serve, check (and sweep, calibrate: Hydra apps of their own, routed
+before argparse). A thin layer over Classifier.
 
 Hydra overrides (`model=qwen3_4b scoring=exact engine.max_batch_size=2`) may be mixed with queries: an
 argument of the form key=value is an override; put queries that look like one after `--`.
+Start-up errors print one `qcls: error: …` paragraph and exit with status 2; an unexpected exception prints
+one `qcls: internal error: …` line and exits with status 1 (qcls/errors.py); `--debug` or QCLS_DEBUG=1 adds
+the traceback.
 """
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ import json
 import re
 import sys
 
-from qcls.compose import ConfigError
+from qcls.errors import run_guarded
 from qcls.results import STAGES, QueryResult
 
 OVERRIDE = re.compile(r"^[+~]{0,2}[A-Za-z_][\w.@/-]*=")
@@ -21,11 +25,20 @@ EPILOG = """examples:
   qcls classify model=qwen3_4b model.source=local model.path=/models/Qwen3-4B "slim jeans"
   echo "summer dress" | qcls repl
   qcls serve model=qwen3_4b serve.num_gpus=1
+  qcls check model=qwen3_8b model.source=local model.path=/models/Qwen3-8B gpu=t4   # no weights, no GPU
+  qcls sweep -m scoring=trie,first_token,exact eval=dev          # qcls sweep --help
+  qcls calibrate prompts=ecommerce8                               # qcls calibrate --help
 
 config groups: model (smollm2_demo, qwen3_4b, qwen3_8b), backend (fp16, fp16-offload, bnb-int8, bnb-nf4,
 gptq), scoring (trie, first_token, exact, mean_logprob), prompts (default, ecommerce8), engine (fast,
 reference), serve (default), gpu (t4); keys such as force_single_token_labels=true, max_query_tokens=N,
-cache_dir=DIR. See README.md."""
+cache_dir=DIR. See README.md.
+
+errors: a start-up problem (config, model source, network, memory budget, missing optional package, label
+collisions) prints one `qcls: error:` paragraph with the way out and exits 2; `qcls --debug …` (or
+QCLS_DEBUG=1) adds the traceback. `qcls check` shows label token costs and every backend's memory fit."""
+
+ROUTED = {"sweep": "qcls.eval.sweep", "calibrate": "qcls.eval.calibrate"}  # Hydra apps: their own arg parsing
 
 
 def split_args(items: list[str], literal: list[str] = ()) -> tuple[list[str], list[str]]:
@@ -42,10 +55,15 @@ def format_result(r: QueryResult, top: int = 3) -> str:
     stages = " · ".join(f"{s} {t[s]:.2f}" for s in STAGES)
     lines = [f"query: {r.query}  ({r.query_tokens} tokens, batch {r.batch_size}, {t['total']:.2f} ms: {stages})"]
     width = max(len(p.prompt) for p in r.prompts)
-    for p in r.prompts:
-        others = ", ".join(f"{s.label} {s.prob:.3f}" for s in p.top(top + 1) if s.label != p.label)[:80]
-        lines.append(f"  {p.prompt:<{width}}  {p.label:<10} {p.prob:.3f}   | {others}")
+    for p in r.prompts:  # with a calibration loaded, its probabilities are the main ones (p.prob is one)
+        others = ", ".join(f"{s.label} {_prob(s):.3f}" for s in p.top(top + 1) if s.label != p.label)[:80]
+        raw = f"   (uncalibrated: {p.raw_label} {p.raw_prob:.3f})" if p.raw_label is not None else ""
+        lines.append(f"  {p.prompt:<{width}}  {p.label:<10} {p.prob:.3f}   | {others}{raw}")
     return "\n".join(lines) + "\n"
+
+
+def _prob(s) -> float:
+    return s.calibrated_prob if s.calibrated_prob is not None else s.prob
 
 
 def _emit(results: list[QueryResult], as_json: bool, out=sys.stdout) -> None:
@@ -90,9 +108,26 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return serve_main(overrides) or 0
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    stray, overrides = split_args(args.items, args.literal)
+    if stray:
+        raise ValueError(f"qcls check takes overrides only (key=value), not {stray}")
+    from qcls.check.report import build, verdict
+    from qcls.check.text import format_report
+    from qcls.compose import compose
+    rep = build(compose(overrides), args.query_tokens)
+    sys.stdout.write(json.dumps(rep.to_dict(), ensure_ascii=False) + "\n" if args.json else format_report(rep))
+    sys.stdout.flush()
+    err = verdict(rep)
+    if err is not None:
+        raise err
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="qcls", description="Classify search queries with N prompts in one LLM "
                                  "forward.", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--debug", action="store_true", help="print the traceback of an error (or QCLS_DEBUG=1)")
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("classify", help="classify queries given as arguments",
                        description="Classify each query under every prompt; key=value items are Hydra overrides.")
@@ -108,6 +143,16 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Start the Ray Serve app on this machine with the given overrides.")
     s.add_argument("items", nargs="*", metavar="OVERRIDE")
     s.set_defaults(fn=cmd_serve)
+    k = sub.add_parser("check", help="labels' token costs, tokens per forward, every backend's memory fit "
+                       "(no weights, no GPU)", description="Validate the config and label sets and estimate what "
+                       "it costs, reading only the model's config and tokenizer.")
+    k.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    k.add_argument("--query-tokens", type=int, default=8, metavar="N", help="query length for tokens per "
+                   "forward (default 8)")
+    k.add_argument("items", nargs="*", metavar="OVERRIDE")
+    k.set_defaults(fn=cmd_check)
+    for name in ROUTED:
+        sub.add_parser(name, help=f"see qcls {name} --help", add_help=False)
     return ap
 
 
@@ -115,6 +160,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     literal = argv[argv.index("--") + 1:] if "--" in argv else []
     argv = argv[:argv.index("--")] if "--" in argv else argv
+    debug = "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
+    if argv and argv[0] in ROUTED:  # Hydra apps parse their own command line
+        import importlib
+        rest = argv[1:] + (["--", *literal] if literal else [])
+        return run_guarded(lambda: importlib.import_module(ROUTED[argv[0]]).main(rest), debug, f"qcls {argv[0]}")
     parser = build_parser()
     # Options may follow queries (`classify "red dress" --json`): argparse leaves such queries unparsed.
     args, rest = parser.parse_known_args(argv)
@@ -123,13 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(bad)} (a query starting with '-' goes after --)")
     args.items = list(args.items) + rest
     args.literal = literal
-    try:
-        return args.fn(args)
-    except (ConfigError, ValueError, FileNotFoundError) as e:
-        print(f"qcls: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+    return run_guarded(lambda: args.fn(args), debug)
 
 
 if __name__ == "__main__":

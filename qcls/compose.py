@@ -2,16 +2,16 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 from pydantic import ValidationError
 
 from qcls.config import QclsConfig
+from qcls.errors import ConfigError
 
-
-class ConfigError(ValueError):
-    """A configuration that cannot run; the message names the field and the reason."""
+__all__ = ["ConfigError", "compose", "conf_dir", "validate"]
 
 
 def conf_dir() -> Path:
@@ -19,7 +19,7 @@ def conf_dir() -> Path:
     env = os.environ.get("QCLS_CONF_DIR")
     path = Path(env) if env else Path(__file__).resolve().parents[1] / "conf"
     if not (path / "config.yaml").is_file():
-        raise ConfigError(f"no Hydra config at {path}/config.yaml: install qcls from a checkout "
+        raise ConfigError(f"no Hydra config at {path}/config.yaml", "install qcls from a checkout "
                           "(pip install -e .) or set QCLS_CONF_DIR to a conf/ folder")
     return path
 
@@ -48,5 +48,16 @@ def compose(overrides: list[str] | tuple[str, ...] = ()) -> QclsConfig:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
             cfg = hydra_compose(config_name="config", overrides=list(overrides))
     except HydraException as e:
-        raise ConfigError(f"bad override: {e}") from None
+        # Hydra's advice to append a missing key with `+` would only meet pydantic's unknown-key refusal
+        msg = "\n".join(line for line in str(e).splitlines() if not line.startswith("To append to your config"))
+        raise ConfigError(f"bad override: {msg}", _override_hint(msg)) from None
     return validate(cfg)
+
+
+def _override_hint(msg: str) -> str | None:
+    """Hydra's own advice on a key missing from the YAML is to append it with `+`; every model YAML
+    declares every ModelSpec key, so a missing key is a typo, not a key to append."""
+    if re.search(r"Could not override '[\w.]+'\.", msg):  # a plain key (a defaults-list entry has '@')
+        return ("the key is not in qcls's config: check its spelling against qcls/config.py (`qcls --help` "
+                "lists the groups); a group is chosen with group=option, e.g. model=qwen3_8b")
+    return None

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from qcls.cli import split_args
+from qcls.results import STAGES
 
 pytestmark = pytest.mark.slow
 
@@ -60,4 +61,37 @@ def test_config_error_is_one_line_not_a_traceback(demo_cfg_overrides):
 
 def test_help_lists_commands():
     p = subprocess.run([sys.executable, "-m", "qcls.cli", "--help"], capture_output=True, text=True)
-    assert p.returncode == 0 and all(c in p.stdout for c in ("classify", "repl", "serve"))
+    assert p.returncode == 0 and all(c in p.stdout for c in ("classify", "repl", "serve", "check", "sweep",
+                                                              "calibrate", "--debug", "qcls check model="))
+
+
+@pytest.mark.parametrize("cmd", ["sweep", "calibrate"])
+def test_hydra_apps_get_their_own_command_line(cmd, monkeypatch, capsys):
+    import importlib
+
+    from qcls.cli import main
+    from qcls.errors import ConfigError
+    mod = importlib.import_module(f"qcls.eval.{cmd}")
+    seen = []
+    monkeypatch.setattr(mod, "main", lambda argv: seen.append(argv) or 0)
+    assert main([cmd, "-m", "scoring=trie,exact", "--help", "--", "x=1"]) == 0
+    assert seen == [["-m", "scoring=trie,exact", "--help", "--", "x=1"]]  # argparse never saw them
+
+    def fails(argv):
+        raise ConfigError("the sweep config has no `eval` group", "add eval=dev")
+    monkeypatch.setattr(mod, "main", fails)
+    assert main(["--debug", cmd]) == 2
+    err = capsys.readouterr().err
+    assert f"qcls {cmd}: error: the sweep config has no `eval` group\n  add eval=dev" in err and "Traceback" in err
+
+
+def test_the_table_shows_calibrated_probabilities():
+    from qcls.cli import format_result
+    from qcls.results import LabelScore, PromptResult, QueryResult
+    labels = [LabelScore("dress", 2.0, 0.70, 1, 0.5, 0.40), LabelScore("jeans", 1.0, 0.20, 1, 1.2, 0.55),
+              LabelScore("tee", 0.0, 0.10, 1, -1.0, 0.05)]
+    r = QueryResult("q", [PromptResult("category", "jeans", 0.55, labels, raw_label="dress", raw_prob=0.70)],
+                    query_tokens=1, batch_size=1, timings_ms={k: 0.1 for k in STAGES} | {"total": 0.5})
+    line = format_result(r).splitlines()[1]
+    assert "jeans      0.550" in line and "dress 0.400" in line and "tee 0.050" in line
+    assert "(uncalibrated: dress 0.700)" in line

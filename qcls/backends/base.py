@@ -8,6 +8,7 @@ import torch
 
 from qcls.backends import sources
 from qcls.config import QclsConfig
+from qcls.errors import ConfigError, DeviceError
 
 
 @dataclass
@@ -39,8 +40,9 @@ class LoadedModel:
 def resolve_device(cfg: QclsConfig) -> torch.device:
     want = cfg.backend.device
     if want == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("backend.device=cuda but no CUDA GPU is visible; use backend.device=cpu "
-                           "(or auto) to run on the CPU")
+        raise DeviceError("backend.device=cuda but no CUDA GPU is visible",
+                          "use backend.device=cpu (or auto) to run on the CPU; `qcls check` estimates GPU "
+                          "memory without a GPU")
     if want == "auto":
         want = "cuda" if torch.cuda.is_available() else "cpu"
     return torch.device(want)
@@ -71,8 +73,8 @@ def backend_options(cfg: QclsConfig, defaults: dict[str, Any]) -> dict[str, Any]
     given = dict(cfg.backend.options)
     unknown = sorted(set(given) - set(defaults))
     if unknown:
-        raise ValueError(f"backend {cfg.backend.name}: unknown option(s) {unknown}; known: "
-                         f"{sorted(defaults) or 'none'}")
+        raise ConfigError(f"backend {cfg.backend.name}: unknown option(s) {unknown}",
+                          f"known: {sorted(defaults) or 'none'} (backend.options.NAME=VALUE)")
     return {**defaults, **given}
 
 

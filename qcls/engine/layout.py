@@ -28,9 +28,11 @@ import numpy as np
 import torch
 
 from qcls.engine.attention import TILE, TILE_FIELDS
+from qcls.config import PromptSpec
 from qcls.engine.prefix_cache import PrefixPlan
+from qcls.errors import LabelSetError
 from qcls.scoring.strategies import ScorePlan
-from qcls.scoring.tokenization import PromptTokens
+from qcls.scoring.tokenization import PromptTokens, check_first_tokens, encode_prompt
 from qcls.scoring.trie import LabelTrie
 
 FIELDS = ("ids", "pos", "row", "seq", "anc", "tslot", "prompt")
@@ -50,9 +52,23 @@ class PromptLayout:
     trie_anc: list[int] = field(init=False)  # per trie slot: bitmask of ancestor-or-self slots
     read_slots: list[int] = field(init=False)  # per read node: -1 = root (last sequence token), else trie slot
 
+    @classmethod
+    def from_spec(cls, tokenizer, spec: PromptSpec, strategy) -> "PromptLayout":
+        """Encode a prompt, build its label trie and `strategy`'s plan; a label set the strategy cannot
+        score is a LabelSetError naming the prompt."""
+        pt = encode_prompt(tokenizer, spec)
+        if strategy.name == "first_token":
+            check_first_tokens(tokenizer, pt)
+        try:
+            trie = LabelTrie.build(pt.label_ids, pt.end_id)
+        except LabelSetError as e:
+            raise LabelSetError(f"prompt '{spec.name}': {e.what}", e.way_out) from None
+        plan = strategy.plan(trie)
+        return cls(pt, trie, plan, trie.row_nodes(plan.read_nodes))
+
     def __post_init__(self) -> None:
         if len(self.row_nodes) > MAX_TRIE_TOKENS:
-            raise ValueError(f"prompt '{self.tokens.name}' needs {len(self.row_nodes)} trie tokens in its row, "
+            raise LabelSetError(f"prompt '{self.tokens.name}' needs {len(self.row_nodes)} trie tokens in its row, "
                              f"over the limit of {MAX_TRIE_TOKENS}: use fewer or shorter labels, or scoring=trie")
         slot = {n: i for i, n in enumerate(self.row_nodes)}
         self.trie_ids = [self.trie.nodes[n].token for n in self.row_nodes]

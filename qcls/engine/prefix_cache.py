@@ -37,14 +37,22 @@ class PrefixPlan:
         """Pool slot of every prefix token of prompt p, in order."""
         return [self.blocks[b].start + i for b in self.prompt_blocks[p] for i in range(len(self.blocks[b].tokens))]
 
-    @property
-    def shared_blocks(self) -> int:
-        """Blocks used by more than one prompt."""
+    def _uses(self) -> dict[int, int]:
         uses: dict[int, int] = {}
         for bl in self.prompt_blocks:
             for b in bl:
                 uses[b] = uses.get(b, 0) + 1
-        return sum(1 for n in uses.values() if n > 1)
+        return uses
+
+    @property
+    def shared_blocks(self) -> int:
+        """Blocks used by more than one prompt."""
+        return sum(1 for n in self._uses().values() if n > 1)
+
+    def shared_tokens(self, p: int) -> int:
+        """Prefix tokens of prompt p that lie in blocks another prompt uses too (stored and computed once)."""
+        uses = self._uses()
+        return sum(len(self.blocks[b].tokens) for b in self.prompt_blocks[p] if uses[b] > 1)
 
     def stats(self) -> dict[str, int]:
         total = sum(len(self.blocks[b].tokens) for bl in self.prompt_blocks for b in bl)

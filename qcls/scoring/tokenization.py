@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from qcls.config import PromptSpec
+from qcls.errors import LabelSetError
 
 
 class QueryError(ValueError):
@@ -34,7 +35,7 @@ def _end_id(tokenizer, spec: PromptSpec) -> int | None:
         return tokenizer.eos_token_id
     ids = encode(tokenizer, spec.label_end)
     if len(ids) != 1:
-        raise ValueError(f"prompt '{spec.name}': label_end {spec.label_end!r} must be one token, "
+        raise LabelSetError(f"prompt '{spec.name}': label_end {spec.label_end!r} must be one token, "
                          f"it encodes to {ids}")
     return ids[0]
 
@@ -45,15 +46,15 @@ def encode_prompt(tokenizer, spec: PromptSpec) -> PromptTokens:
     seen: dict[tuple[int, ...], str] = {}
     for lab, ids in zip(spec.labels, label_ids):
         if not ids:
-            raise ValueError(f"prompt '{spec.name}': label {lab!r} encodes to no tokens")
+            raise LabelSetError(f"prompt '{spec.name}': label {lab!r} encodes to no tokens")
         if ids in seen:
-            raise ValueError(f"prompt '{spec.name}': labels {seen[ids]!r} and {lab!r} encode to the same "
+            raise LabelSetError(f"prompt '{spec.name}': labels {seen[ids]!r} and {lab!r} encode to the same "
                              f"tokens {list(ids)}; they cannot be told apart")
         seen[ids] = lab
     pt = PromptTokens(spec.name, tuple(spec.labels), tuple(encode(tokenizer, spec.prefix)),
                       tuple(encode(tokenizer, spec.suffix)), label_ids, _end_id(tokenizer, spec))
     if not pt.suffix_ids and not pt.prefix_ids:
-        raise ValueError(f"prompt '{spec.name}': the template has no text around {{query}}")
+        raise LabelSetError(f"prompt '{spec.name}': the template has no text around {{query}}")
     return pt
 
 
@@ -65,7 +66,7 @@ def check_first_tokens(tokenizer, pt: PromptTokens) -> None:
     clashes = [(t, labs) for t, labs in by_first.items() if len(labs) > 1]
     if clashes:
         desc = "; ".join(f"{labs} share first token {t} ({token_text(tokenizer, t)!r})" for t, labs in clashes)
-        raise ValueError(f"prompt '{pt.name}': first-token scoring (scoring=first_token or "
+        raise LabelSetError(f"prompt '{pt.name}': first-token scoring (scoring=first_token or "
                          f"force_single_token_labels=true) cannot tell these labels apart: {desc}. "
                          "Use scoring=trie, or change the labels or label_prefix")
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from qcls.errors import LabelSetError
+
 
 @dataclass
 class Node:
@@ -29,7 +31,7 @@ class LabelTrie:
         paths = []
         for li, ids in enumerate(label_ids):
             if not ids:
-                raise ValueError(f"label {li} has no tokens")
+                raise LabelSetError(f"label {li} has no tokens")
             cur, path = 0, []
             for t in ids:
                 nxt = nodes[cur].children.get(t)
@@ -40,14 +42,14 @@ class LabelTrie:
                 cur = nxt
                 path.append(cur)
             if nodes[cur].label is not None:
-                raise ValueError(f"labels {nodes[cur].label} and {li} have the same tokens {list(ids)}")
+                raise LabelSetError(f"labels {nodes[cur].label} and {li} have the same tokens {list(ids)}")
             nodes[cur].label = li
             paths.append(path)
         trie = cls(nodes, paths, end_id)
         if end_id is not None and any(t == end_id for n in nodes for t in n.children):
-            raise ValueError(f"the end token {end_id} appears inside a label; choose another label_end")
+            raise LabelSetError(f"the end token {end_id} appears inside a label; choose another label_end")
         if trie.needs_end() and end_id is None:
-            raise ValueError("a label is a token-prefix of another, and the tokenizer has no eos token to end "
+            raise LabelSetError("a label is a token-prefix of another, and the tokenizer has no eos token to end "
                              "it: set label_end on the prompt")
         return trie
 

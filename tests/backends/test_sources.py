@@ -18,17 +18,20 @@ def test_local_dir_resolves_and_loads(tiny_dirs):
 
 
 def test_hub_id_in_offline_mode_fails_without_network(monkeypatch, tmp_path):
+    from qcls.errors import HubUnreachableError
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path))  # an empty cache: nothing to fall back on
-    src = sources.resolve(ModelSpec(name="m", source="hub", path="Qwen/Qwen3-4B"), None)
-    assert src.path == "Qwen/Qwen3-4B"
-    with pytest.raises(OSError):
-        sources.load_config(src)
+    with pytest.raises(HubUnreachableError, match="HF_HUB_OFFLINE is set") as err:  # before transformers is called
+        sources.resolve(ModelSpec(name="m", source="hub", path="Qwen/Qwen3-4B"), None)
+    assert isinstance(err.value, OSError) and "model.source=local model.path=DIR" in str(err.value)
 
 
 def test_gguf_needs_a_file_or_a_file_name(tmp_path):
     with pytest.raises(FileNotFoundError, match="model.gguf_file"):
         sources.resolve(ModelSpec(name="m", source="gguf", path=str(tmp_path)), None)
+    with pytest.raises(FileNotFoundError, match="model.gguf_file=x.gguf is not in the directory"):
+        sources.resolve(ModelSpec(name="m", source="gguf", path=str(tmp_path), gguf_file="x.gguf"), None)
+    (tmp_path / "x.gguf").write_bytes(b"GGUF")
     src = sources.resolve(ModelSpec(name="m", source="gguf", path=str(tmp_path), gguf_file="x.gguf"), None)
     assert src.gguf_file == "x.gguf"
 

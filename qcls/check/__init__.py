@@ -1,0 +1,2 @@
+"""`qcls check`: what a configuration will cost and whether it can start, read from the model's config and
+tokenizer alone (no weight, no GPU): report.py gathers the facts, text.py prints them for people."""

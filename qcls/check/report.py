@@ -1,0 +1,194 @@
+"""The facts `qcls check` reports, computed with the code start-up runs: canonical tokenization and the label
+trie (qcls/scoring/), the prefix-block plan and the packer's token arithmetic (qcls/engine/), and every
+registered backend's memory estimate (qcls/backends/memory.py). Reads the model's config and tokenizer only.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from qcls.backends import memory, sources
+from qcls.backends.registry import BACKENDS
+from qcls.config import QclsConfig
+from qcls.engine.engine import token_buckets
+from qcls.engine.layout import Packer, PromptLayout
+from qcls.engine.prefix_cache import plan_prefixes
+from qcls.errors import ConfigError, LabelSetError, QclsError
+from qcls.scoring.strategies import get_strategy
+from qcls.scoring.tokenization import token_text
+
+
+@dataclass
+class LabelCost:
+    label: str
+    tokens: int  # label_prefix + label
+    trie_reads: int  # logits trie scoring reads for this label
+    single_token_cost: bool  # trie_reads == 1: one logit at the root, however many tokens the label has
+    extended_by: list[str]  # labels whose tokens start with this label's (it then needs the end token)
+
+
+@dataclass
+class PromptCheck:
+    name: str
+    prefix_tokens: int
+    shared_prefix_tokens: int  # in prefix blocks another prompt uses too (stored and computed once)
+    suffix_tokens: int
+    row_trie_tokens: int  # label-trie tokens the configured strategy places after the suffix in each row
+    end_token: str | None  # the token that ends a label another label extends (None: no such label)
+    labels: list[LabelCost]
+
+
+@dataclass
+class ForwardTokens:
+    batch: int
+    query_tokens: int  # per query
+    tokens: int  # the packed forward's tokens for exactly these queries
+    bucket_tokens: int | None  # tokens of the captured bucket that runs it (None: beyond the largest)
+
+
+@dataclass
+class BackendFit:
+    backend: str
+    applies: bool  # whether it can load this checkpoint at all (GPTQ/AWQ checkpoints need backend=gptq)
+    total_gib: float
+    weights_gpu_gib: float
+    weights_cpu_gib: float
+    kv_buffer_gib: float
+    activations_gib: float
+    layers_on_gpu: int
+    n_layers: int
+    fits: bool | None  # None: no budget to compare with
+    note: str = ""
+
+
+@dataclass
+class CheckReport:
+    model: str
+    source: str
+    model_config: dict[str, Any]
+    strategy: str
+    engine: str
+    backend: str
+    budget_gib: float | None
+    prompts: list[PromptCheck] = field(default_factory=list)
+    prefix_pool_tokens: int = 0
+    forward: list[ForwardTokens] = field(default_factory=list)
+    backends: list[BackendFit] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # what would stop `qcls classify` with this config
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _gib(b: int | float) -> float:
+    return round(b / memory.GIB, 2)
+
+
+def describe_config(mc) -> dict[str, Any]:
+    keys = ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "head_dim", "vocab_size", "tie_word_embeddings", "max_position_embeddings")
+    out = {k: getattr(mc, k, None) for k in keys}
+    q = getattr(mc, "quantization_config", None)
+    out["quantization"] = (q if isinstance(q, dict) else q.to_dict()).get("quant_method") if q else None
+    return out
+
+
+def label_costs(layout: PromptLayout) -> list[LabelCost]:
+    trie_plan = get_strategy("trie").plan(layout.trie)
+    ids = layout.tokens.label_ids
+    out = []
+    for li, (lab, lid) in enumerate(zip(layout.tokens.labels, ids)):
+        reads = int((trie_plan.weights[li] != 0).sum())
+        longer = [o for o, oid in zip(layout.tokens.labels, ids) if len(oid) > len(lid) and oid[:len(lid)] == lid]
+        out.append(LabelCost(lab, len(lid), reads, reads == 1, longer))
+    return out
+
+
+def prompt_checks(cfg: QclsConfig, tokenizer) -> tuple[list[PromptLayout], list[PromptCheck], list[str]]:
+    """Layouts and facts of every prompt that can be scored, and a message for each that cannot."""
+    strategy = get_strategy(cfg.strategy)
+    layouts, problems = [], []
+    for spec in cfg.prompts:
+        try:
+            layouts.append(PromptLayout.from_spec(tokenizer, spec, strategy))
+        except LabelSetError as e:
+            problems.append(str(e))
+    pool = plan_prefixes([lay.tokens.prefix_ids for lay in layouts], cfg.engine.prefix_block_size)
+    checks = []
+    for p, lay in enumerate(layouts):
+        end = token_text(tokenizer, lay.trie.end_id) if lay.trie.needs_end() else None
+        checks.append(PromptCheck(lay.tokens.name, len(lay.tokens.prefix_ids), pool.shared_tokens(p),
+                                  len(lay.tokens.suffix_ids), len(lay.row_nodes), end, label_costs(lay)))
+    return layouts, checks, problems
+
+
+def forward_tokens(cfg: QclsConfig, layouts: list[PromptLayout], query_tokens: int) -> tuple[int, list[ForwardTokens]]:
+    """(prefix pool tokens, tokens per forward at batch 1 and engine.max_batch_size) by the packer's rule."""
+    pool = plan_prefixes([lay.tokens.prefix_ids for lay in layouts], cfg.engine.prefix_block_size)
+    packer = Packer(layouts, pool, pool.n_slots, max_query=1)
+    out = []
+    for b in sorted({1, cfg.engine.max_batch_size}):
+        total = b * query_tokens
+        bucket = next((lt for lt in token_buckets(cfg.engine.query_buckets, b) if lt >= total), None)
+        out.append(ForwardTokens(b, query_tokens, packer.n_tokens(b, total),
+                                 None if bucket is None else packer.n_tokens(b, bucket)))
+    return pool.n_slots, out
+
+
+def backend_fits(cfg: QclsConfig, mc) -> tuple[list[BackendFit], str | None]:
+    """Every registered backend's estimate against the budget, and the refusal the configured backend
+    would meet at start-up (None when it fits or there is no budget)."""
+    budget = memory.budget_bytes(cfg)
+    fits, refusal = [], None
+    for name in BACKENDS:
+        applies = memory.applies(name, mc)
+        try:
+            e = memory.estimate(cfg, mc, backend=name, budget=budget)
+        except ValueError as err:
+            fits.append(BackendFit(name, applies, 0, 0, 0, 0, 0, 0, 0, None, str(err)))
+            continue
+        note = e.streaming()
+        if not applies:
+            note = ("needs a GPTQ/AWQ checkpoint (estimate for a 4-bit build of this model)" if name == "gptq"
+                    else "this is a GPTQ/AWQ checkpoint: it loads with backend=gptq only")
+        fits.append(BackendFit(name, applies, _gib(e.total), _gib(e.weights_gpu), _gib(e.weights_cpu),
+                               _gib(e.kv_buffer), _gib(e.activations), e.layers_on_gpu, e.n_layers,
+                               None if budget is None else e.total <= budget, note))
+        if name == cfg.backend.name:
+            try:
+                memory.check_budget(cfg, e)
+            except memory.MemoryBudgetError as err:
+                refusal = str(err)
+    return fits, refusal
+
+
+def build(cfg: QclsConfig, query_tokens: int = 8) -> CheckReport:
+    if query_tokens < 1 or query_tokens > cfg.max_query_tokens:
+        raise ConfigError(f"--query-tokens {query_tokens} is outside 1..max_query_tokens={cfg.max_query_tokens}",
+                          "give a query length the config accepts, or raise max_query_tokens (and "
+                          "engine.query_buckets)")
+    src = sources.config_source(cfg.model, cfg.cache_dir)
+    mc = sources.load_config(src)
+    tokenizer = sources.load_tokenizer(src)
+    where = src.path + (f" ({src.gguf_file})" if src.gguf_file else "")
+    budget = memory.budget_bytes(cfg)
+    rep = CheckReport(cfg.model.name, f"{cfg.model.source}: {where}", describe_config(mc), cfg.strategy,
+                      cfg.engine.kind, cfg.backend.name, None if budget is None else _gib(budget))
+    layouts, rep.prompts, rep.problems = prompt_checks(cfg, tokenizer)
+    if layouts:
+        rep.prefix_pool_tokens, rep.forward = forward_tokens(cfg, layouts, query_tokens)
+    rep.backends, refusal = backend_fits(cfg, mc)
+    if refusal:
+        rep.problems.append(refusal)
+    if cfg.backend.name in BACKENDS and not memory.applies(cfg.backend.name, mc):
+        rep.problems.append(next(b.note for b in rep.backends if b.backend == cfg.backend.name)
+                            + f" (backend={cfg.backend.name})")
+    return rep
+
+
+def verdict(rep: CheckReport) -> QclsError | None:
+    """The error start-up would meet, as one message, or None when the configuration can start."""
+    if not rep.problems:
+        return None
+    return ConfigError(f"{len(rep.problems)} problem(s) would stop `qcls classify` with this configuration:\n"
+                       + "\n".join("- " + p.replace("\n", "\n  ") for p in rep.problems))
