@@ -3,9 +3,7 @@ from __future__ import annotations
 
 import datetime as dt
 import gc
-import os
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
@@ -110,18 +108,9 @@ def device_name() -> str:
 
 
 def commit() -> str:
-    """The commit measured: git where the checkout has .git, else QCLS_BENCH_COMMIT (the device copy has
-    no .git; the caller passes the sha it sent)."""
-    if os.environ.get("QCLS_BENCH_COMMIT"):
-        return os.environ["QCLS_BENCH_COMMIT"]
-    try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             cwd=RESULTS.parent).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, cwd=RESULTS.parent).stdout.strip()
-        return (sha or "unknown") + ("+dirty" if dirty else "")
-    except OSError:
-        return "unknown"
+    """The commit measured (qcls/eval/timing.py: git, or QCLS_BENCH_COMMIT on a copy without .git)."""
+    from qcls.eval.timing import commit as measured_commit
+    return measured_commit()
 
 
 def header(title: str, config: str) -> str:

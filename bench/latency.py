@@ -141,6 +141,12 @@ def bench_engine(loaded, prompts, strategy, buckets, iters, ref_clf_factory=None
 def paired(a, b, queries, iters: int) -> tuple[float, float, float]:
     """p50 of a and b timed in alternation (a, b, a, b, …), so drift of a shared machine hits both alike;
     also the median of the per-pair ratios a/b."""
+    ta, tb = paired_samples(a, b, queries, iters)
+    return C.median(ta), C.median(tb), C.median([x / y for x, y in zip(ta, tb)])
+
+
+def paired_samples(a, b, queries, iters: int) -> tuple[list[float], list[float]]:
+    """ms of each request of a and of b, timed in alternation after 3 warm requests each."""
     ta, tb = [], []
     for clf, out in ((a, ta), (b, tb)):
         for _ in range(3):
@@ -152,7 +158,7 @@ def paired(a, b, queries, iters: int) -> tuple[float, float, float]:
             clf.classify(queries)
             C.sync()
             out.append((time.perf_counter() - t0) * 1e3)
-    return C.median(ta), C.median(tb), C.median([x / y for x, y in zip(ta, tb)])
+    return ta, tb
 
 
 def main() -> None:

@@ -15,12 +15,12 @@ from qcls.compose import compose
 from qcls.config import QclsConfig
 from qcls.engine.engine import FastEngine
 from qcls.engine.layout import PromptLayout
+from qcls.scoring.calibration import calibration_for
 from qcls.progress import step, step_note, warn
 from qcls.results import STAGES, LabelScore, PromptResult, QueryResult
 from qcls.scoring.reference import ReferenceEngine
 from qcls.scoring.strategies import get_strategy
-from qcls.scoring.tokenization import QueryError, check_first_tokens, encode_prompt, encode_query
-from qcls.scoring.trie import LabelTrie
+from qcls.scoring.tokenization import QueryError, encode_query
 
 WARMUP_QUERY = "warm up query"
 
@@ -34,6 +34,8 @@ class Classifier:
         cfg = self.cfg
         self.startup_s: dict[str, float] = {}
         t0 = time.perf_counter()
+        # checked against the prompts before anything else loads: a file that does not fit fails in milliseconds
+        self.calibration, self.calibration_path, cal_notes = calibration_for(cfg)
         backend = get_backend(cfg.backend.name)
         if loaded is None:  # the tokenizer first: label sets are checked before any weight is read
             with step("loading the tokenizer", self.startup_s, "tokenizer"):
@@ -49,7 +51,7 @@ class Classifier:
         torch.manual_seed(cfg.seed)
         with step(f"building the {cfg.engine.kind} engine", self.startup_s, "engine"):
             self.engine = self._build_engine()
-        self.notes = list(loaded.notes) + list(getattr(self.engine, "notes", []))
+        self.notes = cal_notes + list(loaded.notes) + list(getattr(self.engine, "notes", []))
         if cfg.engine.kind == "fast" and loaded.device.type == "cuda" and not self.engine.graphs:
             self.notes.append("CUDA graphs off: the forward runs eagerly (slower)")
         for n in self.notes:
@@ -64,20 +66,12 @@ class Classifier:
 
     def _prepare_prompts(self) -> list[PromptLayout]:
         strategy = get_strategy(self.cfg.strategy)
-        out = []
-        for spec in self.cfg.prompts:
-            pt = encode_prompt(self.tokenizer, spec)
-            if strategy.name == "first_token":
-                check_first_tokens(self.tokenizer, pt)
-            trie = LabelTrie.build(pt.label_ids, pt.end_id)
-            plan = strategy.plan(trie)
-            out.append(PromptLayout(pt, trie, plan, trie.row_nodes(plan.read_nodes)))
-        return out
+        return [PromptLayout.from_spec(self.tokenizer, spec, strategy) for spec in self.cfg.prompts]
 
     def _build_engine(self):
         cfg, ld = self.cfg, self.loaded
         if cfg.engine.kind == "reference":
-            return ReferenceEngine(ld.model, self.layouts, cfg.strategy)
+            return ReferenceEngine(ld.model, self.layouts, cfg.strategy, self.calibration)
         tokens = sorted({t for lay in self.layouts for t in lay.plan.entry_token})
         full = ld.full_head() if self.layouts[0].plan.normaliser == "vocab" else None
         if self.layouts[0].plan.normaliser == "vocab" and full is None:
@@ -87,7 +81,13 @@ class Classifier:
                           max_batch=cfg.engine.max_batch_size, query_buckets=cfg.engine.query_buckets,
                           block_size=cfg.engine.prefix_block_size, vocab_chunk=cfg.scoring.vocab_chunk,
                           use_graphs=cfg.engine.cuda_graphs and ld.graph_capturable, embed_fn=ld.embed_fn,
-                          attention=cfg.engine.attention)
+                          attention=cfg.engine.attention, calibration=self._affine())
+
+    def _affine(self) -> list[tuple[float, list[float]]] | None:
+        """Per prompt (temperature, biases) for the tail's tables; None = the identity."""
+        if self.calibration is None:
+            return None
+        return [self.calibration.affine(lay.tokens.name, len(lay.tokens.labels)) for lay in self.layouts]
 
     def _warm_up(self) -> None:
         ids = encode_query(self.tokenizer, WARMUP_QUERY, self.cfg.max_query_tokens)
@@ -115,7 +115,7 @@ class Classifier:
         meta = {"model": cfg.model.name, "backend": ld.backend, "device": str(ld.device),
                 "dtype": str(ld.dtype).replace("torch.", ""), "engine": cfg.engine.kind, "strategy": cfg.strategy,
                 "prompts": self.prompt_names, "startup_s": self.startup_s, "memory": dict(ld.memory),
-                "notes": self.notes}
+                "calibration": self.calibration_path, "notes": self.notes}
         if isinstance(self.engine, FastEngine):
             st = self.engine.stats()
             meta.update(graphs=st.graphs, attention=st.attention, prefix_cache=st.prefix, buckets=st.buckets)
@@ -139,9 +139,9 @@ class Classifier:
         step_ = self.cfg.engine.max_batch_size
         for c in range(0, len(good), step_):
             chunk = good[c:c + step_]
-            scores, stages, n_tokens = self.engine.run([ids for _, ids, _ in chunk])
+            raw, calibrated, stages, n_tokens = self.engine.run([ids for _, ids, _ in chunk])
             t0 = time.perf_counter()
-            built = [self._build(s) for s in scores]
+            built = [self._build(s, c) for s, c in zip(raw, calibrated)]
             post = (time.perf_counter() - t0) * 1e3
             for (i, _, tok_ms), prompts in zip(chunk, built):
                 r = results[i]
@@ -151,20 +151,33 @@ class Classifier:
                 r.timings_ms["total"] = round(sum(r.timings_ms.values()), 4)
                 r.meta = {"engine": self.cfg.engine.kind, "strategy": self.cfg.strategy,
                           "tokens_per_forward": n_tokens, "graphs": getattr(self.engine, "graphs", False),
-                          "notes": self.notes}
+                          "calibration": self.calibration_path, "notes": self.notes}
         return results
 
-    def _build(self, scores: list[list[float]]) -> list[PromptResult]:
-        """Per prompt: scores → probabilities (softmax in float64) and winner. Plain Python: for a handful
-        of labels per prompt it is faster than any tensor op's overhead."""
+    def _build(self, scores: list[list[float]], calibrated: list[list[float]]) -> list[PromptResult]:
+        """Per prompt: scores → probabilities (softmax in float64) and winner; with a calibration the winner
+        is the calibrated one and the raw winner is kept beside it. Plain Python: for a handful of labels per
+        prompt it is faster than any tensor op's overhead."""
         out = []
-        for lay, vals in zip(self.layouts, scores):
-            top = max(vals)
-            exps = [math.exp(v - top) for v in vals]
-            z = math.fsum(exps)
-            probs = [e / z for e in exps]
+        for lay, vals, cvals in zip(self.layouts, scores, calibrated):
+            probs = _softmax(vals)
             labels = [LabelScore(lab, v, p, len(ids)) for lab, v, p, ids in
                       zip(lay.tokens.labels, vals, probs, lay.tokens.label_ids)]
             best = max(range(len(vals)), key=vals.__getitem__)
-            out.append(PromptResult(lay.tokens.name, labels[best].label, probs[best], labels))
+            if self.calibration is None:
+                out.append(PromptResult(lay.tokens.name, labels[best].label, probs[best], labels))
+                continue
+            cprobs = _softmax(cvals)
+            for ls, c, cp in zip(labels, cvals, cprobs):
+                ls.calibrated_score, ls.calibrated_prob = c, cp
+            cbest = max(range(len(cvals)), key=cvals.__getitem__)
+            out.append(PromptResult(lay.tokens.name, labels[cbest].label, cprobs[cbest], labels,
+                                    raw_label=labels[best].label, raw_prob=probs[best]))
         return out
+
+
+def _softmax(vals: list[float]) -> list[float]:
+    top = max(vals)
+    exps = [math.exp(v - top) for v in vals]
+    z = math.fsum(exps)
+    return [e / z for e in exps]

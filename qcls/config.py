@@ -126,8 +126,23 @@ class ServeSpec(_Strict):
     autoscaling: dict[str, Any] | None = None
     num_gpus: float = Field(default=0, ge=0)  # per replica: 1 pins one card; 0 for the CPU demo
     num_cpus: float = Field(default=1, ge=0)
-    batch_wait_timeout_s: float = Field(default=0.005, ge=0, le=1)
-    # None = 2 × engine.max_batch_size: one batch runs while the next one gathers
+    # HTTP ingress (docs/serving.md): "direct" = each replica serves HTTP on its own port (Ray Serve direct
+    # ingress, RAY_SERVE_THROUGHPUT_OPTIMIZED) beside the routed Serve proxy on `port`; "proxy" = the proxy
+    # only; "haproxy" = HAProxy on `port` in front of direct-ingress replicas
+    ingress: Literal["direct", "proxy", "haproxy"] = "direct"
+    # 0 = no idle wait: a lone query goes at once and queries arriving during a forward form the next batch;
+    # > 0 = @serve.batch first gathers for up to this long (fuller batches, added latency at light load)
+    batch_wait_timeout_s: float = Field(default=0.0, ge=0, le=1)
+    # a stopping direct-ingress replica keeps its port open this long for load balancers (Ray's default 30)
+    drain_s: float = Field(default=2.0, ge=0)
+    retry_after_s: int = Field(default=1, ge=0)  # the Retry-After header of every 503
+    # Prometheus metrics (Ray's export port) when qcls starts Ray; None = a port Ray picks
+    metrics_export_port: int | None = Field(default=None, ge=1, le=65535)
+    # the replica's Python thread switch interval; None leaves Python's 5 ms. 0.5 ms (meant to hand the GIL
+    # back to the engine thread sooner) measured slower on the H100 (bench/RESULTS.md, issue 10 run 2)
+    gil_switch_interval_ms: float | None = Field(default=None, gt=0)
+    # None = 16 × engine.max_batch_size: waiting queries queue in the replica (FIFO, batched as the device
+    # frees up) rather than in Serve's router, which backs off for 100s of ms when a replica is full
     max_ongoing_requests: int | None = Field(default=None, ge=1)
     max_body_bytes: int = Field(default=1 << 20, ge=1024)
     health_check_period_s: float = Field(default=10, gt=0)
@@ -150,6 +165,8 @@ class QclsConfig(_Strict):
     cache_dir: str | None = None  # demo-model conversion cache; None = ~/.cache/qcls
     seed: int = 0
     serve: ServeSpec = ServeSpec()
+    # per-prompt calibration YAML (qcls/scoring/calibration.py): absolute, or relative to the cwd, then the repo
+    calibration: str | None = None
 
     @field_validator("prompts")
     @classmethod
@@ -182,8 +199,8 @@ class QclsConfig(_Strict):
 
     @property
     def max_ongoing_requests(self) -> int:
-        """Requests one replica accepts at once (serve.max_ongoing_requests, or 2 × engine.max_batch_size)."""
-        return self.serve.max_ongoing_requests or 2 * self.engine.max_batch_size
+        """Requests one replica accepts at once (serve.max_ongoing_requests, or 16 × engine.max_batch_size)."""
+        return self.serve.max_ongoing_requests or 16 * self.engine.max_batch_size
 
     @property
     def strategy(self) -> str:

@@ -13,17 +13,24 @@ class LabelScore:
     score: float
     prob: float
     tokens: int  # label_prefix + label token count
+    # with a calibration configured (else None): (score + bias) / temperature and its softmax over the labels
+    calibrated_score: float | None = None
+    calibrated_prob: float | None = None
 
 
 @dataclass
 class PromptResult:
     prompt: str
-    label: str  # the winner
-    prob: float
+    label: str  # the winner (by calibrated score when a calibration is configured)
+    prob: float  # the winner's probability (calibrated when a calibration is configured)
     labels: list[LabelScore]  # in the prompt's label order
+    raw_label: str | None = None  # with a calibration: the winner by raw score, and its raw probability
+    raw_prob: float | None = None
 
     def top(self, k: int) -> list[LabelScore]:
-        return sorted(self.labels, key=lambda s: -s.score)[:k]
+        """The k best labels, by calibrated score where there is one (the order `label` was chosen by)."""
+        key = (lambda s: -s.score) if self.raw_label is None else (lambda s: -s.calibrated_score)
+        return sorted(self.labels, key=key)[:k]
 
 
 @dataclass

@@ -18,6 +18,9 @@ from qcls.engine.prefix_cache import plan_prefixes
 from qcls.engine.tail import Tail
 
 
+Scores = list[list[list[float]]]  # per query, per prompt, per label
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -111,7 +114,10 @@ class EngineStats:
 class FastEngine:
     def __init__(self, model, prompts: list[PromptLayout], head_rows: torch.Tensor, head_tokens: list[int],
                  full_head: torch.Tensor | None, *, max_batch: int, query_buckets: list[int], block_size: int,
-                 vocab_chunk: int, use_graphs: bool, embed_fn=None, attention: str = "auto"):
+                 vocab_chunk: int, use_graphs: bool, embed_fn=None, attention: str = "auto",
+                 calibration: list[tuple[float, list[float]]] | None = None):
+        """`calibration`: per prompt (temperature, per-label bias), built into the tail's tables; None = the
+        identity (the same kernels and graphs either way)."""
         self.prompts = prompts
         self.embed_fn = embed_fn
         self.pool = plan_prefixes([p.tokens.prefix_ids for p in prompts], block_size)
@@ -126,8 +132,8 @@ class FastEngine:
         self._check_positions()
         with torch.inference_mode():
             self._fill_prefix_pool()
-            tails = {b: Tail([p.plan for p in prompts], b, head_rows, head_tokens, full_head, vocab_chunk, self.device)
-                     for b in range(1, max_batch + 1)}
+            tails = {b: Tail([p.plan for p in prompts], b, head_rows, head_tokens, full_head, vocab_chunk, self.device,
+                             calibration) for b in range(1, max_batch + 1)}
             self.buckets = {(b, lt): Bucket(b, lt, self.packer, self.dec, tails[b], self.pool_len, embed_fn,
                                           self.attention == "tree", self.query_buckets[-1])
                             for b in range(1, max_batch + 1) for lt in token_buckets(self.query_buckets, b)}
@@ -191,8 +197,9 @@ class FastEngine:
         return self.buckets[key]
 
     @torch.inference_mode()
-    def run(self, batch: list[list[int]]) -> tuple[list[list[list[float]]], dict[str, float], int]:
-        """Scores per query per prompt for a batch of query ids; stage times in ms; tokens per forward."""
+    def run(self, batch: list[list[int]]) -> tuple[Scores, Scores, dict[str, float], int]:
+        """Raw and calibrated scores per query per prompt for a batch of query ids (one tail product makes
+        both); stage times in ms; tokens per forward."""
         dev, t = self.device, {}
         t0 = time.perf_counter()
         bk = self.bucket_for(batch)
@@ -206,14 +213,16 @@ class FastEngine:
         flat = bk.scores.tolist()  # the copy back synchronises (no device allocation)
         t3 = time.perf_counter()
         t.update(prepare=(t1 - t0) * 1e3, forward=(t2 - t1) * 1e3, score=(t3 - t2) * 1e3)
-        out, i = [], 0
+        raw, cal, i, half = [], [], 0, len(flat) // 2  # the tail's raw block, then its calibrated block
         for _ in batch:
-            per = []
+            r, c = [], []
             for n in bk.tail.label_counts:
-                per.append(flat[i:i + n])
+                r.append(flat[i:i + n])
+                c.append(flat[half + i:half + i + n])
                 i += n
-            out.append(per)
-        return out, t, bk.n_tokens
+            raw.append(r)
+            cal.append(c)
+        return raw, cal, t, bk.n_tokens
 
     def stats(self) -> EngineStats:
         return EngineStats(self.pool.stats(), [(k[0], k[1], b.n_tokens) for k, b in sorted(self.buckets.items())],

@@ -55,17 +55,20 @@ def reference_scores(model, pt: PromptTokens, trie: LabelTrie, query_ids: list[i
 
 
 class ReferenceEngine:
-    """The reference scorer behind the engine interface (engine.kind=reference): for checking only."""
+    """The reference scorer behind the engine interface (engine.kind=reference): for checking only.
+    `calibration` (qcls.scoring.calibration.Calibration) is applied to the raw scores in plain Python."""
     graphs = False
 
-    def __init__(self, model, layouts, strategy: str):
-        self.model, self.layouts, self.strategy = model, layouts, strategy
+    def __init__(self, model, layouts, strategy: str, calibration=None):
+        self.model, self.layouts, self.strategy, self.calibration = model, layouts, strategy, calibration
 
     def run(self, batch: list[list[int]]):
         t0 = time.perf_counter()
         scores = [[reference_scores(self.model, lay.tokens, lay.trie, ids, self.strategy) for lay in self.layouts]
                   for ids in batch]
+        calibrated = [[self.calibration.apply(lay.tokens.name, s) if self.calibration else list(s)
+                       for lay, s in zip(self.layouts, per)] for per in scores]
         forward_ms = (time.perf_counter() - t0) * 1e3
         tokens = sum(len(lay.tokens.prefix_ids) + len(ids) + len(lay.tokens.suffix_ids) + len(lab)
                      for ids in batch for lay in self.layouts for lab in lay.tokens.label_ids)
-        return scores, {"prepare": 0.0, "forward": forward_ms, "score": 0.0}, tokens
+        return scores, calibrated, {"prepare": 0.0, "forward": forward_ms, "score": 0.0}, tokens

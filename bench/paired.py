@@ -1,0 +1,133 @@
+"""Two configurations timed in alternation in one process, on one random-weight Qwen3 of real shape (GPU).
+
+    python -m bench.paired --model qwen3_4b --a "prompts=ecommerce8" \\
+        --b "prompts=ecommerce8 calibration=random" --label "calibration on/off"
+    python -m bench.paired --model qwen3_4b --a prompts=ecommerce8 --b prompts=ecommerce8_fewshot \\
+        --label "zero-shot / few-shot"
+    python -m bench.paired --model tiny --iters 5 --out /tmp/paired.md --a ... --b ...   # CPU smoke run
+
+--a / --b are Hydra overrides (space-separated) on top of the model's config; --common goes to both. Both
+Classifiers share the loaded weights and the real Qwen tokenizer (qcls/qwen_tokenizer.py). Requests of a and
+b alternate (a, b, a, b, …) so drift of a shared machine hits both alike. `calibration=random` stands for a
+calibration file written here with random-but-plausible temperatures and biases for that side's prompts
+and strategy: a random-weight model has nothing to fit, and the request path's cost does not depend on the
+values. Appends p50/p90 of each side and the median per-pair ratio b/a at each batch size to bench/RESULTS.md.
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from bench import common as C
+from bench.latency import QUERIES, paired_samples
+from qcls.backends.base import LoadedModel, module_bytes
+from qcls.classifier import Classifier
+from qcls.compose import compose
+from qcls.scoring.calibration import Calibration, PromptCalibration
+from qcls.qwen_tokenizer import build_qwen_tokenizer
+
+RANDOM_CAL = "calibration=random"
+
+
+def base_overrides(model: str) -> list[str]:
+    family = "qwen3_8b" if model == "qwen3_8b" else "qwen3_4b"  # prompts and family; the weights are ours
+    return [f"model={family}", f"model.name=random_{model}", "model.source=local", "model.path=random-weights"]
+
+
+def random_calibration(overrides: list[str], seed: int) -> tuple[list[str], str | None]:
+    """Replace `calibration=random` by a file of plausible random values (T in [0.7, 1.5], biases N(0, 0.5)
+    centred) for the prompts and strategy these overrides compose to."""
+    if RANDOM_CAL not in overrides:
+        return overrides, None
+    rest = [o for o in overrides if o != RANDOM_CAL]
+    cfg = compose(rest)
+    rng = random.Random(seed)
+    prompts = {}
+    for p in cfg.prompts:
+        bias = [rng.gauss(0, 0.5) for _ in p.labels]
+        mean = sum(bias) / len(bias)
+        prompts[p.name] = PromptCalibration(list(p.labels), rng.uniform(0.7, 1.5), [x - mean for x in bias])
+    path = Path(tempfile.mkdtemp(prefix="qcls_paired_")) / "random_calibration.yaml"
+    Calibration(prompts, "temperature_bias", {"strategy": cfg.strategy, "model": cfg.model.name,
+                                              "prompts": list(prompts), "fitted_on": "random values (bench/paired.py)",
+                                              "n": 0}).save(path)
+    note = f"calibration=random: {path}, random T in [0.7, 1.5] and biases N(0, 0.5) per prompt, not fitted"
+    return rest + [f"calibration={path}"], note
+
+
+def n_graphs(clf: Classifier) -> int:
+    return sum(len(bk.graphs) for bk in clf.engine.buckets.values() if bk.graphs)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="qwen3_4b", choices=sorted(C.SHAPES))
+    ap.add_argument("--a", required=True, help="overrides of configuration a (space-separated)")
+    ap.add_argument("--b", required=True, help="overrides of configuration b (space-separated)")
+    ap.add_argument("--common", default="", help="overrides for both (e.g. engine.query_buckets=[8,16])")
+    ap.add_argument("--label", default=None, help="what the pair compares (the RESULTS.md title)")
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--iters", type=int, default=200, help="timed requests of each side per batch size")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None, help="append here instead of bench/RESULTS.md")
+    args = ap.parse_args(argv)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.float16 if dev == "cuda" else torch.float32
+    base = base_overrides(args.model) + args.common.split()
+    sides, notes = {}, []
+    for name, text in (("a", args.a), ("b", args.b)):
+        ov, note = random_calibration(base + text.split(), args.seed)
+        sides[name] = ov
+        if note:
+            notes.append(f"{name}: {note}")
+            print(f"bench.paired: {name}: {note}", file=sys.stderr)
+    t0 = time.perf_counter()
+    model = C.random_qwen3(args.model, dev, dtype, seed=args.seed)
+    loaded = LoadedModel(model, build_qwen_tokenizer(), torch.device(dev), dtype, "fp16", memory=module_bytes(model))
+    clfs = {k: Classifier(compose(ov), loaded=loaded) for k, ov in sides.items()}
+    build_s = time.perf_counter() - t0
+    rows = []
+    for b in args.batches:
+        queries = (QUERIES * b)[:b]
+        ta, tb = paired_samples(clfs["a"], clfs["b"], queries, args.iters)
+        tokens = [c.classify(queries)[0].meta["tokens_per_forward"] for c in (clfs["a"], clfs["b"])]
+        rows.append((b, ta, tb, tokens))
+    report(args, clfs, rows, notes, build_s)
+
+
+def report(args, clfs, rows, notes, build_s) -> None:
+    a, b = clfs["a"], clfs["b"]
+    label = args.label or f"{args.a} vs {args.b}"
+    text = C.header(f"paired: {label} ({args.model} random weights)",
+                    f"bench/paired.py --model {args.model} --a \"{args.a}\" --b \"{args.b}\""
+                    + (f" --common \"{args.common}\"" if args.common else "") + f" --iters {args.iters}; "
+                    f"strategy a/b {a.cfg.strategy}/{b.cfg.strategy}; queries {QUERIES}")
+    text += ("| batch | a p50 | a p90 | b p50 | b p90 | median ratio b/a (per pair) | tokens per forward a/b |\n"
+             "|---|---|---|---|---|---|---|\n")
+    for bsz, ta, tb, tokens in rows:
+        ratio = C.median([y / x for x, y in zip(ta, tb)])
+        text += (f"| {bsz} | {C.median(ta):.3f} | {C.pct(ta, 0.9):.3f} | {C.median(tb):.3f} | {C.pct(tb, 0.9):.3f} | "
+                 f"{ratio:.4f} | {tokens[0]}/{tokens[1]} |\n")
+    meta_a, meta_b = a.metadata(), b.metadata()
+    text += (f"\nms per request (classify, results included), {args.iters} pairs per batch size. CUDA graphs a/b: "
+             f"{n_graphs(a)}/{n_graphs(b)}; buckets a/b: {len(meta_a['buckets'])}/{len(meta_b['buckets'])}; "
+             f"attention {meta_a['attention']}/{meta_b['attention']}; calibration a/b: {meta_a['calibration']} / "
+             f"{meta_b['calibration']}; model + both start-ups {build_s:.1f} s.\n")
+    for n in notes + [f"a: {x}" for x in a.notes] + [f"b: {x}" for x in b.notes]:
+        text += f"- {n}\n"
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write(text)
+        print(text, flush=True)
+    else:
+        C.append(text)
+
+
+if __name__ == "__main__":
+    main()

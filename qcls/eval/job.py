@@ -1,0 +1,155 @@
+"""One sweep job: build the Classifier (reusing the loaded model), score the labelled set, time it, and
+write `result.json` + `predictions.jsonl` into the job's directory. A job that cannot run is recorded as
+failed with its reason; it never raises, so the sweep goes on."""
+from __future__ import annotations
+
+import json
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from qcls.config import QclsConfig
+from qcls.eval import agreement, calibrated_metrics, metrics, models, timing
+from qcls.eval.dataset import EvalSet, load_eval_set
+from qcls.eval.scores import PromptScores, by_prompt, classify_set
+from qcls.eval.spec import EvalSpec, resolve_path, split_config
+from qcls.progress import step_note
+
+MEAN_KEYS = ("accuracy", "macro_f1", "nll", "brier", "ece")
+
+
+def run(cfg_node, out_dir: Path, overrides: list[str], job: dict[str, Any]) -> dict[str, Any]:
+    """Run one job and write its files; returns the result (status ok or failed)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    result: dict[str, Any] = {"status": "failed", "reason": None, "overrides": list(overrides), "job": job,
+                              "date": timing.now(), "commit": timing.commit()}
+    rows: list[dict[str, Any]] = []
+    try:
+        spec, cfg = split_config(cfg_node)
+        result["config"] = _config_summary(cfg, spec)
+        body, rows = evaluate(spec, cfg, out_dir)
+        result.update(body, status="ok")
+    except Exception as e:  # any reason a configuration cannot run becomes the job's recorded reason
+        result["reason"] = f"{type(e).__name__}: {e}"
+        result["traceback"] = traceback.format_exc(limit=-4)
+        del e
+    finally:
+        models.free_memory()
+    result["job_s"] = round(time.perf_counter() - t0, 3)
+    (out_dir / "result.json").write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    with (out_dir / "predictions.jsonl").open("w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    tag = " ".join(overrides) or "(no overrides)"
+    if result["status"] == "ok":
+        step_note(f"sweep job {job.get('num')}: {tag}: mean accuracy {result['mean']['accuracy']:.3f}")
+    else:
+        step_note(f"sweep job {job.get('num')}: {tag}: FAILED: {result['reason']}")
+    return result
+
+
+def evaluate(spec: EvalSpec, cfg: QclsConfig, out_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    from qcls.classifier import Classifier  # torch and the engine load only when a job runs
+
+    timing.reset_peak()
+    data = load_eval_set(resolve_path(spec.path), cfg.prompts, spec.limit)
+    fit_data = load_eval_set(resolve_path(spec.fit_on, "eval.fit_on"), cfg.prompts, spec.limit) \
+        if spec.fit_on else None
+    loaded = models.take(cfg)
+    reused = loaded is not None
+    if reused:
+        models.budget_check(cfg, loaded)
+    t0 = time.perf_counter()
+    clf = Classifier(cfg, loaded=loaded)
+    startup = time.perf_counter() - t0
+    if not reused:
+        models.keep(cfg, clf.loaded)
+    loaded = clf.loaded
+    results, requests = classify_set(clf, data)
+    b1 = timing.time_batch1(clf, data.queries[:spec.batch1_queries])
+    memory = timing.gpu_memory(loaded.device)
+    per = by_prompt(results, data)
+    body: dict[str, Any] = {
+        "model_reused": reused, "startup_s": round(startup, 3), "startup_phases_s": dict(clf.startup_s),
+        "load_s": None if reused else clf.startup_s.get("load"), "device": timing.device_name(loaded.device),
+        "strategy": cfg.strategy, "engine_notes": list(clf.notes),
+        "eval": {"path": str(data.path), "n_queries": len(data.examples), "ignored_prompts": data.ignored_prompts,
+                 "unlabelled_lines": len(data.unlabelled_lines), "limit": spec.limit},
+        "latency_ms": {"batch1": timing.latency(b1, 1),
+                       "full_batch": timing.latency(requests, cfg.engine.max_batch_size)},
+        "gpu_memory": memory,
+    }
+    body["per_prompt"] = {p: metrics.prompt_metrics(*ps.labelled(), ps.labels) for p, ps in per.items()}
+    body["mean"] = metrics.mean_over_prompts(body["per_prompt"], MEAN_KEYS)
+    body["calibration"], cal_probs = _calibration(spec, cfg, clf, per, fit_data, data, out_dir)
+    full_head = loaded.full_head() is not None
+    del clf, results  # the job's engine goes before the exact pass builds another on the same weights
+    models.free_memory()
+    body["agreement_with_exact"], exact = agreement.compute(
+        cfg.strategy, per, spec.agreement_with_exact, full_head, lambda: _exact_pass(cfg, loaded, data))
+    return body, _prediction_rows(data, per, exact, cal_probs)
+
+
+def _calibration(spec, cfg, clf, per, fit_data: EvalSet | None, data: EvalSet, out_dir: Path):
+    """The with/without-calibration block and the calibrated probabilities per prompt (or None, None)."""
+    if fit_data is not None:
+        fit_results, _ = classify_set(clf, fit_data)
+        fit_per = by_prompt(fit_results, fit_data)
+        meta = {"strategy": cfg.strategy, "model": cfg.model.name, "fitted_on": str(fit_data.path)}
+        cal = calibrated_metrics.fit_on_split(fit_per, spec.fit_method, meta)
+        cal.save(out_dir / "calibration.yaml")
+        block = calibrated_metrics.fitted_columns(per, cal, f"fitted on {fit_data.path}")
+        overlap = len(set(fit_data.queries) & set(data.queries))
+        if overlap:
+            block["warning"] = f"{overlap} queries are in both the fit split and the eval split"
+        return block, {p: metrics.softmax(calibrated_metrics.apply(cal, p, ps.scores)) for p, ps in per.items()}
+    if cfg.calibration is not None and clf.calibration is not None:
+        block = calibrated_metrics.file_columns(per, clf.calibration_path, clf.calibration.method)
+        return block, {p: metrics.softmax(ps.calibrated) for p, ps in per.items()}
+    return None, None
+
+
+def _exact_pass(cfg: QclsConfig, loaded, data: EvalSet) -> dict[str, np.ndarray]:
+    from qcls.classifier import Classifier
+    exact_cfg = cfg.model_copy(update={"scoring": cfg.scoring.model_copy(update={"name": "exact"}),
+                                       "force_single_token_labels": False, "calibration": None})
+    clf = Classifier(exact_cfg, loaded=loaded)
+    try:
+        results, _ = classify_set(clf, data)
+        return {p: ps.winners for p, ps in by_prompt(results, data).items()}
+    finally:
+        del clf
+        models.free_memory()
+
+
+def _prediction_rows(data: EvalSet, per: dict[str, PromptScores], exact: dict[str, np.ndarray] | None,
+                     cal_probs: dict[str, np.ndarray] | None) -> list[dict[str, Any]]:
+    """predictions.jsonl: per query and prompt the gold label, the raw winner, every label's raw probability
+    and score, and where known the exact strategy's winner and the calibrated probabilities."""
+    rows = []
+    for i, e in enumerate(data.examples):
+        prompts = {}
+        for p, ps in per.items():
+            probs = metrics.softmax(ps.scores[i:i + 1])[0]
+            d: dict[str, Any] = {"gold": ps.labels[ps.gold[i]] if ps.gold[i] >= 0 else None,
+                                 "winner": ps.labels[int(ps.winners[i])],
+                                 "probs": {lab: float(v) for lab, v in zip(ps.labels, probs)},
+                                 "scores": {lab: float(v) for lab, v in zip(ps.labels, ps.scores[i])}}
+            if exact is not None:
+                d["exact_winner"] = ps.labels[int(exact[p][i])]
+            if cal_probs is not None:
+                d["calibrated_probs"] = {lab: float(v) for lab, v in zip(ps.labels, cal_probs[p][i])}
+            prompts[p] = d
+        rows.append({"line": e.line, "query": e.query, "prompts": prompts})
+    return rows
+
+
+def _config_summary(cfg: QclsConfig, spec: EvalSpec) -> dict[str, Any]:
+    return {"model": cfg.model.name, "backend": cfg.backend.name, "strategy": cfg.strategy,
+            "engine": cfg.engine.kind, "max_batch_size": cfg.engine.max_batch_size,
+            "prompts": [p.name for p in cfg.prompts], "calibration": cfg.calibration,
+            "eval": spec.model_dump()}

@@ -1,0 +1,64 @@
+"""The `eval` config group (conf/eval/*.yaml): which labelled file a sweep job scores, and how."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from qcls.compose import ConfigError, conf_dir, validate
+from qcls.config import QclsConfig
+from qcls.eval.dataset import DatasetError
+
+
+class EvalSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # JSONL file: absolute, or relative to the current directory, then to the repository root
+    path: str = Field(min_length=1)
+    limit: int | None = Field(default=None, ge=1)  # at most this many queries of each split (eval and fit_on)
+    # a second split to fit calibration on inside the job (the "with calibration" columns); null = none
+    fit_on: str | None = None
+    fit_method: str = "temperature_bias"  # temperature_bias | temperature | bias (qcls.scoring.calibration)
+    batch1_queries: int = Field(default=32, ge=0)  # queries also timed alone (batch 1)
+    # winner agreement with scoring=exact; trie / first_token jobs need an extra exact pass for it
+    agreement_with_exact: bool = True
+
+
+def resolve_path(value: str, what: str = "eval.path") -> Path:
+    """Absolute, or relative to the current directory, then to the repository root."""
+    p = Path(value).expanduser()
+    tried = [p] if p.is_absolute() else [Path.cwd() / p, conf_dir().parent / p]
+    for cand in tried:
+        if cand.is_file():
+            return cand.resolve()
+    raise DatasetError(f"{what}={value!r}: no such file (looked at {', '.join(map(str, tried))}); give an "
+                       f"existing JSONL file, e.g. {what}=/some/file.jsonl")
+
+
+def split_config(cfg: DictConfig | dict[str, Any]) -> tuple[EvalSpec, QclsConfig]:
+    """A composed sweep config → (its `eval` part, the Classifier's config). Both refuse unknown keys."""
+    data = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+    data = {k: v for k, v in data.items() if k != "hydra"}
+    if "eval" not in data:
+        raise ConfigError("the sweep config has no `eval` group: add eval=dev, eval=test or eval.path=FILE")
+    raw = data.pop("eval")
+    try:
+        spec = EvalSpec.model_validate(raw)
+    except ValidationError as e:
+        lines = [f"  eval.{'.'.join(str(p) for p in err['loc']) or ''}: {err['msg']}" for err in e.errors()]
+        raise ConfigError("invalid eval config:\n" + "\n".join(lines)) from None
+    from qcls.scoring.calibration import FIT_METHODS
+    if spec.fit_method not in FIT_METHODS:
+        raise ConfigError(f"eval.fit_method={spec.fit_method!r}: use one of {list(FIT_METHODS)}")
+    return spec, validate(data)
+
+
+def named_split(name: str) -> EvalSpec:
+    """conf/eval/<name>.yaml as an EvalSpec (for `qcls calibrate --eval dev`)."""
+    f = conf_dir() / "eval" / f"{name}.yaml"
+    if not f.is_file():
+        known = sorted(p.stem for p in (conf_dir() / "eval").glob("*.yaml"))
+        raise ConfigError(f"no eval split {name!r} (conf/eval/{name}.yaml); known: {known}, or give a path")
+    return EvalSpec.model_validate(OmegaConf.to_container(OmegaConf.load(f), resolve=True))
