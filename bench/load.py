@@ -1,37 +1,41 @@
-"""Load benchmark of the served classifier, on loopback only, bounded in requests and time.
+"""Load benchmark of the served classifier, on loopback only, bounded in requests and time: one table with the
+engine called directly, the DeploymentHandle and HTTP (each replica's own port, Serve's proxy or HAProxy).
 
-    python bench/load.py                                   # starts the CPU demo app in-process, then measures
+    python -m bench.load                                   # starts the CPU demo app in-process, then measures
     python bench/load.py model=qwen3_4b serve.num_gpus=1   # any Hydra overrides for the app it starts
-    python bench/load.py --url http://127.0.0.1:8000       # a running app (loopback addresses only)
-    python bench/load.py --random-qwen3 qwen3_4b serve.num_gpus=1   # GPU: random weights, real Qwen3-4B
-                                                           # shapes and the real Qwen tokenizer
+    python bench/load.py --random-qwen3 qwen3_4b serve.num_gpus=1 prompts=ecommerce8   # GPU: random weights,
+                                                           # real Qwen3-4B shapes, the real Qwen tokenizer
+    python bench/load.py --url http://127.0.0.1:8000       # HTTP only, against a running app (loopback only)
 
-For concurrency 1, 4 and 8 (--concurrency), closed-loop clients each send single-query POST /v1/classify
-requests until --requests requests or --seconds seconds per level. Prints, and appends to bench/RESULTS.md:
-throughput, latency p50/p90/p99, errors, mean batch size, and where the time goes: the engine's own time,
-queue wait (gathering a batch / waiting for the batch ahead), and HTTP + Serve overhead (the rest).
+Rows: `engine b1` / `engine b4` are Classifier.classify calls of 1 and 4 queries in this process (after the
+app has stopped; b4 is the engine's own best throughput); `handle` awaits DeploymentHandle calls; `http ...` POSTs
+single-query requests through a lean keep-alive client (bench/http_client.py, tens of µs per request; httpx
+costs ~0.5 ms), `compact` with `"compact": true`. Closed-loop clients at each --concurrency. Columns: queue
+wait = arrival at the replica to its batch's start; serving = client latency − engine − queue wait (HTTP,
+routing, JSON, the client); +p50 = p50 − the engine's b1 p50.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import datetime as dt
+import gc
 import ipaddress
+import json
 import os
 import platform
 import socket
-import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from urllib.parse import urlparse
 
-import httpx
-
 ROOT = Path(__file__).resolve().parents[1]
-QUERIES = ["red cotton hoodie for boys", "maxi dress", "slim jeans men", "boys tee", "pregnant woman knit",
-           "男童卫衣", "платье женское", "black trench coat women", "girls pleated skirt", "oversized knit"]
+sys.path.insert(0, str(ROOT))
+
+from bench.serve_paths import closed_loop, engine_levels, handle_caller, http_caller  # noqa: E402
+
+GOAL_HTTP_MS, GOAL_HANDLE_MS, GOAL_SHARE, GOAL_BATCH = 2.0, 1.0, 0.8, 3.5
 
 
 def loopback_only(url: str) -> None:
@@ -41,68 +45,12 @@ def loopback_only(url: str) -> None:
         sys.exit(f"refusing {url}: this benchmark only targets loopback addresses (127.0.0.0/8, ::1)")
 
 
-def pct(xs: list[float], p: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, max(0, round(p / 100 * len(xs) + 0.5) - 1))] if xs else float("nan")
-
-
-async def level(url: str, conc: int, max_requests: int, max_s: float) -> dict:
-    rows, errors, sent = [], [], 0
-    async with httpx.AsyncClient(base_url=url, timeout=60, limits=httpx.Limits(max_connections=conc)) as c:
-        async def client(i: int) -> None:
-            nonlocal sent
-            while sent < max_requests and time.perf_counter() < deadline:
-                q = QUERIES[(sent + i) % len(QUERIES)]
-                sent += 1
-                t0 = time.perf_counter()
-                try:
-                    r = await c.post("/v1/classify", json={"query": q})
-                    ms = (time.perf_counter() - t0) * 1e3
-                    if r.status_code != 200:
-                        errors.append(f"{r.status_code}: {r.text[:200]}")
-                        continue
-                    res = r.json()["results"][0]
-                    t = res["timings_ms"]
-                    rows.append((ms, res["batch_size"], t["total"], t["queue_wait"], t["in_replica"]))
-                except httpx.HTTPError as e:
-                    errors.append(f"{type(e).__name__}: {e}")
-
-        await asyncio.gather(*(c.post("/v1/classify", json={"query": q}) for q in QUERIES[:conc]))  # warm
-        deadline = time.perf_counter() + max_s
-        t0 = time.perf_counter()
-        await asyncio.gather(*(client(i) for i in range(conc)))
-        wall = time.perf_counter() - t0
-    lat = [r[0] for r in rows]
-    mean = lambda i: statistics.fmean(r[i] for r in rows) if rows else float("nan")  # noqa: E731
-    return {"concurrency": conc, "requests": len(rows) + len(errors), "errors": len(errors),
-            "first_error": errors[0] if errors else "", "wall_s": wall, "rps": len(rows) / wall,
-            "p50": pct(lat, 50), "p90": pct(lat, 90), "p99": pct(lat, 99), "batch": mean(1),
-            "engine": mean(2), "queue": mean(3),
-            "overhead": statistics.fmean(r[0] - r[2] - r[3] for r in rows) if rows else float("nan"),
-            "http": statistics.fmean(r[0] - r[4] for r in rows) if rows else float("nan")}
-
-
-def describe_device(health: dict) -> str:
-    dev = health.get("device", "?")
-    if dev.startswith("cuda"):
-        try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                                 text=True, timeout=10).stdout.strip().splitlines()
-            return f"{dev} ({out[0]})" if out else dev
-        except Exception:
-            return dev
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else "?"
-    return f"{dev} ({cpu}, {os.cpu_count()} cores)"
-
-
 def random_checkpoint(shape: str, out: Path) -> list[str]:
     """A random-weight checkpoint of a real Qwen3 shape with the real Qwen tokenizer (timings depend on the
     shapes, not on the values), saved once so the replica loads it like any local model."""
     if not (out / "config.json").is_file():
         import torch
 
-        sys.path.insert(0, str(ROOT))
         from bench.common import random_qwen3
         from qcls.qwen_tokenizer import save_qwen_tokenizer
         dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -115,106 +63,192 @@ def random_checkpoint(shape: str, out: Path) -> list[str]:
     return [f"model={shape}", "model.source=local", f"model.path={out}", f"model.name={shape}_random_weights"]
 
 
-def config_line(overrides: list[str]) -> str:
+def describe_device(cfg) -> str:
+    cores = f"{os.cpu_count()} CPU cores"
+    if cfg is not None and cfg.serve.num_gpus > 0:
+        import torch
+        return f"{torch.cuda.get_device_name()} (torch {torch.__version__}; {cores})"
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else "?"
+    return f"cpu ({cpu}, {cores})"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def measure(a, overrides: list[str]) -> tuple[list[dict], dict]:
+    """Engine levels (in this process), then start the app and drive every path at every concurrency."""
     from qcls.compose import compose
-    c = compose(overrides)
-    return (f"engine {c.engine.kind}, max_batch_size={c.engine.max_batch_size}, buckets={c.engine.query_buckets}, "
-            f"max_query_tokens={c.max_query_tokens}; serve: {c.serve.num_replicas} replica(s), num_gpus="
-            f"{c.serve.num_gpus:g}, num_cpus={c.serve.num_cpus:g}, "
-            f"batch_wait_timeout_s={c.serve.batch_wait_timeout_s:g}, max_ongoing_requests={c.max_ongoing_requests}")
+    from qcls.deployments.ingress import export_serve_env
+    cfg = compose(overrides)
+    stats, info = [], {"config": config_line(cfg)}
+    if a.caller_flags:
+        # before ray.serve is imported: this process (the handle caller) then runs with the cluster's Serve
+        # flags too; with THROUGHPUT_OPTIMIZED its router runs on the caller's event loop and speaks gRPC
+        export_serve_env(cfg.serve)
+    import ray
+    from ray import serve
 
-
-def git_commit() -> str:
+    from qcls.deployments.ingress import direct_urls, serve_env
+    from qcls.deployments.serve_cli import serve_main
+    handle = serve_main(overrides, blocking=False)
+    gc.collect()
+    gc.freeze()  # the clients' garbage collector need not walk everything imported so far
+    s = cfg.serve
+    info["ray_env"] = {k: v for k, v in serve_env(s).items() if k.startswith("RAY_SERVE_") and "CALLBACK" not in k}
+    info["caller_flags"] = a.caller_flags
+    routed = f"http://127.0.0.1:{s.port}"
+    paths = []
+    if "handle" in a.paths:
+        paths.append(("handle", handle_caller(handle)))
+    # the replicas' own ports wherever this cluster's controller runs direct ingress (also when the flag came
+    # from the environment, as bench/serve_levers.py's RAY_SERVE_ENABLE_DIRECT_INGRESS-only lever does)
+    direct = direct_urls(s.app_name, "127.0.0.1", wait_s=10 if s.ingress == "direct" else 2)
+    routed_name = "http (HAProxy)" if s.ingress == "haproxy" else "http (Serve proxy)"
+    main_url, main_name = (direct[0], "http (replica port)") if direct else (routed, routed_name)
+    if "http" in a.paths:
+        paths.append((main_name, http_caller(main_url)))
+    if "compact" in a.paths:
+        paths.append((main_name + " compact", http_caller(main_url, compact=True)))
+    if "proxy" in a.paths and direct:
+        paths.append((routed_name, http_caller(routed)))
+    async def drive() -> None:  # one event loop for every level: Serve's router may be bound to it
+        try:
+            for name, caller in paths:
+                for conc in a.concurrency if name != main_name + " compact" else a.compact_concurrency:
+                    lv = await closed_loop(name, conc, caller, a.requests, a.seconds)
+                    stats.append(lv.stats())
+                    progress(stats[-1])
+        finally:
+            await serve.shutdown_async()  # on the loop the handle's router lives on
     try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                             timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True,
-                               timeout=10).stdout.strip()
-        return sha + (" + uncommitted changes" if dirty else "") if sha else "unknown"
-    except Exception:
-        return "unknown"
+        asyncio.run(drive())
+    finally:
+        ray.shutdown()
+    if "engine" in a.paths:
+        # Last, once the replica is gone: the device is this process's alone, and the clients above ran in a
+        # process without a model's worth of Python objects for its garbage collector to walk.
+        from qcls.classifier import Classifier
+        clf = Classifier(cfg)
+        stats[:0] = [lv.stats() for lv in engine_levels(clf, a.requests, a.seconds)]
+        info["tokens_per_forward"] = clf.classify(["maxi dress"])[0].meta.get("tokens_per_forward")
+    return stats, info
 
 
-def report(stats: list[dict], header: dict, note: str) -> str:
-    when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    lines = [f"## {when}: load bench (bench/load.py), {note}", "",
-             *(f"- {k}: {v}" for k, v in header.items()), "",
-             "| concurrency | requests | errors | req/s | p50 ms | p90 ms | p99 ms | mean batch | engine ms | "
-             "queue wait ms | HTTP+Serve overhead ms | of which proxy+HTTP ms | overhead / engine |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+def progress(s: dict) -> None:
+    print(f"[bench] {s['path']} c={s['concurrency']}: {s['rps']:.1f}/s p50 {s['p50']:.2f} p99 {s['p99']:.2f} ms, "
+          f"batch {s['batch']:.2f}, errors {s['errors']}", flush=True)
+
+
+def config_line(c) -> str:
+    return (f"engine {c.engine.kind}, max_batch_size={c.engine.max_batch_size}, {len(c.prompts)} prompts, "
+            f"strategy {c.strategy}; serve: ingress={c.serve.ingress}, {c.serve.num_replicas} replica(s), "
+            f"num_gpus={c.serve.num_gpus:g}, batch_wait_timeout_s={c.serve.batch_wait_timeout_s:g}, "
+            f"max_ongoing_requests={c.max_ongoing_requests}")
+
+
+def goals(stats: list[dict]) -> list[str]:
+    """The issue's goals, checked on this run's own engine numbers."""
+    get = {(s["path"], s["concurrency"]): s for s in stats}
+    b1 = next((s for s in stats if s["path"] == "engine b1"), None)
+    b4 = next((s for s in stats if s["path"].startswith("engine b") and s["path"] != "engine b1"), None)
+    http = next((p for p in ("http (replica port)", "http (HAProxy)", "http (Serve proxy)")
+                 if (p, 1) in get), None)
+    if not (b1 and b4 and http):
+        return []
+    out, ok = [], lambda c: "met" if c else "NOT met"  # noqa: E731
+    h1, e1 = get[(http, 1)], b1["p50"]
+    out.append(f"{http} c=1 p50 {h1['p50']:.2f} ms ≤ engine b1 p50 {e1:.2f} + {GOAL_HTTP_MS:g}: "
+               f"{ok(h1['p50'] <= e1 + GOAL_HTTP_MS)}")
+    if ("handle", 1) in get:
+        hd = get[("handle", 1)]
+        out.append(f"handle c=1 p50 {hd['p50']:.2f} ms ≤ engine b1 p50 {e1:.2f} + {GOAL_HANDLE_MS:g}: "
+                   f"{ok(hd['p50'] <= e1 + GOAL_HANDLE_MS)}")
+    if (http, 8) in get:
+        h8 = get[(http, 8)]
+        out.append(f"{http} c=8: {h8['rps']:.0f} req/s ≥ {GOAL_SHARE:.0%} of engine b4 {b4['rps']:.0f} q/s "
+                   f"({h8['rps'] / b4['rps']:.0%}): {ok(h8['rps'] >= GOAL_SHARE * b4['rps'])}; p99 {h8['p99']:.2f} "
+                   f"≤ 2 × p50 {h8['p50']:.2f}: {ok(h8['p99'] <= 2 * h8['p50'])}; errors {h8['errors']}: "
+                   f"{ok(h8['errors'] == 0)}; mean batch {h8['batch']:.2f} ≥ {GOAL_BATCH}: "
+                   f"{ok(h8['batch'] >= GOAL_BATCH)}")
+    return out
+
+
+def table(stats: list[dict]) -> str:
+    e1 = next((s["p50"] for s in stats if s["path"] == "engine b1"), None)
+    lines = ["| path | concurrency | requests | errors | req/s | p50 ms | p90 ms | p99 ms | mean batch | queue wait ms "
+             "| serving ms | +p50 over engine b1 ms |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in stats:
-        lines.append(f"| {s['concurrency']} | {s['requests']} | {s['errors']} | {s['rps']:.1f} | {s['p50']:.1f} | "
-                     f"{s['p90']:.1f} | {s['p99']:.1f} | {s['batch']:.2f} | {s['engine']:.1f} | {s['queue']:.1f} | "
-                     f"{s['overhead']:.1f} | {s['http']:.1f} | {s['overhead'] / s['engine']:.0%} |")
-    lines += ["", "engine ms: the replica's own classify time per request (timings_ms.total, tokenize..postprocess)."
-              " queue wait: arrival at the replica to its batch's start. HTTP+Serve overhead: client latency minus "
-              "both (proxy, routing, FastAPI, (de)serialisation, the client itself); proxy+HTTP: client latency "
-              "minus time inside the replica.", ""]
-    for s in stats:
-        if s["first_error"]:
-            lines.append(f"First error at concurrency {s['concurrency']}: `{s['first_error']}`")
+        plus = f"{s['p50'] - e1:+.2f}" if e1 is not None and not s["path"].startswith("engine") else ""
+        lines.append(f"| {s['path']} | {s['concurrency']} | {s['requests']} | {s['errors']} | {s['rps']:.1f} | "
+                     f"{s['p50']:.2f} | {s['p90']:.2f} | {s['p99']:.2f} | {s['batch']:.2f} | {s['queue']:.2f} | "
+                     f"{s['serving']:.2f} | {plus} |")
+    lines += [f"First error of {s['path']} c={s['concurrency']}: `{s['first_error']}`" for s in stats if s["errors"]]
     return "\n".join(lines) + "\n"
 
 
-def main() -> int:
+def report(stats: list[dict], info: dict, header: dict, note: str) -> str:
+    from bench.common import commit
+    when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    head = {"commit": commit(), **header, "config": info.get("config", ""),
+            "tokens per forward (b1)": info.get("tokens_per_forward", "?"),
+            "Ray Serve flags": (" ".join(f"{k}={v}" for k, v in info.get("ray_env", {}).items()) or "(none)")
+            + ("; the benchmark process (the handle caller) has them too" if info.get("caller_flags") else "")}
+    g = goals(stats)
+    return "\n".join([f"## {when}: load bench (bench/load.py), {note}", "", *(f"- {k}: {v}" for k, v in head.items()),
+                      "", table(stats), *(["Goals (issue 10):", *(f"- {x}" for x in g), ""] if g else [])]) + "\n"
+
+
+def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ints = lambda v: [int(x) for x in v.split(",")]  # noqa: E731
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for the app this script starts")
-    ap.add_argument("--url", help="benchmark a running app at this loopback URL instead of starting one")
-    ap.add_argument("--concurrency", type=lambda v: [int(x) for x in v.split(",")], default=[1, 4, 8],
-                    help="comma-separated client counts (default 1,4,8)")
-    ap.add_argument("--requests", type=int, default=300, help="at most this many requests per level")
-    ap.add_argument("--seconds", type=float, default=30.0, help="at most this long per level")
-    ap.add_argument("--results", type=Path, default=ROOT / "bench" / "RESULTS.md")
-    ap.add_argument("--note", default="", help="what was run, for the results heading (e.g. 'CPU, demo model')")
+    ap.add_argument("--url", help="HTTP only, against a running app at this loopback URL")
+    ap.add_argument("--concurrency", type=ints, default=[1, 4, 8, 16])
+    ap.add_argument("--compact-concurrency", type=ints, default=[1, 8])
+    ap.add_argument("--paths", type=lambda v: set(v.split(",")), default={"engine", "handle", "http", "compact",
+                                                                          "proxy"},
+                    help="any of engine,handle,http,compact,proxy (default all)")
+    ap.add_argument("--requests", type=int, default=5000, help="at most this many requests per level")
+    ap.add_argument("--seconds", type=float, default=3.0, help="at most this long per level")
+    ap.add_argument("--note", default="", help="what was run, for the results heading")
+    ap.add_argument("--json", type=Path, help="also write the rows and run info here (bench/serve_levers.py)")
     ap.add_argument("--no-append", action="store_true", help="print only")
+    ap.add_argument("--no-caller-flags", dest="caller_flags", action="store_false",
+                    help="keep Serve's default flags in this process (the handle caller) whatever the ingress")
     ap.add_argument("--random-qwen3", choices=["qwen3_4b", "qwen3_8b"],
                     help="serve a random-weight model of this real shape (written once to --random-dir)")
     ap.add_argument("--random-dir", type=Path, default=Path("/tmp/qcls_random_model"))
-    a = ap.parse_args()
+    return ap.parse_args(argv)
 
-    started = False
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
     if a.url:
-        url = a.url.rstrip("/")
-        overrides = a.overrides
+        loopback_only(a.url)
+        stats = [asyncio.run(closed_loop("http", c, http_caller(a.url.rstrip("/")), a.requests, a.seconds)).stats()
+                 for c in a.concurrency]
+        info, cfg, overrides = {}, None, a.overrides
     else:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
         model = random_checkpoint(a.random_qwen3, a.random_dir / a.random_qwen3) if a.random_qwen3 else []
-        overrides = [*model, *a.overrides, "serve.host=127.0.0.1", f"serve.port={port}", "serve.route_prefix=/"]
-        from qcls.deployments.serve_cli import serve_main
-        serve_main(overrides, blocking=False)
-        started, url = True, f"http://127.0.0.1:{port}"
-    loopback_only(url)
-    try:
-        health = httpx.get(url + "/healthz", timeout=30).json()
-        prompts = httpx.get(url + "/v1/prompts", timeout=30).json()
-        stats = []
-        for conc in a.concurrency:
-            s = asyncio.run(level(url, conc, a.requests, a.seconds))
-            stats.append(s)
-            print(f"concurrency {conc}: {s['rps']:.1f} req/s, p50 {s['p50']:.1f} ms, p99 {s['p99']:.1f} ms, "
-                  f"errors {s['errors']}, mean batch {s['batch']:.2f}, engine {s['engine']:.1f} ms, queue "
-                  f"{s['queue']:.1f} ms, overhead {s['overhead']:.1f} ms", flush=True)
-    finally:
-        if started:
-            import ray
-            from ray import serve
-            serve.shutdown()
-            ray.shutdown()
-    header = {"device": describe_device(health), "model": f"{health.get('model')} ({prompts['strategy']} scoring, "
-              f"{len(prompts['prompts'])} prompts)", "commit": git_commit(),
-              "app": "started by this script" if started else f"running app at {url}",
-              "overrides": " ".join(overrides) or "(defaults)",
-              **({"config": config_line(overrides)} if started else {}),
-              "bounds": f"≤ {a.requests} requests and ≤ {a.seconds:g} s per level, single-query requests, "
-                        "closed-loop clients on loopback"}
-    text = report(stats, header, a.note or health.get("device", ""))
-    print(text)
+        overrides = [*model, *a.overrides, "serve.host=127.0.0.1", f"serve.port={free_port()}", "serve.route_prefix=/"]
+        from qcls.compose import compose
+        cfg = compose(overrides)
+        stats, info = measure(a, overrides)
+    header = {"device": describe_device(cfg), "overrides": " ".join(overrides) or "(defaults)",
+              "bounds": f"≤ {a.requests} requests and ≤ {a.seconds:g} s per level after 5 warm-up requests per "
+                        "client; closed-loop clients, one query per request, on loopback"}
+    text = report(stats, info, header, a.note or header["device"])
+    print(text, flush=True)
+    if a.json:
+        a.json.write_text(json.dumps({"stats": stats, "info": info, "header": header}, default=str))
     if not a.no_append:
-        with open(a.results, "a", encoding="utf-8") as f:
-            f.write(("\n" if a.results.exists() and a.results.stat().st_size else "") + text)
-        print(f"appended to {a.results}")
+        from bench.common import RESULTS
+        with open(RESULTS, "a", encoding="utf-8") as f:
+            f.write("\n" + text)
     return 1 if any(s["errors"] for s in stats) else 0
 
 

@@ -1,4 +1,6 @@
 """Ray Serve deployment of the Classifier: `app` (deployment + builder), `http` (FastAPI routes),
-`schemas` (request/response bodies), `worker` (engine thread, batching, health), `serve_cli` (`qcls serve`).
+`schemas` (request/response bodies), `encode` (response bytes), `worker` (device thread, batching, health),
+`metrics` (Prometheus), `ingress` (Ray Serve flags, the proxy's 503 on a lost replica), `serve_cli`
+(`qcls serve`).
 
 Importing this package does not import Ray; `qcls.deployments.app` does."""

@@ -14,6 +14,8 @@ Python callers use a DeploymentHandle; `classify` returns the `qcls.results.Quer
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import time
 from typing import Any
 
@@ -24,7 +26,10 @@ from qcls.classifier import Classifier
 from qcls.compose import ConfigError, compose
 from qcls.config import QclsConfig
 from qcls.deployments.http import build_http_app
+from qcls.deployments.ingress import replica_env_vars
+from qcls.deployments.metrics import ReplicaMetrics
 from qcls.deployments.worker import EngineWorker, Pending, refused
+from qcls.errors import QclsError, format_error
 from qcls.results import QueryResult
 
 INJECTED_CUDA_ERROR = "CUDA error: an illegal memory access was encountered (injected by inject_fault)"
@@ -36,10 +41,20 @@ class QclsDeployment:
     def __init__(self, cfg: QclsConfig):
         # Everything loads, captures and warms here: Serve marks the replica ready only once this returns.
         self.cfg = cfg
-        self.clf = Classifier(cfg)
+        if cfg.serve.gil_switch_interval_ms:  # the device thread's Python stages wait less on a busy event loop
+            sys.setswitchinterval(cfg.serve.gil_switch_interval_ms / 1e3)
+        try:
+            self.clf = Classifier(cfg)
+        except QclsError as e:  # the clean message in the replica log; `qcls serve` shows it too (serve_cli.py)
+            print(format_error(e, "qcls replica"), file=sys.stderr, flush=True)
+            raise
+        self.metrics = ReplicaMetrics(cfg.engine.max_batch_size)
         self.worker = EngineWorker(self.clf, probe_idle_s=cfg.serve.health_probe_idle_s,
-                                   probe_timeout_s=0.8 * cfg.serve.health_check_timeout_s)
-        # The decorator's sizes are placeholders; the config's engine batch is what one forward can take.
+                                   probe_timeout_s=0.8 * cfg.serve.health_check_timeout_s, observer=self.metrics)
+        # batch_wait_timeout_s=0 (the default): queries go straight to the worker's queue, so a lone query
+        # starts at once and those arriving during a forward share the next one. > 0: @serve.batch first
+        # gathers for that long. The decorator's sizes are placeholders for the config's.
+        self._gather = cfg.serve.batch_wait_timeout_s > 0
         self._batched.set_max_batch_size(cfg.engine.max_batch_size)
         self._batched.set_batch_wait_timeout_s(cfg.serve.batch_wait_timeout_s)
 
@@ -62,18 +77,25 @@ class QclsDeployment:
         if isinstance(queries, str) or not isinstance(queries, (list, tuple)):
             raise TypeError(f"classify takes a list of query strings, got {type(queries).__name__}")
         if len(queries) > self.cfg.max_queries_per_request:
+            self.metrics.refused_query("max_queries_per_request")
             raise ValueError(f"{len(queries)} queries, over max_queries_per_request="
                              f"{self.cfg.max_queries_per_request}: split them over several calls")
         refusals = await self.worker.refusals(list(queries))
-
-        async def one(query: str, refusal: str | None) -> QueryResult:
-            if refusal is not None:
-                return refused(query, refusal)
-            r = await (await self._batched(Pending(query, arrived)))
-            r.timings_ms["in_replica"] = round((time.perf_counter() - arrived) * 1e3, 4)
-            return r
-
-        return list(await asyncio.gather(*(one(q, w) for q, w in zip(queries, refusals))))
+        good = [Pending(q, arrived) for q, why in zip(queries, refusals) if why is None]
+        if self._gather:
+            futures = await asyncio.gather(*(self._batched(it) for it in good))
+        else:
+            futures = self.worker.submit(good)
+        answers = iter([await futures[0]] if len(futures) == 1 else await asyncio.gather(*futures))
+        out = []
+        for q, why in zip(queries, refusals):
+            if why is None:
+                out.append(next(answers))
+                out[-1].timings_ms["in_replica"] = round((time.perf_counter() - arrived) * 1e3, 4)
+            else:
+                self.metrics.refused_query(why)
+                out.append(refused(q, why))
+        return out
 
     def prompts(self) -> list[dict[str, Any]]:
         return [{"name": p.name, "labels": list(p.labels)} for p in self.cfg.prompts]
@@ -83,11 +105,20 @@ class QclsDeployment:
 
     async def check_health(self) -> None:
         """Serve calls this every serve.health_check_period_s; raising makes it replace the replica."""
-        await self.worker.check()
+        try:
+            await self.worker.check()
+        finally:
+            self.metrics.health(self.worker.broken is None)
 
-    def inject_fault(self, kind: str | None, query: str | None = None) -> None:
+    def __del__(self):
+        # Serve calls this once the replica has drained (in-flight requests answered)
+        if getattr(self, "worker", None) is not None:
+            self.worker.close()
+
+    def inject_fault(self, kind: str | None, query: str | None = None, seconds: float = 0.0) -> int:
         """Tests only (serve.fault_injection=true). kind="engine": every forward raises a CUDA-like error;
-        "poison": only batches holding `query` raise; None: undo."""
+        "poison": only batches holding `query` raise; "slow": every forward takes `seconds` longer; None: undo.
+        Returns this replica's process id (the tests kill replicas)."""
         if not self.cfg.serve.fault_injection:
             raise PermissionError("fault injection is off: it needs serve.fault_injection=true (tests only)")
         for obj, name in ((self.clf.engine, "run"), (self.clf, "classify")):
@@ -104,14 +135,24 @@ class QclsDeployment:
                     raise RuntimeError(f"injected failure on {query!r}")
                 return real(queries)
             self.clf.classify = poisoned
+        elif kind == "slow":
+            real = self.clf.classify
+
+            def slow(queries: list[str]) -> list[QueryResult]:
+                time.sleep(seconds)
+                return real(queries)
+            self.clf.classify = slow
         elif kind is not None:
-            raise ValueError(f"unknown fault {kind!r}: use 'engine', 'poison' or None")
+            raise ValueError(f"unknown fault {kind!r}: use 'engine', 'poison', 'slow' or None")
+        return os.getpid()
 
 
 def deployment_options(cfg: QclsConfig) -> dict[str, Any]:
     s = cfg.serve
     opts: dict[str, Any] = {
-        "ray_actor_options": {"num_gpus": s.num_gpus, "num_cpus": s.num_cpus},
+        # runtime_env: the replica-side ingress flags (qcls/deployments/ingress.py) travel with the app
+        "ray_actor_options": {"num_gpus": s.num_gpus, "num_cpus": s.num_cpus,
+                              "runtime_env": {"env_vars": replica_env_vars(s)}},
         "max_ongoing_requests": cfg.max_ongoing_requests,
         "health_check_period_s": s.health_check_period_s,
         "health_check_timeout_s": s.health_check_timeout_s,

@@ -8,8 +8,11 @@ Status codes of POST /v1/classify:
   400 malformed JSON · 413 body over serve.max_body_bytes · 422 wrong types, unknown or missing fields,
   too many queries, or no query could be classified because every query was refused (empty, over
   max_query_tokens) · 500 the engine failed on every query · 503 the engine is unusable (replica being
-  replaced) · 200 otherwise: with several queries, a refused one carries `ok: false` and its `error`
-  while the others are classified.
+  replaced; with Retry-After) · 200 otherwise: with several queries, a refused one carries `ok: false` and
+  its `error` while the others are classified. `"compact": true` answers with the winners only.
+
+The 200 body is written by `encode.classify_body` (orjson, straight from the result dataclasses); the
+pydantic models document it (response_model) and are used for the rare error bodies.
 """
 from __future__ import annotations
 
@@ -19,8 +22,10 @@ from typing import TYPE_CHECKING
 from fastapi import FastAPI, Request, Response
 from pydantic import BaseModel, ValidationError
 
-from qcls.deployments.schemas import (ClassifyRequest, ClassifyResponse, ErrorResponse, HealthResponse,
-                                      PromptInfo, PromptsResponse, QueryOut, is_json_error, validation_messages)
+from qcls.deployments.encode import classify_body
+from qcls.deployments.schemas import (ClassifyRequest, ClassifyResponse, CompactClassifyResponse, ErrorResponse,
+                                      HealthResponse, PromptInfo, PromptsResponse, QueryOut, is_json_error,
+                                      validation_messages)
 from qcls.deployments.worker import QUERY_ERROR, error_kind
 from qcls.results import QueryResult
 
@@ -42,9 +47,10 @@ class ApiError(Exception):
         self.status, self.body = status, ErrorResponse(detail=detail, errors=errors, results=results)
 
 
-def json_response(model: BaseModel, status: int = 200) -> Response:
+def json_response(model: BaseModel, status: int = 200, retry_after_s: int = 1) -> Response:
     # pydantic writes NaN/inf as null where json.dumps would raise
-    return Response(model.model_dump_json(), status_code=status, media_type="application/json")
+    headers = {"Retry-After": str(retry_after_s)} if status == 503 else None
+    return Response(model.model_dump_json(), status_code=status, media_type="application/json", headers=headers)
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -97,17 +103,23 @@ def build_http_app(svc: "QclsDeployment") -> FastAPI:
     body_doc = {"requestBody": {"required": True, "content": {
         "application/json": {"schema": ClassifyRequest.model_json_schema()}}}}
 
-    @app.post("/v1/classify", response_model=ClassifyResponse, responses=ERRORS, openapi_extra=body_doc,
-              summary="Classify one query or several under every loaded prompt")
+    retry_after = cfg.serve.retry_after_s
+
+    @app.post("/v1/classify", response_model=ClassifyResponse | CompactClassifyResponse, responses=ERRORS,
+              openapi_extra=body_doc, summary="Classify one query or several under every loaded prompt")
     async def classify(request: Request) -> Response:
         try:
-            body = await read_body(request, cfg.serve.max_body_bytes)
-            req = parse_request(body, cfg.max_queries_per_request)
+            try:
+                body = await read_body(request, cfg.serve.max_body_bytes)
+                req = parse_request(body, cfg.max_queries_per_request)
+            except ApiError as e:
+                svc.metrics.refused_query(e.body.detail)
+                raise
             results = await svc.classify(req.query_list)
             check_results(results, svc.worker.broken)
-            return json_response(ClassifyResponse(model=cfg.model.name, results=[QueryOut.of(r) for r in results]))
+            return Response(classify_body(cfg.model.name, results, req.compact), media_type="application/json")
         except ApiError as e:
-            return json_response(e.body, e.status)
+            return json_response(e.body, e.status, retry_after)
         except Exception as e:  # the traceback goes to the replica log, never to the client
             log.exception("POST /v1/classify failed")
             return json_response(ErrorResponse(detail=f"internal error ({type(e).__name__}); see the replica "
@@ -124,6 +136,6 @@ def build_http_app(svc: "QclsDeployment") -> FastAPI:
         broken = svc.worker.broken
         body = HealthResponse(status="unhealthy" if broken else "ok", model=cfg.model.name,
                               device=str(clf.loaded.device), detail=broken)
-        return json_response(body, 503 if broken else 200)
+        return json_response(body, 503 if broken else 200, retry_after)
 
     return app

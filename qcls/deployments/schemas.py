@@ -19,11 +19,14 @@ class ClassifyRequest(_Body):
     """Exactly one of `query` or `queries`."""
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={
-        "examples": [{"query": "red cotton hoodie for boys"}, {"queries": ["maxi dress", "slim jeans men"]}]})
+        "examples": [{"query": "red cotton hoodie for boys"}, {"queries": ["maxi dress", "slim jeans men"]},
+                     {"query": "maxi dress", "compact": True}]})
 
     query: str | None = Field(default=None, description="one query")
     queries: list[str] | None = Field(default=None, description="several queries (at most "
                                       "max_queries_per_request); each is batched with concurrent requests")
+    compact: bool = Field(default=False, description="answer with each prompt's winner and its probability "
+                          "only (CompactClassifyResponse): a smaller body, cheaper to write and read")
 
     @model_validator(mode="after")
     def _one_of(self, info: ValidationInfo) -> "ClassifyRequest":
@@ -48,6 +51,8 @@ class LabelOut(_Body):
     score: float | None = Field(description="the label's score under the scoring strategy (a log-probability)")
     prob: float | None = Field(description="softmax of the scores over this prompt's labels")
     tokens: int = Field(description="tokens of label_prefix + label")
+    calibrated_score: float | None = Field(default=None, description="(score + bias) / temperature, with a calibration")
+    calibrated_prob: float | None = Field(default=None, description="softmax of the calibrated scores")
 
 
 class PromptOut(_Body):
@@ -55,6 +60,8 @@ class PromptOut(_Body):
     label: str = Field(description="the winner")
     prob: float | None
     labels: list[LabelOut] = Field(description="every label, in the prompt's label order")
+    raw_label: str | None = Field(default=None, description="with a calibration: the winner by raw score")
+    raw_prob: float | None = Field(default=None, description="with a calibration: the raw winner's probability")
 
 
 class QueryOut(_Body):
@@ -77,6 +84,28 @@ class QueryOut(_Body):
 class ClassifyResponse(_Body):
     model: str
     results: list[QueryOut] = Field(description="one per query, in request order")
+
+
+class CompactPromptOut(_Body):
+    prompt: str
+    label: str = Field(description="the winner")
+    prob: float | None
+    raw_label: str | None = Field(default=None, description="with a calibration: the winner by raw score")
+    raw_prob: float | None = Field(default=None, description="with a calibration: the raw winner's probability")
+
+
+class CompactQueryOut(_Body):
+    query: str
+    ok: bool
+    error: str | None
+    batch_size: int
+    timings_ms: dict[str, float]
+    prompts: list[CompactPromptOut]
+
+
+class CompactClassifyResponse(_Body):
+    model: str
+    results: list[CompactQueryOut] = Field(description="one per query, in request order")
 
 
 class ErrorResponse(_Body):
@@ -111,7 +140,7 @@ def validation_messages(e: ValidationError) -> list[str]:
         where = ".".join(str(p) for p in err["loc"])
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            msg = "unknown field; the accepted fields are 'query' and 'queries'"
+            msg = "unknown field; the accepted fields are 'query', 'queries' and 'compact'"
         out.append(f"{where}: {msg}" if where else msg)
     return out
 

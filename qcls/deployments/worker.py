@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import threading
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Callable, Protocol
 
 from qcls.classifier import WARMUP_QUERY, Classifier
 from qcls.results import QueryResult
@@ -25,6 +27,14 @@ QUERY_ERROR, INTERNAL_ERROR = "query", "internal"
 INLINE_CHARS = 4096
 
 
+class Observer(Protocol):
+    """What the worker reports (qcls.deployments.metrics.ReplicaMetrics records it for Prometheus)."""
+
+    def after_batch(self, results: list[QueryResult]) -> None: ...
+
+    def engine_error(self, kind: str) -> None: ...
+
+
 @dataclass
 class Pending:
     """One query waiting for a batch; `arrived` (perf_counter) is when its request reached the replica."""
@@ -34,18 +44,23 @@ class Pending:
 
 
 class EngineWorker:
-    def __init__(self, clf: Classifier, probe_idle_s: float = 60.0, probe_timeout_s: float = 20.0):
+    def __init__(self, clf: Classifier, probe_idle_s: float = 60.0, probe_timeout_s: float = 20.0,
+                 observer: Observer | None = None):
         self.clf = clf
+        self.observer = observer
         self.max_batch = clf.cfg.engine.max_batch_size
-        self._waiting: deque[tuple[Pending, asyncio.Future]] = deque()
-        self._drainer: asyncio.Task | None = None
-        # One thread: forwards on one device run one at a time, and never on the replica's event loop,
-        # which keeps answering health checks and taking requests while a forward runs.
-        self._device = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qcls-engine")
         self.probe_idle_s, self.probe_timeout_s = probe_idle_s, probe_timeout_s
         self.last_ok = time.monotonic()
         self.suspect: str | None = None  # an engine error since the last good forward: probe before trusting
         self.broken: str | None = None  # the probe failed: this replica cannot serve and must be replaced
+        # One thread owns the device: forwards run one at a time and never on the replica's event loop, which
+        # keeps answering health checks and taking requests meanwhile. The thread takes its next batch itself
+        # as soon as a forward ends, so the device does not wait for a busy event loop to hand it work.
+        self._cv = threading.Condition()
+        self._waiting: deque[tuple[Pending, asyncio.Future, asyncio.AbstractEventLoop]] = deque()
+        self._jobs: deque[tuple[Callable, tuple, Future]] = deque()  # probes and run_batch calls, first
+        self._closed = False
+        threading.Thread(target=self._serve_device, name="qcls-engine", daemon=True).start()
 
     # -- queries -----------------------------------------------------------------------------------------
 
@@ -70,75 +85,112 @@ class EngineWorker:
     def submit(self, items: list[Pending]) -> list[asyncio.Future]:
         """Queue queries for the device; each future resolves to its QueryResult.
 
-        Ray Serve's batcher forms the next batch as soon as its first request arrives, even while the
-        previous forward still runs, so under steady load its batches shrink towards one request each.
-        Queries that arrive while the device is busy therefore wait here, and the next forward takes up
-        to engine.max_batch_size of them together, whichever @serve.batch call they came from."""
+        A query that finds the device idle starts at once. Queries that arrive while a forward runs wait
+        here, and the next forward takes up to engine.max_batch_size of them together (whichever request or
+        @serve.batch call they came from): batches fill from the load itself, with no timer."""
         loop = asyncio.get_running_loop()
-        futures = []
-        for it in items:
-            futures.append(loop.create_future())
-            self._waiting.append((it, futures[-1]))
-        if self._drainer is None or self._drainer.done():
-            self._drainer = loop.create_task(self._drain())
+        futures = [loop.create_future() for _ in items]
+        with self._cv:
+            self._waiting.extend((it, fut, loop) for it, fut in zip(items, futures))
+            self._cv.notify()
         return futures
 
-    async def _drain(self) -> None:
-        while self._waiting:
-            chunk = []
-            while self._waiting and len(chunk) < self.max_batch:
-                it, fut = self._waiting.popleft()
-                if not fut.done():  # a cancelled request gives up its slot
-                    chunk.append((it, fut))
-            if not chunk:
-                continue
-            try:
-                results = await self.run_batch([it for it, _ in chunk])
-            except BaseException as e:  # never leave a caller waiting forever
-                for _, fut in chunk:
-                    if not fut.done():
-                        fut.set_exception(e if isinstance(e, Exception) else RuntimeError("engine task cancelled"))
-                if not isinstance(e, Exception):
-                    raise
-                continue
-            for (_, fut), r in zip(chunk, results):
-                if not fut.done():
-                    fut.set_result(r)
+    def _serve_device(self) -> None:
+        while True:
+            with self._cv:
+                while not (self._waiting or self._jobs or self._closed):
+                    self._cv.wait()
+                if self._closed:
+                    return
+                job = self._jobs.popleft() if self._jobs else None
+                chunk = [] if job else self._take()
+            if job is not None:
+                fn, args, done = job
+                if done.set_running_or_notify_cancel():
+                    try:
+                        done.set_result(fn(*args))
+                    except BaseException as e:  # noqa: BLE001 - handed to the awaiting caller
+                        done.set_exception(e)
+            elif chunk:
+                try:
+                    answer: list[QueryResult] | BaseException = self.classify_batch([it for it, _, _ in chunk])
+                except BaseException as e:  # noqa: BLE001 - never leave a caller waiting forever
+                    answer = e
+                for loop in {lp for _, _, lp in chunk}:
+                    mine = [(i, fut) for i, (_, fut, lp) in enumerate(chunk) if lp is loop]
+                    try:
+                        loop.call_soon_threadsafe(self._deliver, mine, answer)
+                    except RuntimeError:  # that caller's event loop is gone
+                        pass
 
-    async def run_batch(self, items: list[Pending]) -> list[QueryResult]:
-        """Classify one batch in one forward; a query that makes the engine raise fails alone."""
+    def _take(self) -> list:
+        chunk = []
+        while self._waiting and len(chunk) < self.max_batch:
+            item = self._waiting.popleft()
+            if not item[1].done():  # a cancelled request gives up its slot
+                chunk.append(item)
+        return chunk
+
+    def _deliver(self, mine: list[tuple[int, asyncio.Future]], answer) -> None:
+        for i, fut in mine:
+            if fut.done():
+                continue
+            if isinstance(answer, BaseException):
+                fut.set_exception(answer if isinstance(answer, Exception) else RuntimeError("engine thread failed"))
+            else:
+                fut.set_result(answer[i])
+        if self.observer is not None and not isinstance(answer, BaseException):
+            # after the answers, whose callbacks are already scheduled
+            asyncio.get_running_loop().call_soon(self.observer.after_batch, [answer[i] for i, _ in mine])
+
+    def classify_batch(self, items: list[Pending]) -> list[QueryResult]:
+        """On the device thread: one batch in one forward; a query that makes the engine raise fails alone."""
         start = time.perf_counter()
         queries = [it.query for it in items]
         if self.broken:
             results = [failed(q, f"engine unusable: {self.broken}") for q in queries]
         else:
             try:
-                results = await self._on_device(self.clf.classify, queries)
+                results = self.clf.classify(queries)
                 self._ok()
             except Exception as e:
                 log.exception("batch of %d failed; retrying its queries one by one", len(queries))
                 self.suspect = f"{type(e).__name__}: {e}"
-                results = await self._one_by_one(queries)
+                self._report("batch")
+                results = self._one_by_one(queries)
         for it, r in zip(items, results):
             r.timings_ms["queue_wait"] = round((start - it.arrived) * 1e3, 4)
         return results
 
-    async def _one_by_one(self, queries: list[str]) -> list[QueryResult]:
+    async def run_batch(self, items: list[Pending]) -> list[QueryResult]:
+        """classify_batch on the device thread, awaited (tests, and callers that batch themselves)."""
+        return await self._on_device(self.classify_batch, items)
+
+    def _one_by_one(self, queries: list[str]) -> list[QueryResult]:
         out = []
         for q in queries:
             try:
-                out.extend(await self._on_device(self.clf.classify, [q]))
+                out.extend(self.clf.classify([q]))
                 self._ok()
             except Exception as e:
                 log.exception("query failed on its own")
+                self._report("query")
                 out.append(failed(q, f"internal error while classifying this query ({type(e).__name__}: {e})"))
         return out
 
     async def _on_device(self, fn, *args):
-        return await asyncio.get_running_loop().run_in_executor(self._device, fn, *args)
+        done: Future = Future()
+        with self._cv:
+            self._jobs.append((fn, args, done))
+            self._cv.notify()
+        return await asyncio.wrap_future(done)
 
     def _ok(self) -> None:
         self.last_ok = time.monotonic()
+
+    def _report(self, kind: str) -> None:
+        if self.observer is not None:
+            self.observer.engine_error(kind)
 
     # -- health ------------------------------------------------------------------------------------------
 
@@ -155,6 +207,7 @@ class EngineWorker:
             reason = (f"no answer within {self.probe_timeout_s:g}s" if isinstance(e, TimeoutError)
                       else f"{type(e).__name__}: {e}")
             self.broken = f"health probe failed ({reason}); last engine error: {self.suspect}"
+            self._report("unusable")
             raise RuntimeError(f"engine unusable: {self.broken}") from None
         self.suspect = None
         self._ok()
@@ -168,7 +221,10 @@ class EngineWorker:
             raise RuntimeError(f"non-finite scores for prompts {bad}")
 
     def close(self) -> None:
-        self._device.shutdown(wait=False, cancel_futures=True)
+        """Stop the device thread after its current forward (Serve calls this once the replica drained)."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
 
 
 def refused(query: str, why: str) -> QueryResult:

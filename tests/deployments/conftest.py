@@ -1,6 +1,10 @@
-"""One Ray + Serve per pytest run (starting Ray costs ~10 s), on loopback, with the demo model deployed once."""
+"""One Ray + Serve per pytest run (starting Ray costs ~10 s), on loopback, with the demo model deployed once.
+
+Ray starts with the Serve flags of the default `serve.ingress` (direct ingress), as `qcls serve` starts it:
+`base_url` is the replica's own port (the fast path), `proxy_url` Serve's routing proxy."""
 from __future__ import annotations
 
+import os
 import socket
 
 import httpx
@@ -19,16 +23,28 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def serve_port():
+def metrics_port() -> int:
+    return free_port()
+
+
+@pytest.fixture(scope="session")
+def serve_port(metrics_port):
     ray = pytest.importorskip("ray")
     from ray import serve
 
+    from qcls.config import ServeSpec
+    from qcls.deployments.ingress import export_serve_env
+
     port = free_port()
-    ray.init(num_cpus=2, include_dashboard=False)
+    saved = dict(os.environ)
+    export_serve_env(ServeSpec())
+    ray.init(num_cpus=2, include_dashboard=False, _metrics_export_port=metrics_port)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     yield port
     serve.shutdown()
     ray.shutdown()
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 @pytest.fixture(scope="session")
@@ -47,8 +63,16 @@ def handle(serve_port, serve_cfg):
 
 
 @pytest.fixture(scope="session")
-def base_url(serve_port, handle) -> str:
+def proxy_url(serve_port, handle) -> str:
     return f"http://127.0.0.1:{serve_port}"
+
+
+@pytest.fixture(scope="session")
+def base_url(handle) -> str:
+    from qcls.deployments.ingress import direct_urls
+
+    [url] = direct_urls("qcls", "127.0.0.1", wait_s=30)
+    return url
 
 
 @pytest.fixture()

@@ -30,8 +30,13 @@ def test_builder_maps_config_to_deployment_options():
     assert isinstance(app, Application)
     cfg = compose(["serve.num_replicas=3", "serve.num_gpus=1", "engine.max_batch_size=4"])
     opts = deployment_options(cfg)
-    assert opts["num_replicas"] == 3 and opts["ray_actor_options"] == {"num_gpus": 1.0, "num_cpus": 1.0}
-    assert opts["max_ongoing_requests"] == 8  # two batches of 4: one runs while the next gathers
+    actor = opts["ray_actor_options"]
+    assert opts["num_replicas"] == 3 and (actor["num_gpus"], actor["num_cpus"]) == (1.0, 1.0)
+    # the replica-side ingress flags travel with the app (serve run / serve deploy onto any cluster)
+    assert actor["runtime_env"]["env_vars"]["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "1"
+    assert "RAY_SERVE_THROUGHPUT_OPTIMIZED" not in deployment_options(
+        compose(["serve.ingress=proxy"]))["ray_actor_options"]["runtime_env"]["env_vars"]
+    assert opts["max_ongoing_requests"] == 64  # waiting queries queue in the replica, not in Serve's router
     auto = deployment_options(compose(["serve.autoscaling={min_replicas:1,max_replicas:4}"]))
     assert auto["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 4} and "num_replicas" not in auto
 

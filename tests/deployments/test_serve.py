@@ -125,5 +125,30 @@ def test_prompts_health_and_docs(http, demo_classifier):
     spec = http.get("/openapi.json").json()
     assert {"/v1/classify", "/v1/prompts", "/healthz"} <= set(spec["paths"])
     body = spec["paths"]["/v1/classify"]["post"]["requestBody"]["content"]["application/json"]["schema"]
-    assert set(body["properties"]) == {"query", "queries"}
+    assert set(body["properties"]) == {"query", "queries", "compact"}
     assert http.get("/docs").status_code == 200
+
+
+def test_compact_response_has_the_same_winners(http):
+    full = http.post("/v1/classify", json={"queries": QUERIES}).json()["results"]
+    r = http.post("/v1/classify", json={"queries": QUERIES, "compact": True})
+    assert r.status_code == 200, r.text
+    compact = r.json()["results"]
+    assert len(r.content) < len(http.post("/v1/classify", json={"queries": QUERIES}).content)
+    for c, f in zip(compact, full):
+        assert c["query"] == f["query"] and c["ok"] and "meta" not in c
+        assert [(p["prompt"], p["label"]) for p in c["prompts"]] == [(p["prompt"], p["label"]) for p in f["prompts"]]
+        assert all("labels" not in p for p in c["prompts"])
+        assert [p["prob"] for p in c["prompts"]] == pytest.approx([p["prob"] for p in f["prompts"]], rel=1e-4)
+
+
+def test_a_lone_request_is_not_delayed_by_a_batch_timeout(http, proxy_url):
+    """serve.batch_wait_timeout_s=0: a query that finds the engine idle starts at once (the old 5 ms gather
+    showed up as queue_wait ≥ 5 ms), on the replica's own port and through the proxy."""
+    waits = []
+    for url in (str(http.base_url), proxy_url):
+        for q in QUERIES + CONCURRENT[:2]:
+            r = httpx.post(f"{url}/v1/classify", json={"query": q}, timeout=120)
+            assert r.status_code == 200, r.text
+            waits.append(r.json()["results"][0]["timings_ms"]["queue_wait"])
+    assert sorted(waits)[len(waits) // 2] < 2.5, waits

