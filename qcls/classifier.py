@@ -161,23 +161,22 @@ class Classifier:
         out = []
         for lay, vals, cvals in zip(self.layouts, scores, calibrated):
             probs = _softmax(vals)
-            labels = [LabelScore(lab, v, p, len(ids)) for lab, v, p, ids in
-                      zip(lay.tokens.labels, vals, probs, lay.tokens.label_ids)]
+            names, counts = lay.tokens.labels, lay.label_token_counts
             best = max(range(len(vals)), key=vals.__getitem__)
             if self.calibration is None:
-                out.append(PromptResult(lay.tokens.name, labels[best].label, probs[best], labels))
+                labels = [LabelScore(*x) for x in zip(names, vals, probs, counts)]
+                out.append(PromptResult(lay.tokens.name, names[best], probs[best], labels))
                 continue
             cprobs = _softmax(cvals)
-            for ls, c, cp in zip(labels, cvals, cprobs):
-                ls.calibrated_score, ls.calibrated_prob = c, cp
+            labels = [LabelScore(*x) for x in zip(names, vals, probs, counts, cvals, cprobs)]
             cbest = max(range(len(cvals)), key=cvals.__getitem__)
-            out.append(PromptResult(lay.tokens.name, labels[cbest].label, cprobs[cbest], labels,
-                                    raw_label=labels[best].label, raw_prob=probs[best]))
+            out.append(PromptResult(lay.tokens.name, names[cbest], cprobs[cbest], labels,
+                                    raw_label=names[best], raw_prob=probs[best]))
         return out
 
 
 def _softmax(vals: list[float]) -> list[float]:
     top = max(vals)
     exps = [math.exp(v - top) for v in vals]
-    z = math.fsum(exps)
+    z = sum(exps)  # each term ≤ 1 and one is exactly 1: plain float64 summation loses nothing that shows
     return [e / z for e in exps]

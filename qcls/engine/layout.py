@@ -51,6 +51,7 @@ class PromptLayout:
     trie_depth: list[int] = field(init=False)
     trie_anc: list[int] = field(init=False)  # per trie slot: bitmask of ancestor-or-self slots
     read_slots: list[int] = field(init=False)  # per read node: -1 = root (last sequence token), else trie slot
+    label_token_counts: list[int] = field(init=False)  # per label: tokens of label_prefix + label (results)
 
     @classmethod
     def from_spec(cls, tokenizer, spec: PromptSpec, strategy) -> "PromptLayout":
@@ -75,6 +76,7 @@ class PromptLayout:
         self.trie_depth = [self.trie.nodes[n].depth for n in self.row_nodes]
         self.trie_anc = [sum(1 << slot[a] for a in self.trie.ancestors_or_self(n)) for n in self.row_nodes]
         self.read_slots = [-1 if n == 0 else slot[n] for n in self.plan.read_nodes]
+        self.label_token_counts = [len(ids) for ids in self.tokens.label_ids]
 
     @property
     def const_len(self) -> int:
