@@ -21,7 +21,7 @@ def gguf() -> list[str]:
         path = demo_gguf_path()
     except FileNotFoundError as e:
         pytest.skip(str(e))
-    return ["model.source=gguf", f"+model.path={path}"]
+    return ["model.source=gguf", f"model.path={path}"]
 
 
 def test_gguf_with_fp16_offload_equals_the_converted_demo(demo_classifier, demo_cfg_overrides, gguf):

@@ -33,8 +33,9 @@ FIT10 = [
 
 def tiny(model_dir: str) -> list[str]:
     """Overrides that point the sweep at a tiny local checkpoint with small buckets (tests/conftest FAST)."""
-    return ["model.source=local", f"+model.path={model_dir}", "model.name=tiny", "engine.query_buckets=[8,16]",
-            "max_query_tokens=16", "engine.warmup_requests=1"]
+    # prompts=default first: the demo model's config picks few-shot prompts; a later prompts=… still wins
+    return ["prompts=default", "model.source=local", f"model.path={model_dir}", "model.name=tiny",
+            "engine.query_buckets=[8,16]", "max_query_tokens=16", "engine.warmup_requests=1"]
 
 
 def write_set(path: Path, rows) -> Path:

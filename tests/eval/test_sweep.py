@@ -178,7 +178,7 @@ def test_failing_jobs_are_reported_and_the_sweep_goes_on(tiny_dirs, tmp_path):
 def test_colliding_first_tokens_fail_the_job_before_any_weight_loads(tiny_dirs, tmp_path):
     ev = write_set(tmp_path / "eval.jsonl", EVAL10[:2])
     out = tmp_path / "run"  # a single run (no -m): one job, reported by the callback's on_run_end
-    rc = main(["scoring=first_token", "prompts=ecommerce8", *tiny(tiny_dirs["qwen3_qwentok"]),
+    rc = main(["scoring=first_token", *tiny(tiny_dirs["qwen3_qwentok"]), "prompts=ecommerce8",
                f"eval.path={ev}", f"hydra.run.dir={out}"])
     assert rc == 0
     r = json.loads((out / "result.json").read_text())
