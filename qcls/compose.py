@@ -40,18 +40,25 @@ def validate(cfg: DictConfig | dict) -> QclsConfig:
 
 def compose(overrides: list[str] | tuple[str, ...] = ()) -> QclsConfig:
     """Compose `conf/config.yaml` with Hydra overrides (`model=qwen3_4b scoring=exact …`) and validate."""
+    return validate(compose_raw(overrides))
+
+
+def compose_raw(overrides: list[str] | tuple[str, ...] = (), config_name: str = "config") -> DictConfig:
+    """Hydra's composition of `conf/<config_name>.yaml` with overrides, not yet validated; a bad override is a
+    ConfigError."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.errors import HydraException
 
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-            cfg = hydra_compose(config_name="config", overrides=list(overrides))
+            return hydra_compose(config_name=config_name, overrides=list(overrides))
     except HydraException as e:
-        # Hydra's advice to append a missing key with `+` would only meet pydantic's unknown-key refusal
-        msg = "\n".join(line for line in str(e).splitlines() if not line.startswith("To append to your config"))
+        # Hydra's advice to append a missing key with `+` would only meet pydantic's unknown-key refusal, and its
+        # config search path is about Hydra's internals, not the user's input
+        msg = str(e).split("\nConfig search path:")[0].rstrip()
+        msg = "\n".join(line for line in msg.splitlines() if not line.startswith("To append to your config"))
         raise ConfigError(f"bad override: {msg}", _override_hint(msg)) from None
-    return validate(cfg)
 
 
 def _override_hint(msg: str) -> str | None:

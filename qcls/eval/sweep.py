@@ -85,6 +85,40 @@ def report_main(argv: list[str]) -> int:
     return 0
 
 
+def preflight(argv: list[str]) -> None:
+    """Compose and validate every value of every swept key (each with the other keys' first values) before
+    Hydra starts: otherwise Hydra prints its own error for a bad override and exits 1, or a job fails on a
+    config that could never run. Per-configuration failures found later (memory budget, colliding first
+    tokens, a missing backend package) remain failed jobs of a sweep that goes on."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    from qcls.compose import ConfigError, compose_raw
+    from qcls.eval.spec import split_config
+    items = [a for a in argv if not a.startswith("-") and ("=" in a or a.startswith("~"))]
+    try:
+        parsed = OverridesParser.create().parse_overrides(items)
+    except HydraException as e:
+        raise ConfigError(f"bad override: {e}") from None
+    keep, swept = [], []
+    for item, o in zip(items, parsed):
+        if o.get_key_element().startswith("hydra"):  # Hydra's own settings (launcher, run dirs): Hydra checks them
+            continue
+        if not o.is_sweep_override():
+            keep.append(item)
+            continue
+        head = item[:len(item) - len(item.lstrip("+~"))]
+        try:
+            swept.append([f"{head}{o.get_key_element()}={v}" for v in o.sweep_string_iterator()])
+        except HydraException:  # an interval sweep (for optimising sweepers) has no list of values
+            continue
+    combos = [keep + [vals[0] for vals in swept]]
+    combos += [keep + [v if j == i else vals[0] for j, vals in enumerate(swept)]
+               for i, values in enumerate(swept) for v in values[1:]]
+    for combo in combos:
+        split_config(compose_raw(combo, config_name="sweep"))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "-h" in argv or "--help" in argv:
@@ -98,12 +132,9 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     import hydra
 
-    from qcls.compose import ConfigError, conf_dir
-    try:
-        app = hydra.main(config_path=str(conf_dir()), config_name="sweep", version_base="1.3")(_task)
-    except ConfigError as e:
-        print(f"qcls sweep: error: {e}", file=sys.stderr)
-        return 2
+    from qcls.compose import conf_dir
+    preflight(argv)  # a bad override or value is one ConfigError (exit 2 in the CLI) before any job runs
+    app = hydra.main(config_path=str(conf_dir()), config_name="sweep", version_base="1.3")(_task)
     saved = sys.argv
     sys.argv = ["qcls-sweep", *argv]  # hydra.main reads its command line from sys.argv
     try:
@@ -116,4 +147,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from qcls.errors import run_guarded
+    sys.exit(run_guarded(main, prog="qcls sweep"))

@@ -192,3 +192,21 @@ def test_help_explains_format_sweep_report_and_calibration(capsys):
     for word in ('{"query"', "eval.path=", "-m scoring=", "summary.md", "--report", "qcls calibrate",
                  "calibration=FILE", "hydra/launcher=joblib", "CUDA_VISIBLE_DEVICES"):
         assert word in text, word
+
+
+@pytest.mark.parametrize("bad, words", [
+    (["-m", "scoring=trie,bogus"], ["Could not find 'scoring/bogus'", "mean_logprob"]),
+    (["-m", "scoring=trie,exact", "engine.max_batch_size=2,0"], ["engine.max_batch_size", "greater than or equal to 1"]),
+    (["-m", "scoring=trie", "nokey=1"], ["Could not override 'nokey'", "check its spelling"]),
+])
+def test_bad_override_anywhere_in_a_sweep_is_one_error_before_any_job(tmp_path, capsys, bad, words):
+    """Every swept value is composed and validated first: exit 2, one `qcls sweep: error:` message and no job
+    directory, not Hydra's own exit 1 nor a sweep of jobs that fail one by one."""
+    from qcls.cli import main as cli_main
+    out = tmp_path / "sweep"
+    assert cli_main(["sweep", *bad, "eval=dev", f"hydra.sweep.dir={out}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("qcls sweep: error:") and "Traceback" not in err and "Config search path" not in err
+    for w in words:
+        assert w in err, (w, err)
+    assert not out.exists()
