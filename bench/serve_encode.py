@@ -1,6 +1,8 @@
 """What writing one POST /v1/classify answer costs: the pydantic models (validate the result dicts, then dump)
 against orjson straight from the dataclasses (qcls/deployments/encode.py), full and compact, for results
-shaped like the benchmark's (N prompts of M labels). CPU work only: run it on the serving host.
+shaped like the benchmark's (N prompts of M labels); and a handle call's result, written and read back with
+Serve's default cloudpickle and with the plain pickle qcls's handle asks for. CPU work only: run it on the
+serving host.
 
     python bench/serve_encode.py [--prompts 8] [--labels 10]      # prints; bench/serve_levers.py records it
 """
@@ -42,8 +44,17 @@ def measure(prompts: int, labels: int) -> dict[str, tuple[float, int]]:
     pyd = lambda: ClassifyResponse(model="m", results=[QueryOut.of(r) for r in rs]).model_dump_json()  # noqa: E731
     full = lambda: classify_body("m", rs)  # noqa: E731
     compact = lambda: classify_body("m", rs, compact=True)  # noqa: E731
-    return {name: (per_call_us(fn), len(fn())) for name, fn in
-            (("pydantic models (before)", pyd), ("orjson, full", full), ("orjson, compact", compact))}
+    import pickle
+
+    from ray import cloudpickle
+    cp, pk = cloudpickle.dumps(rs), pickle.dumps(rs, pickle.HIGHEST_PROTOCOL)
+    handle = [  # a handle call's result: written in the replica, read in the caller
+        ("handle: cloudpickle, write + read (Serve's default)", lambda: cloudpickle.loads(cloudpickle.dumps(rs)), cp),
+        ("handle: pickle, write + read (qcls's handle)",
+         lambda: pickle.loads(pickle.dumps(rs, pickle.HIGHEST_PROTOCOL)), pk)]
+    return {**{name: (per_call_us(fn), len(fn())) for name, fn in
+               (("pydantic models (before)", pyd), ("orjson, full", full), ("orjson, compact", compact))},
+            **{name: (per_call_us(fn), len(data)) for name, fn, data in handle}}
 
 
 def main() -> int:

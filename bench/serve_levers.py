@@ -23,8 +23,10 @@ sys.path.insert(0, str(ROOT))
 
 from bench import load, serve_encode  # noqa: E402
 
-CHOSEN = ("chosen: direct ingress (RAY_SERVE_THROUGHPUT_OPTIMIZED=1), no idle batch wait", [], {})
+CHOSEN = ("chosen: direct ingress (RAY_SERVE_THROUGHPUT_OPTIMIZED=1), no idle batch wait, 2 batches in flight", [],
+          {})
 LEVERS = [  # name, overrides, environment of that run's Ray; most telling first (--budget-s may cut the tail)
+    ("chosen but one batch at a time (serve.pipeline_depth=1)", ["serve.pipeline_depth=1"], {}),
     ("HAProxy + THROUGHPUT_OPTIMIZED, otherwise chosen", ["serve.ingress=haproxy"], {}),
     ("Serve proxy (no flags), otherwise chosen", ["serve.ingress=proxy"], {}),
     ("before: Serve proxy, 5 ms batch wait, 8 ongoing", ["serve.ingress=proxy", "serve.batch_wait_timeout_s=0.005",

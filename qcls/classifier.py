@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -23,6 +24,16 @@ from qcls.scoring.strategies import get_strategy
 from qcls.scoring.tokenization import QueryError, encode_query
 
 WARMUP_QUERY = "warm up query"
+
+
+@dataclass
+class Batch:
+    """A started batch (Classifier.start): the results to fill, the tokenized good queries (index into
+    results, ids, tokenize ms) and the engine's handle on its queued forward."""
+
+    results: list[QueryResult]
+    good: list[tuple[int, list[int], float]]
+    launched: Any
 
 
 class Classifier:
@@ -103,8 +114,11 @@ class Classifier:
             lengths = [total // b + (i < total % b) for i in range(b)]  # b queries with `total` tokens
             for _ in range(self.cfg.engine.warmup_requests):
                 self.engine.run([(ids * total)[:n] for n in lengths])
-        for b in range(1, self.cfg.engine.max_batch_size + 1):  # and the whole request path, results included
-            self.classify([WARMUP_QUERY] * b)
+        for b in range(1, self.cfg.engine.max_batch_size + 1):  # and the whole request path, results included,
+            first = self.start([WARMUP_QUERY] * b)  # two batches in flight, as a server runs them: every
+            second = self.start([WARMUP_QUERY] * b)  # host slot and device event gets its first use here
+            self.finish(first)
+            self.finish(second)
 
     @property
     def prompt_names(self) -> list[str]:
@@ -125,6 +139,48 @@ class Classifier:
 
     def classify(self, queries: list[str]) -> list[QueryResult]:
         """Classify queries under every prompt; a bad query gets an error result and the rest proceed."""
+        results, good = self._tokenize(queries)
+        step_ = self.cfg.engine.max_batch_size
+        for c in range(0, len(good), step_):
+            self.finish(self._launch(results, good[c:c + step_]))
+        return results
+
+    def start(self, queries: list[str]) -> Batch:
+        """The first half of `classify` for at most engine.max_batch_size queries: tokenize and queue their
+        forward without waiting for it. A server starts the next batch before finishing this one, so the
+        host's work on either overlaps the device's; at most two batches may be started and unfinished."""
+        if len(queries) > self.cfg.engine.max_batch_size:
+            raise ValueError(f"start takes at most engine.max_batch_size={self.cfg.engine.max_batch_size} "
+                             f"queries, got {len(queries)}: use classify, which splits them")
+        return self._launch(*self._tokenize(queries))
+
+    def finish(self, batch: Batch, wait_is_queue: bool = False) -> list[QueryResult]:
+        """Wait for a started batch and build its results. The time its forward waited for the device (a
+        batch ahead of it, the launch) counts as `prepare`, or with wait_is_queue=True is left out of the
+        stages and returned as the results' `timings_ms["device_wait"]` (a server adds it to queue_wait)."""
+        if batch.launched is None:  # no good query: nothing was queued
+            return batch.results
+        raw, calibrated, stages, n_tokens = self.engine.collect(batch.launched)
+        wait = stages.pop("device_wait")
+        if not wait_is_queue:
+            stages["prepare"] += wait
+        t0 = time.perf_counter()
+        built = [self._build(s, c) for s, c in zip(raw, calibrated)]
+        post = (time.perf_counter() - t0) * 1e3
+        for (i, _, tok_ms), prompts in zip(batch.good, built):
+            r = batch.results[i]
+            r.prompts, r.batch_size = prompts, len(batch.good)
+            r.timings_ms = {"tokenize": tok_ms, **stages, "postprocess": post}
+            r.timings_ms = {k: round(r.timings_ms[k], 4) for k in STAGES}
+            r.timings_ms["total"] = round(sum(r.timings_ms.values()), 4)
+            if wait_is_queue:
+                r.timings_ms["device_wait"] = round(wait, 4)
+            r.meta = {"engine": self.cfg.engine.kind, "strategy": self.cfg.strategy,
+                      "tokens_per_forward": n_tokens, "graphs": getattr(self.engine, "graphs", False),
+                      "calibration": self.calibration_path, "notes": self.notes}
+        return batch.results
+
+    def _tokenize(self, queries: list[str]) -> tuple[list[QueryResult], list[tuple[int, list[int], float]]]:
         results = [QueryResult(query=q) for q in queries]
         good: list[tuple[int, list[int], float]] = []
         for i, q in enumerate(queries):
@@ -136,23 +192,11 @@ class Classifier:
                 continue
             results[i].query_tokens = len(ids)
             good.append((i, ids, (time.perf_counter() - t0) * 1e3))
-        step_ = self.cfg.engine.max_batch_size
-        for c in range(0, len(good), step_):
-            chunk = good[c:c + step_]
-            raw, calibrated, stages, n_tokens = self.engine.run([ids for _, ids, _ in chunk])
-            t0 = time.perf_counter()
-            built = [self._build(s, c) for s, c in zip(raw, calibrated)]
-            post = (time.perf_counter() - t0) * 1e3
-            for (i, _, tok_ms), prompts in zip(chunk, built):
-                r = results[i]
-                r.prompts, r.batch_size = prompts, len(chunk)
-                r.timings_ms = {"tokenize": tok_ms, **stages, "postprocess": post}
-                r.timings_ms = {k: round(r.timings_ms[k], 4) for k in STAGES}
-                r.timings_ms["total"] = round(sum(r.timings_ms.values()), 4)
-                r.meta = {"engine": self.cfg.engine.kind, "strategy": self.cfg.strategy,
-                          "tokens_per_forward": n_tokens, "graphs": getattr(self.engine, "graphs", False),
-                          "calibration": self.calibration_path, "notes": self.notes}
-        return results
+        return results, good
+
+    def _launch(self, results: list[QueryResult], good: list[tuple[int, list[int], float]]) -> Batch:
+        launched = self.engine.launch([ids for _, ids, _ in good]) if good else None
+        return Batch(results, good, launched)
 
     def _build(self, scores: list[list[float]], calibrated: list[list[float]]) -> list[PromptResult]:
         """Per prompt: scores → probabilities (softmax in float64) and winner; with a calibration the winner

@@ -141,6 +141,9 @@ class ServeSpec(_Strict):
     # the replica's Python thread switch interval; None leaves Python's 5 ms. 0.5 ms (meant to hand the GIL
     # back to the engine thread sooner) measured slower on the H100 (bench/RESULTS.md, issue 10 run 2)
     gil_switch_interval_ms: float | None = Field(default=None, gt=0)
+    # batches in flight in a replica: 2 = the next batch is tokenized and queued while the current one runs
+    # (the host's work overlaps the device's); 1 = one at a time
+    pipeline_depth: int = Field(default=2, ge=1, le=2)
     # None = 16 × engine.max_batch_size: waiting queries queue in the replica (FIFO, batched as the device
     # frees up) rather than in Serve's router, which backs off for 100s of ms when a replica is full
     max_ongoing_requests: int | None = Field(default=None, ge=1)

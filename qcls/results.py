@@ -17,6 +17,10 @@ class LabelScore:
     calibrated_score: float | None = None
     calibrated_prob: float | None = None
 
+    def __reduce__(self):  # positional fields: a served result pickles (Serve handle calls) at half the cost
+        return LabelScore, (self.label, self.score, self.prob, self.tokens, self.calibrated_score,
+                            self.calibrated_prob)
+
 
 @dataclass
 class PromptResult:
@@ -26,6 +30,9 @@ class PromptResult:
     labels: list[LabelScore]  # in the prompt's label order
     raw_label: str | None = None  # with a calibration: the winner by raw score, and its raw probability
     raw_prob: float | None = None
+
+    def __reduce__(self):
+        return PromptResult, (self.prompt, self.label, self.prob, self.labels, self.raw_label, self.raw_prob)
 
     def top(self, k: int) -> list[LabelScore]:
         """The k best labels, by calibrated score where there is one (the order `label` was chosen by)."""
@@ -42,6 +49,10 @@ class QueryResult:
     batch_size: int = 0  # queries that shared this query's forward
     timings_ms: dict[str, float] = field(default_factory=dict)  # STAGES + "total"
     meta: dict[str, Any] = field(default_factory=dict)
+
+    def __reduce__(self):
+        return QueryResult, (self.query, self.prompts, self.error, self.query_tokens, self.batch_size,
+                             self.timings_ms, self.meta)
 
     @property
     def ok(self) -> bool:

@@ -1,5 +1,5 @@
 """Ray Serve deployment of the Classifier: `app` (deployment + builder), `http` (FastAPI routes),
-`schemas` (request/response bodies), `encode` (response bytes), `worker` (device thread, batching, health),
+`schemas` (request/response bodies), `encode` (response bytes), `worker` (device threads, batching, health),
 `metrics` (Prometheus), `ingress` (Ray Serve flags, the proxy's 503 on a lost replica), `serve_cli`
 (`qcls serve`).
 

@@ -8,7 +8,7 @@
 Python callers use a DeploymentHandle; `classify` returns the `qcls.results.QueryResult` dataclasses that
 `Classifier.classify` returns, with `timings_ms` gaining queue_wait and in_replica:
 
-    handle = serve.get_app_handle("qcls")
+    handle = classifier_handle("qcls")     # serve.get_app_handle("qcls") with pickle instead of cloudpickle
     results = handle.classify.remote(["red hoodie", "maxi dress"]).result()
 """
 from __future__ import annotations
@@ -41,7 +41,7 @@ class QclsDeployment:
     def __init__(self, cfg: QclsConfig):
         # Everything loads, captures and warms here: Serve marks the replica ready only once this returns.
         self.cfg = cfg
-        if cfg.serve.gil_switch_interval_ms:  # the device thread's Python stages wait less on a busy event loop
+        if cfg.serve.gil_switch_interval_ms:  # the device threads' Python stages wait less on a busy event loop
             sys.setswitchinterval(cfg.serve.gil_switch_interval_ms / 1e3)
         try:
             self.clf = Classifier(cfg)
@@ -50,7 +50,8 @@ class QclsDeployment:
             raise
         self.metrics = ReplicaMetrics(cfg.engine.max_batch_size)
         self.worker = EngineWorker(self.clf, probe_idle_s=cfg.serve.health_probe_idle_s,
-                                   probe_timeout_s=0.8 * cfg.serve.health_check_timeout_s, observer=self.metrics)
+                                   probe_timeout_s=0.8 * cfg.serve.health_check_timeout_s, observer=self.metrics,
+                                   depth=cfg.serve.pipeline_depth)
         # batch_wait_timeout_s=0 (the default): queries go straight to the worker's queue, so a lone query
         # starts at once and those arriving during a forward share the next one. > 0: @serve.batch first
         # gathers for that long. The decorator's sizes are placeholders for the config's.
@@ -121,30 +122,40 @@ class QclsDeployment:
         Returns this replica's process id (the tests kill replicas)."""
         if not self.cfg.serve.fault_injection:
             raise PermissionError("fault injection is off: it needs serve.fault_injection=true (tests only)")
-        for obj, name in ((self.clf.engine, "run"), (self.clf, "classify")):
+        for obj, name in ((self.clf.engine, "launch"), (self.clf, "_launch")):
             obj.__dict__.pop(name, None)
         if kind == "engine":
-            def broken_run(*_a, **_k):
+            def broken_launch(*_a, **_k):
                 raise RuntimeError(INJECTED_CUDA_ERROR)
-            self.clf.engine.run = broken_run
-        elif kind == "poison":
-            real = self.clf.classify
+            self.clf.engine.launch = broken_launch
+        elif kind == "poison":  # Classifier._launch: under both the served path (start) and classify
+            real = self.clf._launch
 
-            def poisoned(queries: list[str]) -> list[QueryResult]:
-                if query in queries:
+            def poisoned(results, good):
+                if any(results[i].query == query for i, _, _ in good):
                     raise RuntimeError(f"injected failure on {query!r}")
-                return real(queries)
-            self.clf.classify = poisoned
+                return real(results, good)
+            self.clf._launch = poisoned
         elif kind == "slow":
-            real = self.clf.classify
+            real = self.clf._launch
 
-            def slow(queries: list[str]) -> list[QueryResult]:
+            def slow(results, good):
                 time.sleep(seconds)
-                return real(queries)
-            self.clf.classify = slow
+                return real(results, good)
+            self.clf._launch = slow
         elif kind is not None:
             raise ValueError(f"unknown fault {kind!r}: use 'engine', 'poison', 'slow' or None")
         return os.getpid()
+
+
+# Serve's handle calls cloudpickle their arguments and results by default; qcls's are plain lists, strings
+# and dataclasses (qcls.results), which the standard pickle writes at a fraction of the cost (bench/serve_encode.py)
+HANDLE_SERIALIZATION = {"request_serialization": "pickle", "response_serialization": "pickle"}
+
+
+def classifier_handle(app_name: str = "qcls"):
+    """The DeploymentHandle of a running qcls app, with the cheaper serialization (HANDLE_SERIALIZATION)."""
+    return serve.get_app_handle(app_name).options(**HANDLE_SERIALIZATION)
 
 
 def deployment_options(cfg: QclsConfig) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""The engine side of a replica: one Classifier, one thread that owns the device, per-query failure isolation
+"""The engine side of a replica: one Classifier, the two threads that drive the device (one launches batches,
+one collects them, so that a batch is prepared while the one before it runs), per-query failure isolation
 and the health probe. Free of Ray and HTTP, so it is the same object under a handle, a route or a unit test.
 """
 from __future__ import annotations
@@ -45,7 +46,7 @@ class Pending:
 
 class EngineWorker:
     def __init__(self, clf: Classifier, probe_idle_s: float = 60.0, probe_timeout_s: float = 20.0,
-                 observer: Observer | None = None):
+                 observer: Observer | None = None, depth: int = 2):
         self.clf = clf
         self.observer = observer
         self.max_batch = clf.cfg.engine.max_batch_size
@@ -53,14 +54,22 @@ class EngineWorker:
         self.last_ok = time.monotonic()
         self.suspect: str | None = None  # an engine error since the last good forward: probe before trusting
         self.broken: str | None = None  # the probe failed: this replica cannot serve and must be replaced
-        # One thread owns the device: forwards run one at a time and never on the replica's event loop, which
-        # keeps answering health checks and taking requests meanwhile. The thread takes its next batch itself
-        # as soon as a forward ends, so the device does not wait for a busy event loop to hand it work.
-        self._cv = threading.Condition()
+        # Two threads own the device, never the replica's event loop (which keeps answering health checks and
+        # taking requests meanwhile). The launcher takes the next batch as soon as fewer than `depth` are in
+        # flight, tokenizes it and queues its forward behind the running one; the collector waits for each
+        # forward in turn, builds its results and hands them back. With depth 2 the host's work on one batch
+        # overlaps the device's on the other; depth 1 runs one batch at a time.
+        self.depth = depth
+        self._lock = threading.Lock()
+        self._work = threading.Condition(self._lock)  # the launcher waits here: queries, jobs or a free slot
+        self._ready = threading.Condition(self._lock)  # the collector waits here: a launched batch
         self._waiting: deque[tuple[Pending, asyncio.Future, asyncio.AbstractEventLoop]] = deque()
         self._jobs: deque[tuple[Callable, tuple, Future]] = deque()  # probes and run_batch calls, first
+        self._launched: deque[tuple[list, object, float]] = deque()  # (chunk, started batch, launch time)
+        self._inflight = 0  # batches launched and not yet answered, jobs included
         self._closed = False
-        threading.Thread(target=self._serve_device, name="qcls-engine", daemon=True).start()
+        threading.Thread(target=self._launch_loop, name="qcls-launch", daemon=True).start()
+        threading.Thread(target=self._collect_loop, name="qcls-collect", daemon=True).start()
 
     # -- queries -----------------------------------------------------------------------------------------
 
@@ -90,20 +99,22 @@ class EngineWorker:
         @serve.batch call they came from): batches fill from the load itself, with no timer."""
         loop = asyncio.get_running_loop()
         futures = [loop.create_future() for _ in items]
-        with self._cv:
+        with self._lock:
             self._waiting.extend((it, fut, loop) for it, fut in zip(items, futures))
-            self._cv.notify()
+            self._work.notify()
         return futures
 
-    def _serve_device(self) -> None:
+    def _launch_loop(self) -> None:
         while True:
-            with self._cv:
-                while not (self._waiting or self._jobs or self._closed):
-                    self._cv.wait()
+            with self._lock:
+                while not (self._closed or ((self._waiting or self._jobs) and self._inflight < self.depth)):
+                    self._work.wait()
                 if self._closed:
                     return
                 job = self._jobs.popleft() if self._jobs else None
                 chunk = [] if job else self._take()
+                if job or chunk:
+                    self._inflight += 1
             if job is not None:
                 fn, args, done = job
                 if done.set_running_or_notify_cancel():
@@ -111,17 +122,38 @@ class EngineWorker:
                         done.set_result(fn(*args))
                     except BaseException as e:  # noqa: BLE001 - handed to the awaiting caller
                         done.set_exception(e)
+                self._settled()
             elif chunk:
+                started = time.perf_counter()
+                batch = self._start([it.query for it, _, _ in chunk])
+                with self._lock:
+                    self._launched.append((chunk, batch, started))
+                    self._ready.notify()
+
+    def _collect_loop(self) -> None:
+        while True:
+            with self._lock:
+                while not (self._launched or self._closed):
+                    self._ready.wait()
+                if not self._launched:
+                    return
+                chunk, batch, started = self._launched.popleft()
+            try:
+                answer: list[QueryResult] | BaseException = self._finish([it for it, _, _ in chunk], batch, started)
+            except BaseException as e:  # noqa: BLE001 - never leave a caller waiting forever
+                answer = e
+            self._settled()
+            for loop in {lp for _, _, lp in chunk}:
+                mine = [(i, fut) for i, (_, fut, lp) in enumerate(chunk) if lp is loop]
                 try:
-                    answer: list[QueryResult] | BaseException = self.classify_batch([it for it, _, _ in chunk])
-                except BaseException as e:  # noqa: BLE001 - never leave a caller waiting forever
-                    answer = e
-                for loop in {lp for _, _, lp in chunk}:
-                    mine = [(i, fut) for i, (_, fut, lp) in enumerate(chunk) if lp is loop]
-                    try:
-                        loop.call_soon_threadsafe(self._deliver, mine, answer)
-                    except RuntimeError:  # that caller's event loop is gone
-                        pass
+                    loop.call_soon_threadsafe(self._deliver, mine, answer)
+                except RuntimeError:  # that caller's event loop is gone
+                    pass
+
+    def _settled(self) -> None:
+        with self._lock:
+            self._inflight -= 1
+            self._work.notify()
 
     def _take(self) -> list:
         chunk = []
@@ -144,14 +176,31 @@ class EngineWorker:
             asyncio.get_running_loop().call_soon(self.observer.after_batch, [answer[i] for i, _ in mine])
 
     def classify_batch(self, items: list[Pending]) -> list[QueryResult]:
-        """On the device thread: one batch in one forward; a query that makes the engine raise fails alone."""
-        start = time.perf_counter()
-        queries = [it.query for it in items]
+        """One batch in one forward, started and finished here (tests, probes and callers that batch
+        themselves; served queries take the same two steps on the launcher and collector threads)."""
+        started = time.perf_counter()
+        return self._finish(items, self._start([it.query for it in items]), started)
+
+    def _start(self, queries: list[str]):
+        """The started batch, the answers already known (engine unusable), or the exception starting raised."""
         if self.broken:
-            results = [failed(q, f"engine unusable: {self.broken}") for q in queries]
+            return [failed(q, f"engine unusable: {self.broken}") for q in queries]
+        try:
+            return self.clf.start(queries)
+        except Exception as e:  # noqa: BLE001 - the queries are retried one by one in _finish
+            return e
+
+    def _finish(self, items: list[Pending], batch, started: float) -> list[QueryResult]:
+        """Results of a started batch; a query that makes the engine raise fails alone. queue_wait = arrival at
+        the replica to the batch's launch, plus the time its forward waited for the device."""
+        queries = [it.query for it in items]
+        if isinstance(batch, list):
+            results = batch
         else:
             try:
-                results = self.clf.classify(queries)
+                if isinstance(batch, BaseException):
+                    raise batch
+                results = self.clf.finish(batch, wait_is_queue=True)
                 self._ok()
             except Exception as e:
                 log.exception("batch of %d failed; retrying its queries one by one", len(queries))
@@ -159,7 +208,8 @@ class EngineWorker:
                 self._report("batch")
                 results = self._one_by_one(queries)
         for it, r in zip(items, results):
-            r.timings_ms["queue_wait"] = round((start - it.arrived) * 1e3, 4)
+            waited = r.timings_ms.pop("device_wait", 0.0)
+            r.timings_ms["queue_wait"] = round((started - it.arrived) * 1e3 + waited, 4)
         return results
 
     async def run_batch(self, items: list[Pending]) -> list[QueryResult]:
@@ -180,9 +230,9 @@ class EngineWorker:
 
     async def _on_device(self, fn, *args):
         done: Future = Future()
-        with self._cv:
+        with self._lock:
             self._jobs.append((fn, args, done))
-            self._cv.notify()
+            self._work.notify()
         return await asyncio.wrap_future(done)
 
     def _ok(self) -> None:
@@ -221,10 +271,12 @@ class EngineWorker:
             raise RuntimeError(f"non-finite scores for prompts {bad}")
 
     def close(self) -> None:
-        """Stop the device thread after its current forward (Serve calls this once the replica drained)."""
-        with self._cv:
+        """Stop the device threads once the batches in flight are answered (Serve calls this once the
+        replica drained)."""
+        with self._lock:
             self._closed = True
-            self._cv.notify_all()
+            self._work.notify_all()
+            self._ready.notify_all()
 
 
 def refused(query: str, why: str) -> QueryResult:

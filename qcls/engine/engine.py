@@ -2,10 +2,13 @@
 
 Start-up (constructor): plan and fill the prefix KV pool, build every (batch size, total query tokens) bucket
 with its static buffers, and on a GPU capture one CUDA graph per bucket for the forward and one for the
-tail. Request path (`run`): pack the batch into the bucket's descriptor buffer, replay, read the scores.
+tail. Request path (`run` = `launch` + `collect`): pack the batch into the bucket's descriptor buffer, queue
+the replays and the copy back, then wait and read the scores. A server launches the next batch before
+collecting the current one, so its host work overlaps the device's.
 """
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 
@@ -19,11 +22,21 @@ from qcls.engine.tail import Tail
 
 
 Scores = list[list[list[float]]]  # per query, per prompt, per label
+# Batches that may be in flight at once: one on the device while the next is packed and queued behind it.
+SLOTS = 2
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+@dataclass
+class InFlight:
+    """A launched batch: its bucket, its host slot and, on a GPU, the events that time and complete it."""
+
+    bucket: "Bucket"
+    batch_size: int
+    slot: int
+    started: float  # perf_counter at launch
+    prepare_ms: float  # packing and queueing on the host
+    events: tuple | None = None  # (forward start, forward end, scores on the host)
+    host_ms: tuple[float, float] = (0.0, 0.0)  # forward, score when the host computed them itself (no GPU)
 
 
 class Bucket:
@@ -39,8 +52,11 @@ class Bucket:
         self.tree, self.n_reads = tree, packer.n_reads(b)
         self.max_row = max(packer.max_row(b, query_tokens, longest_query), 16)
         self.slots = torch.arange(pool_len, pool_len + n, device=dev)  # where this forward's K/V go
-        size = packer.buffer_len(b, n)
-        self.host = torch.zeros(size, dtype=torch.long, pin_memory=dev.type == "cuda")
+        size, pinned = packer.buffer_len(b, n), dev.type == "cuda"
+        # One host buffer per in-flight slot (SLOTS): a batch is packed, and its scores land, while the batch
+        # before it may still be on the device, whose asynchronous copies read and write the other slot.
+        self.host = [torch.zeros(size, dtype=torch.long, pin_memory=pinned) for _ in range(SLOTS)]
+        self.out = [torch.zeros(tail.table.shape[0], dtype=torch.float32, pin_memory=pinned) for _ in range(SLOTS)]
         self.buf = torch.zeros(size, dtype=torch.long, device=dev)
         self.visible = packer.visible.to(dev)
         self.prefix_slots, self.prefix_len = packer.prefix_slots.to(dev), packer.prefix_len.to(dev)
@@ -69,11 +85,14 @@ class Bucket:
         self.scores = self.tail(self.hidden)
         return self.scores
 
-    def load(self, batch: list[list[int]]) -> None:
-        self.packer.pack(batch, self.n_tokens, self.host)
-        self.buf.copy_(self.host, non_blocking=True)
+    def pack(self, batch: list[list[int]], slot: int) -> None:
+        self.packer.pack(batch, self.n_tokens, self.host[slot])
+
+    def load(self, slot: int) -> None:
+        """Copy the packed slot into the static input buffers; stream-ordered after any forward before it."""
+        self.buf.copy_(self.host[slot], non_blocking=True)
         if self.embed_fn is not None:
-            self.embed_fn(self.host[:self.n_tokens], self.embeds)
+            self.embed_fn(self.host[slot][:self.n_tokens], self.embeds)
 
     def capture(self, pool) -> None:
         dev = self.dec.device
@@ -138,6 +157,10 @@ class FastEngine:
                                           self.attention == "tree", self.query_buckets[-1])
                             for b in range(1, max_batch + 1) for lt in token_buckets(self.query_buckets, b)}
         self.graphs = use_graphs and self.device.type == "cuda"
+        self._free = list(range(SLOTS))
+        self._launching = threading.Lock()
+        self._events = [tuple(torch.cuda.Event(enable_timing=True) for _ in range(3)) for _ in range(SLOTS)] \
+            if self.device.type == "cuda" else []
         if self.graphs:
             pool = torch.cuda.graph_pool_handle()
             with torch.inference_mode():
@@ -196,25 +219,64 @@ class FastEngine:
                              f"limits (max_batch_size={self.max_batch}, largest query bucket {self.query_buckets[-1]})")
         return self.buckets[key]
 
-    @torch.inference_mode()
     def run(self, batch: list[list[int]]) -> tuple[Scores, Scores, dict[str, float], int]:
         """Raw and calibrated scores per query per prompt for a batch of query ids (one tail product makes
-        both); stage times in ms; tokens per forward."""
-        dev, t = self.device, {}
+        both); stage times in ms (prepare, forward, score, and device_wait: from queueing the batch to the
+        device starting it); tokens per forward."""
+        return self.collect(self.launch(batch))
+
+    @torch.inference_mode()
+    def launch(self, batch: list[list[int]]) -> InFlight:
+        """Pack the batch and queue its forward, tail and copy back without waiting for the device: with a
+        batch already in flight this one runs right after it, so the host's work on either overlaps the
+        device's. At most SLOTS batches are in flight; each must be collected, in launch order."""
         t0 = time.perf_counter()
         bk = self.bucket_for(batch)
-        bk.load(batch)
-        _sync(dev)
-        t1 = time.perf_counter()
+        if not self._free:
+            raise RuntimeError(f"{SLOTS} batches already in flight: collect one before launching another")
+        slot = self._free.pop()
+        try:
+            with self._launching:  # the static input buffers take one batch at a time (a fallback may launch
+                return self._queue(bk, batch, slot, t0)  # from another thread than the server's launcher)
+        except BaseException:
+            self._free.append(slot)
+            raise
+
+    def _queue(self, bk: Bucket, batch: list[list[int]], slot: int, t0: float) -> InFlight:
+        bk.pack(batch, slot)
+        if self.device.type != "cuda":  # the host computes: nothing to overlap
+            bk.load(slot)
+            t1 = time.perf_counter()
+            bk.forward()
+            t2 = time.perf_counter()
+            bk.out[slot].copy_(bk.score())
+            return InFlight(bk, len(batch), slot, t0, (t1 - t0) * 1e3,
+                            host_ms=((t2 - t1) * 1e3, (time.perf_counter() - t2) * 1e3))
+        ev = self._events[slot]
+        ev[0].record()
+        bk.load(slot)
         bk.graphs[0].replay() if bk.graphs else bk.forward()
-        _sync(dev)
-        t2 = time.perf_counter()
+        ev[1].record()
         bk.graphs[1].replay() if bk.graphs else bk.score()
-        flat = bk.scores.tolist()  # the copy back synchronises (no device allocation)
-        t3 = time.perf_counter()
-        t.update(prepare=(t1 - t0) * 1e3, forward=(t2 - t1) * 1e3, score=(t3 - t2) * 1e3)
+        bk.out[slot].copy_(bk.scores, non_blocking=True)
+        ev[2].record()
+        return InFlight(bk, len(batch), slot, t0, (time.perf_counter() - t0) * 1e3, ev)
+
+    def collect(self, job: InFlight) -> tuple[Scores, Scores, dict[str, float], int]:
+        """Wait for a launched batch and read its scores (see `run`)."""
+        bk = job.bucket
+        try:
+            if job.events is not None:
+                job.events[2].synchronize()  # releases the GIL while the device works
+                done = time.perf_counter()
+                fwd, score = job.events[0].elapsed_time(job.events[1]), job.events[1].elapsed_time(job.events[2])
+            else:
+                done, (fwd, score) = time.perf_counter(), job.host_ms
+            flat = bk.out[job.slot].tolist()
+        finally:
+            self._free.append(job.slot)
         raw, cal, i, half = [], [], 0, len(flat) // 2  # the tail's raw block, then its calibrated block
-        for _ in batch:
+        for _ in range(job.batch_size):
             r, c = [], []
             for n in bk.tail.label_counts:
                 r.append(flat[i:i + n])
@@ -222,7 +284,11 @@ class FastEngine:
                 i += n
             raw.append(r)
             cal.append(c)
-        return raw, cal, t, bk.n_tokens
+        score += (time.perf_counter() - done) * 1e3
+        # device time is measured by events, host time by the clock; what is left of the wall time is the wait
+        # for the device (a batch ahead of this one, the launch latency)
+        wait = max(0.0, (time.perf_counter() - job.started) * 1e3 - job.prepare_ms - fwd - score)
+        return raw, cal, {"prepare": job.prepare_ms, "forward": fwd, "score": score, "device_wait": wait}, bk.n_tokens
 
     def stats(self) -> EngineStats:
         return EngineStats(self.pool.stats(), [(k[0], k[1], b.n_tokens) for k, b in sorted(self.buckets.items())],

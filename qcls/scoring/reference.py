@@ -71,4 +71,11 @@ class ReferenceEngine:
         forward_ms = (time.perf_counter() - t0) * 1e3
         tokens = sum(len(lay.tokens.prefix_ids) + len(ids) + len(lay.tokens.suffix_ids) + len(lab)
                      for ids in batch for lay in self.layouts for lab in lay.tokens.label_ids)
-        return scores, calibrated, {"prepare": 0.0, "forward": forward_ms, "score": 0.0}, tokens
+        return scores, calibrated, {"prepare": 0.0, "forward": forward_ms, "score": 0.0, "device_wait": 0.0}, tokens
+
+    # the engine interface a server pipelines through: the plain forwards run at launch, collect hands them over
+    def launch(self, batch: list[list[int]]):
+        return self.run(batch)
+
+    def collect(self, launched):
+        return launched

@@ -17,20 +17,37 @@ class FakeTokenizer:
 
 
 class FakeClassifier:
-    """Classifies by query length; raises for queries in `poison`, or for everything once `dead`."""
+    """A device that runs one batch at a time for `delay` seconds: `start` queues a batch behind those before
+    it and returns at once, `finish` waits for it. Raises for queries in `poison`, or for everything once
+    `dead`. `log` records every start and finish in order."""
 
     def __init__(self):
         self.tokenizer = FakeTokenizer()
         self.cfg = SimpleNamespace(max_query_tokens=8, engine=SimpleNamespace(max_batch_size=4))
         self.poison, self.dead, self.calls, self.delay = set(), False, [], 0.0
+        self.log: list[tuple[str, tuple[str, ...]]] = []
+        self._device_free_at = 0.0
 
-    def classify(self, queries):
+    def start(self, queries):
         self.calls.append(list(queries))
-        time.sleep(self.delay)
+        self.log.append(("start", tuple(queries)))
         if self.dead or self.poison & set(queries):
             raise RuntimeError("CUDA error: boom")
+        now = time.perf_counter()
+        begin = max(now, self._device_free_at)
+        self._device_free_at = begin + self.delay
+        return list(queries), begin - now, self._device_free_at
+
+    def finish(self, batch, wait_is_queue=False):
+        queries, waited, done = batch
+        time.sleep(max(0.0, done - time.perf_counter()))
+        self.log.append(("finish", tuple(queries)))
+        extra = {"device_wait": waited * 1e3} if wait_is_queue else {}
         return [QueryResult(q, [PromptResult("p", "a", 1.0, [LabelScore("a", 0.0, 1.0, 1)])], None, len(q),
-                            len(queries), {"total": 1.0}) for q in queries]
+                            len(queries), {"total": 1.0, **extra}) for q in queries]
+
+    def classify(self, queries):
+        return self.finish(self.start(queries))
 
 
 def run(coro):
@@ -97,3 +114,38 @@ def test_idle_engine_is_probed():
     w = EngineWorker(clf, probe_idle_s=0.0)
     run(w.check())
     assert len(clf.calls) == 1
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_the_next_batch_is_started_while_the_current_one_runs(depth):
+    """Depth 2: batch 2 is queued on the device before batch 1 is finished (the host's work overlaps the
+    device's); depth 1: strictly one at a time. Either way every query gets its own answer, in order."""
+    clf = FakeClassifier()
+    clf.delay = 0.1
+    w = EngineWorker(clf, depth=depth)
+
+    async def scenario():
+        futs = [f for q in "abcdefghij" for f in w.submit([Pending(q, time.perf_counter())])]
+        return await asyncio.gather(*futs)
+
+    out = run(scenario())
+    assert [r.query for r in out] == list("abcdefghij") and all(r.ok for r in out)
+    batches = [q for kind, q in clf.log if kind == "start"]
+    assert batches == [tuple("abcd"), tuple("efgh"), tuple("ij")]  # all queued at once: full batches
+    second_start = clf.log.index(("start", tuple("efgh")))
+    first_finish = clf.log.index(("finish", tuple("abcd")))
+    assert (second_start < first_finish) == (depth == 2), clf.log
+    assert all("device_wait" not in r.timings_ms for r in out)
+    if depth == 2:  # "e" was queued behind "a"'s batch: the device wait counts as queue wait
+        assert out[4].timings_ms["queue_wait"] >= 50, out[4].timings_ms
+
+
+def test_back_to_back_lone_requests_never_stall():
+    """Each lone request must wake the launcher (not only the collector, which waits beside it)."""
+    w = EngineWorker(FakeClassifier())
+
+    async def scenario():
+        for i in range(300):
+            [fut] = w.submit([Pending(f"q{i}", time.perf_counter())])
+            assert (await asyncio.wait_for(fut, 2.0)).query == f"q{i}"
+    run(scenario())

@@ -145,6 +145,31 @@ def test_stage_timings_add_up(tiny_dirs):
     assert r.meta["tokens_per_forward"] > 0
 
 
+def test_two_batches_in_flight_equal_one_at_a_time(tiny_dirs):
+    """A server starts the next batch before finishing the current one (Classifier.start / finish): two in
+    flight, in the same bucket and in different ones, give the scores of classify on each alone."""
+    fast, ref = pair(tiny_dirs["qwen3"], [prompt("a", MULTI), prompt("b", SHARED, system="B?")], "trie")
+    for first, second in ([QUERIES[0:2], QUERIES[2:4]], [QUERIES[:1], QUERIES[1:4]], [["boys tee"], ["hoodie"]]):
+        a, b = fast.start(first), fast.start(second)
+        with pytest.raises(RuntimeError, match="already in flight"):
+            fast.start(["one too many"])
+        got = fast.finish(a) + fast.finish(b, wait_is_queue=True)
+        want = ref.classify(first) + ref.classify(second)
+        for g, w in zip(got, want):
+            for gp, wp in zip(g.prompts, w.prompts):
+                assert max(abs(x.score - y.score) for x, y in zip(gp.labels, wp.labels)) <= TOL, (g.query, gp.prompt)
+                assert gp.label == wp.label
+        t = got[-1].timings_ms  # the device wait is kept out of the stages, which still add up
+        assert t["device_wait"] >= 0 and abs(sum(t[k] for k in STAGE_KEYS) - t["total"]) < 1e-3
+    with pytest.raises(ValueError, match="at most engine.max_batch_size=4"):
+        fast.start(QUERIES[:5])
+    assert [r.ok for r in fast.finish(fast.start(["", "ok"]))] == [False, True]  # a refused query takes no slot
+    assert fast.finish(fast.start([""]))[0].error  # nothing to run: no forward at all
+
+
+STAGE_KEYS = ("tokenize", "prepare", "forward", "score", "postprocess")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_demo_model(demo_cfg_overrides, strategy):

@@ -71,6 +71,21 @@ def test_fp16_graphs_match_reference(gpu_dirs, family, strategy, attention):
                 assert gp.label == wp.label
 
 
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_qwentok"])
+def test_two_batches_in_flight_match_reference(gpu_dirs, family):
+    """Batch 2 queued behind batch 1 on the device (same bucket, then another), collected in order: each
+    equals the reference, so the host slots and the static buffers do not leak between them."""
+    prompts = [prompt("a", MULTI), prompt("b", SHARED, system="B?")]
+    fast, ref = fp16_pair(gpu_dirs[family], prompts, "trie")
+    for first, second in ([QUERIES[0:2], QUERIES[2:4]], [QUERIES[:1], QUERIES[1:4]], [["boys tee"], ["hoodie"]]):
+        a, b = fast.start(first), fast.start(second)
+        got = fast.finish(a) + fast.finish(b, wait_is_queue=True)
+        for g, w in zip(got, ref.classify(first) + ref.classify(second)):
+            for gp, wp in zip(g.prompts, w.prompts):
+                assert max(abs(x.score - y.score) for x, y in zip(gp.labels, wp.labels)) <= TOL16, (g.query, gp.prompt)
+                assert gp.label == wp.label
+
+
 def test_no_allocation_or_capture_on_request_path(tiny_dirs):
     cfg = tiny_cfg(tiny_dirs["qwen3"], [prompt("a", MULTI), prompt("b", SHARED, system="B?")],
                    backend={"device": "cuda"})
@@ -86,6 +101,11 @@ def test_no_allocation_or_capture_on_request_path(tiny_dirs):
         clf.classify(["red dress", "boys hoodie size 140", "x", "夏季女士碎花连衣裙"][: 1 + i % 4])
         times.append(time.perf_counter() - t0)
     after = torch.cuda.memory_stats()
+    before_pipelined = torch.cuda.memory_stats()
+    for i in range(10):  # two batches in flight, as a replica runs them
+        a, b = clf.start(["red dress", "x"][: 1 + i % 2]), clf.start(["boys hoodie size 140"])
+        clf.finish(a), clf.finish(b, wait_is_queue=True)
+    assert torch.cuda.memory_stats()["allocation.all.allocated"] == before_pipelined["allocation.all.allocated"]
     assert after["allocation.all.allocated"] == before["allocation.all.allocated"]
     assert after["segment.all.allocated"] == before["segment.all.allocated"]
     assert first < 3 * max(times)  # warm from the first request (loose: tiny models are launch-bound)
