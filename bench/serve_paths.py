@@ -98,9 +98,12 @@ def http_caller(url: str, compact: bool = False):
 
 def handle_caller(handle):
     async def make(_i: int):
+        from qcls.deployments.app import classifier_handle
+        h = classifier_handle(handle)  # plain pickle; in the event loop that makes the calls
+
         async def call(q: str):
             t0 = time.perf_counter()
-            [r] = await handle.classify.remote([q])
+            [r] = await h.classify.remote([q])
             ms = (time.perf_counter() - t0) * 1e3
             if not r.ok:
                 raise RuntimeError(r.error)

@@ -153,9 +153,12 @@ class QclsDeployment:
 HANDLE_SERIALIZATION = {"request_serialization": "pickle", "response_serialization": "pickle"}
 
 
-def classifier_handle(app_name: str = "qcls"):
-    """The DeploymentHandle of a running qcls app, with the cheaper serialization (HANDLE_SERIALIZATION)."""
-    return serve.get_app_handle(app_name).options(**HANDLE_SERIALIZATION)
+def classifier_handle(app_name_or_handle: str | Any = "qcls"):
+    """The DeploymentHandle of a running qcls app (or the handle given, e.g. serve_main's), with the cheaper
+    serialization (HANDLE_SERIALIZATION). Call it where the calls are made: this sets up the handle's router,
+    which in a process with RAY_SERVE_THROUGHPUT_OPTIMIZED=1 must happen inside the caller's event loop."""
+    handle = serve.get_app_handle(app_name_or_handle) if isinstance(app_name_or_handle, str) else app_name_or_handle
+    return handle.options(**HANDLE_SERIALIZATION)
 
 
 def deployment_options(cfg: QclsConfig) -> dict[str, Any]:

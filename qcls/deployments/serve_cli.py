@@ -22,7 +22,7 @@ def serve_main(overrides: list[str], blocking: bool = True, log_to_driver: bool 
     import ray
     from ray import serve
 
-    from qcls.deployments.app import HANDLE_SERIALIZATION, app_for
+    from qcls.deployments.app import app_for
     from qcls.deployments.ingress import direct_urls, export_serve_env
 
     cfg = compose(overrides)
@@ -61,7 +61,7 @@ def serve_main(overrides: list[str], blocking: bool = True, log_to_driver: bool 
         print(f"[qcls] Prometheus metrics: http://{node.node_ip_address}:{node.metrics_export_port}/metrics",
               file=sys.stderr, flush=True)
     if not blocking:
-        return handle.options(**HANDLE_SERIALIZATION)
+        return handle
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _interrupt)
     try:

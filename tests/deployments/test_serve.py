@@ -41,14 +41,19 @@ def test_http_round_trip_equals_classifier(http, demo_classifier):
     assert_same(served, local[0])
 
 
-def test_handle_round_trip_returns_query_results(handle, demo_classifier):
-    results = handle.classify.remote(QUERIES).result()
+@pytest.mark.parametrize("serialization", ["serve default", "classifier_handle"])
+def test_handle_round_trip_returns_query_results(handle, demo_classifier, serialization):
+    from qcls.deployments.app import classifier_handle
+    h = handle if serialization == "serve default" else classifier_handle(handle)  # plain pickle
+    results = h.classify.remote(QUERIES).result()
     assert len(results) == len(QUERIES) and all(isinstance(r, QueryResult) for r in results)
     for served, ref in zip(results, demo_classifier.classify(QUERIES)):
         assert served.ok
         assert served.winner("category") == ref.winner("category")
         assert_same(served, ref)
         assert "queue_wait" in served.timings_ms and served.batch_size >= 1
+    with pytest.raises(ValueError, match="max_queries_per_request"):  # errors come back through it too
+        h.classify.remote(["maxi dress"] * 17).result()
     assert handle.prompts.remote().result() == [{"name": p.name, "labels": list(p.labels)}
                                                 for p in demo_classifier.cfg.prompts]
     assert handle.metadata.remote().result()["model"] == "smollm2_demo"
