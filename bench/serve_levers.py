@@ -23,10 +23,12 @@ sys.path.insert(0, str(ROOT))
 
 from bench import load, serve_encode  # noqa: E402
 
-CHOSEN = ("chosen: direct ingress (RAY_SERVE_THROUGHPUT_OPTIMIZED=1), no idle batch wait, 2 batches in flight", [],
-          {})
+CHOSEN = ("chosen: direct ingress (RAY_SERVE_THROUGHPUT_OPTIMIZED=1), no idle batch wait, 2 batches in flight "
+          "(the next fills while the device is busy)", [], {})
 LEVERS = [  # name, overrides, environment of that run's Ray; most telling first (--budget-s may cut the tail)
     ("chosen but one batch at a time (serve.pipeline_depth=1)", ["serve.pipeline_depth=1"], {}),
+    ("chosen but the next batch launched as soon as a slot frees (serve.fill_while_busy=false)",
+     ["serve.fill_while_busy=false"], {}),
     ("HAProxy + THROUGHPUT_OPTIMIZED, otherwise chosen", ["serve.ingress=haproxy"], {}),
     ("Serve proxy (no flags), otherwise chosen", ["serve.ingress=proxy"], {}),
     ("before: Serve proxy, 5 ms batch wait, 8 ongoing", ["serve.ingress=proxy", "serve.batch_wait_timeout_s=0.005",

@@ -144,6 +144,9 @@ class ServeSpec(_Strict):
     # batches in flight in a replica: 2 = the next batch is tokenized and queued while the current one runs
     # (the host's work overlaps the device's); 1 = one at a time
     pipeline_depth: int = Field(default=2, ge=1, le=2)
+    # with 2 in flight: the next batch gathers queries until shortly before the running one should end (by
+    # measured device times), not only those waiting the moment a slot frees; an idle device never waits
+    fill_while_busy: bool = True
     # None = 16 × engine.max_batch_size: waiting queries queue in the replica (FIFO, batched as the device
     # frees up) rather than in Serve's router, which backs off for 100s of ms when a replica is full
     max_ongoing_requests: int | None = Field(default=None, ge=1)

@@ -51,7 +51,7 @@ class QclsDeployment:
         self.metrics = ReplicaMetrics(cfg.engine.max_batch_size)
         self.worker = EngineWorker(self.clf, probe_idle_s=cfg.serve.health_probe_idle_s,
                                    probe_timeout_s=0.8 * cfg.serve.health_check_timeout_s, observer=self.metrics,
-                                   depth=cfg.serve.pipeline_depth)
+                                   depth=cfg.serve.pipeline_depth, fill_while_busy=cfg.serve.fill_while_busy)
         # batch_wait_timeout_s=0 (the default): queries go straight to the worker's queue, so a lone query
         # starts at once and those arriving during a forward share the next one. > 0: @serve.batch first
         # gathers for that long. The decorator's sizes are placeholders for the config's.

@@ -26,6 +26,10 @@ QUERY_ERROR, INTERNAL_ERROR = "query", "internal"
 # Up to this many characters are tokenized on the event loop (well under a millisecond); a thread hop
 # would cost more than it saves.
 INLINE_CHARS = 4096
+# While one batch runs, the next is launched this long before the running one should end (at least
+# LEAD_MIN_S, else LEAD_SHARE of its device time): enough for the host to tokenize and queue it (and for a
+# busy event loop to hand the launcher the interpreter), so the device does not wait.
+LEAD_MIN_S, LEAD_SHARE = 1e-3, 0.25
 
 
 class Observer(Protocol):
@@ -46,7 +50,7 @@ class Pending:
 
 class EngineWorker:
     def __init__(self, clf: Classifier, probe_idle_s: float = 60.0, probe_timeout_s: float = 20.0,
-                 observer: Observer | None = None, depth: int = 2):
+                 observer: Observer | None = None, depth: int = 2, fill_while_busy: bool = True):
         self.clf = clf
         self.observer = observer
         self.max_batch = clf.cfg.engine.max_batch_size
@@ -58,8 +62,14 @@ class EngineWorker:
         # taking requests meanwhile). The launcher takes the next batch as soon as fewer than `depth` are in
         # flight, tokenizes it and queues its forward behind the running one; the collector waits for each
         # forward in turn, builds its results and hands them back. With depth 2 the host's work on one batch
-        # overlaps the device's on the other; depth 1 runs one batch at a time.
-        self.depth = depth
+        # overlaps the device's on the other; depth 1 runs one batch at a time. With fill_while_busy, a batch
+        # that would queue behind a running one waits to fill (up to max_batch queries) until shortly before
+        # the running one should end, by the device times measured so far: fuller batches at no latency cost,
+        # since the device is busy meanwhile. An idle device takes a lone query at once either way.
+        self.depth, self.fill_while_busy = depth, fill_while_busy
+        self._device_s: dict[int, float] = {}  # batch size → its device time (forward + score), running mean
+        self._busy_until = 0.0  # perf_counter when the device should be done with every launched batch
+        self._launch_by = 0.0  # perf_counter by which the next batch should be on its way to the device
         self._lock = threading.Lock()
         self._work = threading.Condition(self._lock)  # the launcher waits here: queries, jobs or a free slot
         self._ready = threading.Condition(self._lock)  # the collector waits here: a launched batch
@@ -107,8 +117,10 @@ class EngineWorker:
     def _launch_loop(self) -> None:
         while True:
             with self._lock:
-                while not (self._closed or ((self._waiting or self._jobs) and self._inflight < self.depth)):
-                    self._work.wait()
+                while not self._closed:
+                    if self._inflight < self.depth and (self._jobs or (self._waiting and self._hold_s() <= 0)):
+                        break
+                    self._work.wait(self._hold_s() if self._waiting and self._inflight < self.depth else None)
                 if self._closed:
                     return
                 job = self._jobs.popleft() if self._jobs else None
@@ -129,6 +141,16 @@ class EngineWorker:
                 with self._lock:
                     self._launched.append((chunk, batch, started))
                     self._ready.notify()
+                    device_s = self._device_s.get(len(chunk), 0.0)
+                    self._busy_until = max(time.perf_counter(), self._busy_until) + device_s
+                    self._launch_by = self._busy_until - max(LEAD_MIN_S, LEAD_SHARE * device_s)
+
+    def _hold_s(self) -> float:
+        """How much longer the waiting queries may gather before their batch is launched: none when the device
+        is idle or a full batch waits; else until shortly before the batch in flight should end."""
+        if not self.fill_while_busy or self._inflight == 0 or len(self._waiting) >= self.max_batch:
+            return 0.0
+        return self._launch_by - time.perf_counter()
 
     def _collect_loop(self) -> None:
         while True:
@@ -142,6 +164,8 @@ class EngineWorker:
                 answer: list[QueryResult] | BaseException = self._finish([it for it, _, _ in chunk], batch, started)
             except BaseException as e:  # noqa: BLE001 - never leave a caller waiting forever
                 answer = e
+            else:
+                self._learn(answer)
             self._settled()
             for loop in {lp for _, _, lp in chunk}:
                 mine = [(i, fut) for i, (_, fut, lp) in enumerate(chunk) if lp is loop]
@@ -149,6 +173,13 @@ class EngineWorker:
                     loop.call_soon_threadsafe(self._deliver, mine, answer)
                 except RuntimeError:  # that caller's event loop is gone
                     pass
+
+    def _learn(self, results: list[QueryResult]) -> None:
+        """Update the running mean of the device time of this batch size (a forward's time barely varies)."""
+        t = next((r.timings_ms for r in results if r.ok and "forward" in r.timings_ms), None)
+        if t is not None:
+            b, s = results[0].batch_size or len(results), (t["forward"] + t.get("score", 0.0)) / 1e3
+            self._device_s[b] = s if b not in self._device_s else 0.8 * self._device_s[b] + 0.2 * s
 
     def _settled(self) -> None:
         with self._lock:

@@ -44,7 +44,8 @@ class FakeClassifier:
         self.log.append(("finish", tuple(queries)))
         extra = {"device_wait": waited * 1e3} if wait_is_queue else {}
         return [QueryResult(q, [PromptResult("p", "a", 1.0, [LabelScore("a", 0.0, 1.0, 1)])], None, len(q),
-                            len(queries), {"total": 1.0, **extra}) for q in queries]
+                            len(queries), {"forward": self.delay * 1e3, "score": 0.0, "total": 1.0, **extra})
+                for q in queries]
 
     def classify(self, queries):
         return self.finish(self.start(queries))
@@ -149,3 +150,32 @@ def test_back_to_back_lone_requests_never_stall():
             [fut] = w.submit([Pending(f"q{i}", time.perf_counter())])
             assert (await asyncio.wait_for(fut, 2.0)).query == f"q{i}"
     run(scenario())
+
+
+@pytest.mark.parametrize("fill", [True, False])
+def test_a_batch_behind_a_running_one_fills_until_just_before_it_ends(fill):
+    """While "a" runs (100 ms, learnt from an earlier batch), "b" and "c" arrive 10 and 20 ms in: with
+    fill_while_busy they go together, launched before "a" ends; without it "b" goes at once and "c" waits
+    for a free slot. A lone query on an idle device never waits."""
+    clf = FakeClassifier()
+    clf.delay = 0.1
+    w = EngineWorker(clf, depth=2, fill_while_busy=fill)
+
+    async def scenario():
+        [warm] = w.submit([Pending("w", time.perf_counter())])
+        await warm  # the worker now knows a batch of 1 takes 100 ms on the device
+        t0 = time.perf_counter()
+        futs = w.submit([Pending("a", t0)])
+        for q in "bc":
+            await asyncio.sleep(0.01)
+            futs += w.submit([Pending(q, time.perf_counter())])
+        out = await asyncio.gather(*futs)
+        return out, t0
+
+    out, t0 = run(scenario())
+    assert [r.query for r in out] == ["a", "b", "c"] and all(r.ok for r in out)
+    batches = [q for kind, q in clf.log if kind == "start"]
+    assert batches == ([("w",), ("a",), ("b", "c")] if fill else [("w",), ("a",), ("b",), ("c",)]), clf.log
+    assert out[0].timings_ms["queue_wait"] < 20  # "a" found the device idle
+    if fill:
+        assert clf.log.index(("start", ("b", "c"))) < clf.log.index(("finish", ("a",)))
