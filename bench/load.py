@@ -104,6 +104,8 @@ def measure(a, overrides: list[str]) -> tuple[list[dict], dict]:
     paths = []
     if "handle" in a.paths:
         paths.append(("handle", handle_caller(handle)))
+    if "handle-cloudpickle" in a.paths:
+        paths.append(("handle (Serve's cloudpickle)", handle_caller(handle, plain_pickle=False)))
     # the replicas' own ports wherever this cluster's controller runs direct ingress (also when the flag came
     # from the environment, as bench/serve_levers.py's RAY_SERVE_ENABLE_DIRECT_INGRESS-only lever does)
     direct = direct_urls(s.app_name, "127.0.0.1", wait_s=10 if s.ingress == "direct" else 2)
@@ -211,7 +213,8 @@ def parse_args(argv=None):
     ap.add_argument("--compact-concurrency", type=ints, default=[1, 8])
     ap.add_argument("--paths", type=lambda v: set(v.split(",")), default={"engine", "handle", "http", "compact",
                                                                           "proxy"},
-                    help="any of engine,handle,http,compact,proxy (default all)")
+                    help="any of engine,handle,handle-cloudpickle,http,compact,proxy (default all but "
+                         "handle-cloudpickle)")
     ap.add_argument("--requests", type=int, default=5000, help="at most this many requests per level")
     ap.add_argument("--seconds", type=float, default=3.0, help="at most this long per level")
     ap.add_argument("--note", default="", help="what was run, for the results heading")

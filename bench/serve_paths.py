@@ -96,10 +96,11 @@ def http_caller(url: str, compact: bool = False):
     return make
 
 
-def handle_caller(handle):
+def handle_caller(handle, plain_pickle: bool = True):
     async def make(_i: int):
         from qcls.deployments.app import classifier_handle
-        h = classifier_handle(handle)  # plain pickle; in the event loop that makes the calls
+        # classifier_handle: plain pickle (made in the event loop that makes the calls); else Serve's cloudpickle
+        h = classifier_handle(handle) if plain_pickle else handle
 
         async def call(q: str):
             t0 = time.perf_counter()
