@@ -229,18 +229,20 @@ class FastEngine:
     def launch(self, batch: list[list[int]]) -> InFlight:
         """Pack the batch and queue its forward, tail and copy back without waiting for the device: with a
         batch already in flight this one runs right after it, so the host's work on either overlaps the
-        device's. At most SLOTS batches are in flight; each must be collected, in launch order."""
+        device's. At most SLOTS batches are in flight; each must be collected."""
         t0 = time.perf_counter()
         bk = self.bucket_for(batch)
-        if not self._free:
-            raise RuntimeError(f"{SLOTS} batches already in flight: collect one before launching another")
-        slot = self._free.pop()
-        try:
-            with self._launching:  # the static input buffers take one batch at a time (a fallback may launch
-                return self._queue(bk, batch, slot, t0)  # from another thread than the server's launcher)
-        except BaseException:
-            self._free.append(slot)
-            raise
+        # one launch at a time: the static input buffers take one batch at a time, and a server's fallback
+        # may launch from another thread than its launcher
+        with self._launching:
+            if not self._free:
+                raise RuntimeError(f"{SLOTS} batches already in flight: collect one before launching another")
+            slot = self._free.pop()
+            try:
+                return self._queue(bk, batch, slot, t0)
+            except BaseException:
+                self._free.append(slot)
+                raise
 
     def _queue(self, bk: Bucket, batch: list[list[int]], slot: int, t0: float) -> InFlight:
         bk.pack(batch, slot)
