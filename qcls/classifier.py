@@ -101,6 +101,9 @@ class Classifier:
         return [self.calibration.affine(lay.tokens.name, len(lay.tokens.labels)) for lay in self.layouts]
 
     def _warm_up(self) -> None:
+        """Every bucket, then the request path; records each batch size's device time (forward + score, ms) in
+        `device_ms`, which a server uses to time the batch it queues behind a running one."""
+        self.device_ms: dict[int, float] = {}
         ids = encode_query(self.tokenizer, WARMUP_QUERY, self.cfg.max_query_tokens)
         if self.cfg.engine.kind == "reference":
             self.engine.run([ids])
@@ -118,7 +121,8 @@ class Classifier:
             first = self.start([WARMUP_QUERY] * b)  # two batches in flight, as a server runs them: every
             second = self.start([WARMUP_QUERY] * b)  # host slot and device event gets its first use here
             self.finish(first)
-            self.finish(second)
+            t = self.finish(second)[0].timings_ms
+            self.device_ms[b] = t["forward"] + t["score"]
 
     @property
     def prompt_names(self) -> list[str]:

@@ -67,7 +67,8 @@ class EngineWorker:
         # the running one should end, by the device times measured so far: fuller batches at no latency cost,
         # since the device is busy meanwhile. An idle device takes a lone query at once either way.
         self.depth, self.fill_while_busy = depth, fill_while_busy
-        self._device_s: dict[int, float] = {}  # batch size → its device time (forward + score), running mean
+        # batch size → its device time (forward + score): measured at start-up, then a running mean
+        self._device_s = {b: ms / 1e3 for b, ms in clf.device_ms.items()}
         self._busy_until = 0.0  # perf_counter when the device should be done with every launched batch
         self._launch_by = 0.0  # perf_counter by which the next batch should be on its way to the device
         self._lock = threading.Lock()
@@ -118,9 +119,11 @@ class EngineWorker:
         while True:
             with self._lock:
                 while not self._closed:
-                    if self._inflight < self.depth and (self._jobs or (self._waiting and self._hold_s() <= 0)):
+                    free = self._inflight < self.depth
+                    hold = self._hold_s() if free and self._waiting else None
+                    if free and (self._jobs or (hold is not None and hold <= 0)):
                         break
-                    self._work.wait(self._hold_s() if self._waiting and self._inflight < self.depth else None)
+                    self._work.wait(hold)  # None: until notified (new queries, a free slot, close)
                 if self._closed:
                     return
                 job = self._jobs.popleft() if self._jobs else None
@@ -244,7 +247,8 @@ class EngineWorker:
         return results
 
     async def run_batch(self, items: list[Pending]) -> list[QueryResult]:
-        """classify_batch on the device thread, awaited (tests, and callers that batch themselves)."""
+        """classify_batch on the launcher thread (a job between batches), awaited (tests, and callers that
+        batch themselves)."""
         return await self._on_device(self.classify_batch, items)
 
     def _one_by_one(self, queries: list[str]) -> list[QueryResult]:

@@ -26,6 +26,7 @@ class FakeClassifier:
         self.cfg = SimpleNamespace(max_query_tokens=8, engine=SimpleNamespace(max_batch_size=4))
         self.poison, self.dead, self.calls, self.delay = set(), False, [], 0.0
         self.log: list[tuple[str, tuple[str, ...]]] = []
+        self.device_ms: dict[int, float] = {}  # what Classifier measures at start-up
         self._device_free_at = 0.0
 
     def start(self, queries):
@@ -154,16 +155,14 @@ def test_back_to_back_lone_requests_never_stall():
 
 @pytest.mark.parametrize("fill", [True, False])
 def test_a_batch_behind_a_running_one_fills_until_just_before_it_ends(fill):
-    """While "a" runs (100 ms, learnt from an earlier batch), "b" and "c" arrive 10 and 20 ms in: with
+    """While "a" runs (100 ms, as measured at start-up), "b" and "c" arrive 10 and 20 ms in: with
     fill_while_busy they go together, launched before "a" ends; without it "b" goes at once and "c" waits
     for a free slot. A lone query on an idle device never waits."""
     clf = FakeClassifier()
-    clf.delay = 0.1
+    clf.delay, clf.device_ms = 0.1, {1: 100.0}
     w = EngineWorker(clf, depth=2, fill_while_busy=fill)
 
     async def scenario():
-        [warm] = w.submit([Pending("w", time.perf_counter())])
-        await warm  # the worker now knows a batch of 1 takes 100 ms on the device
         t0 = time.perf_counter()
         futs = w.submit([Pending("a", t0)])
         for q in "bc":
@@ -175,7 +174,21 @@ def test_a_batch_behind_a_running_one_fills_until_just_before_it_ends(fill):
     out, t0 = run(scenario())
     assert [r.query for r in out] == ["a", "b", "c"] and all(r.ok for r in out)
     batches = [q for kind, q in clf.log if kind == "start"]
-    assert batches == ([("w",), ("a",), ("b", "c")] if fill else [("w",), ("a",), ("b",), ("c",)]), clf.log
+    assert batches == ([("a",), ("b", "c")] if fill else [("a",), ("b",), ("c",)]), clf.log
     assert out[0].timings_ms["queue_wait"] < 20  # "a" found the device idle
     if fill:
         assert clf.log.index(("start", ("b", "c"))) < clf.log.index(("finish", ("a",)))
+
+
+def test_device_times_are_learnt_from_served_batches():
+    """Start-up's measurement is the first estimate; each served batch moves the running mean toward it."""
+    clf = FakeClassifier()
+    clf.delay, clf.device_ms = 0.05, {1: 10.0}
+    w = EngineWorker(clf)
+
+    async def scenario():
+        [f] = w.submit([Pending("a", time.perf_counter())])
+        await f
+    assert w._device_s == {1: 0.01}
+    run(scenario())
+    assert w._device_s[1] == pytest.approx(0.8 * 0.01 + 0.2 * 0.05)

@@ -149,6 +149,8 @@ def test_two_batches_in_flight_equal_one_at_a_time(tiny_dirs):
     """A server starts the next batch before finishing the current one (Classifier.start / finish): two in
     flight, in the same bucket and in different ones, give the scores of classify on each alone."""
     fast, ref = pair(tiny_dirs["qwen3"], [prompt("a", MULTI), prompt("b", SHARED, system="B?")], "trie")
+    # start-up measured every batch size's device time (a server times its next batch by it)
+    assert sorted(fast.device_ms) == [1, 2, 3, 4] and all(ms > 0 for ms in fast.device_ms.values())
     for first, second in ([QUERIES[0:2], QUERIES[2:4]], [QUERIES[:1], QUERIES[1:4]], [["boys tee"], ["hoodie"]]):
         a, b = fast.start(first), fast.start(second)
         with pytest.raises(RuntimeError, match="already in flight"):
