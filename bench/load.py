@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.serve_paths import closed_loop, engine_levels, handle_caller, http_caller  # noqa: E402
+from bench.tails import gc_delta, tail, tail_table  # noqa: E402
 
 GOAL_HTTP_MS, GOAL_HANDLE_MS, GOAL_SHARE, GOAL_BATCH = 2.0, 1.0, 0.8, 3.5
 
@@ -117,12 +118,23 @@ def measure(a, overrides: list[str]) -> tuple[list[dict], dict]:
         paths.append((main_name + " compact", http_caller(main_url, compact=True)))
     if "proxy" in a.paths and direct:
         paths.append((routed_name, http_caller(routed)))
+    from qcls.deployments.app import classifier_handle
+    from qcls.deployments.metrics import GcPauses
+    client_gc = GcPauses()
+
     async def drive() -> None:  # one event loop for every level: Serve's router may be bound to it
+        h = classifier_handle(handle)
         try:
             for name, caller in paths:
                 for conc in a.concurrency if name != main_name + " compact" else a.compact_concurrency:
+                    before, cb = (await h.replica_stats.remote())["gc"], client_gc.summary()
                     lv = await closed_loop(name, conc, caller, a.requests, a.seconds)
-                    stats.append(lv.stats())
+                    t1 = time.perf_counter()
+                    rg = gc_delta(before, (await h.replica_stats.remote())["gc"], lv.started, t1)
+                    cg = gc_delta(cb, client_gc.summary(), lv.started, t1)
+                    stats.append({**lv.stats(), "tail": tail(lv, rg, cg), "gc_replica": rg, "gc_client": cg})
+                    for g in (rg, cg):
+                        g.pop("recent")
                     progress(stats[-1])
         finally:
             await serve.shutdown_async()  # on the loop the handle's router lives on
@@ -141,8 +153,12 @@ def measure(a, overrides: list[str]) -> tuple[list[dict], dict]:
 
 
 def progress(s: dict) -> None:
+    t = s.get("tail") or {}
     print(f"[bench] {s['path']} c={s['concurrency']}: {s['rps']:.1f}/s p50 {s['p50']:.2f} p99 {s['p99']:.2f} ms, "
-          f"batch {s['batch']:.2f}, errors {s['errors']}", flush=True)
+          f"batch {s['batch']:.2f}, errors {s['errors']}"
+          + (f"; slowest 1 %: {t['ms']:.1f} ms = queue {t['queue']:.1f} + engine {t['engine']:.1f} + serving "
+             f"{t['serving']:.1f}, replica GC {s['gc_replica']['count']} (max {s['gc_replica']['max_ms']:.1f} ms)"
+             if t else ""), flush=True)
 
 
 def config_line(c) -> str:
@@ -200,8 +216,10 @@ def report(stats: list[dict], info: dict, header: dict, note: str) -> str:
             "Ray Serve flags": (" ".join(f"{k}={v}" for k, v in info.get("ray_env", {}).items()) or "(none)")
             + ("; the benchmark process (the handle caller) has them too" if info.get("caller_flags") else "")}
     g = goals(stats)
+    tails = tail_table(stats)
     return "\n".join([f"## {when}: load bench (bench/load.py), {note}", "", *(f"- {k}: {v}" for k, v in head.items()),
-                      "", table(stats), *(["Goals (issue 10):", *(f"- {x}" for x in g), ""] if g else [])]) + "\n"
+                      "", table(stats), *([tails] if tails else []),
+                      *(["Goals (issue 10):", *(f"- {x}" for x in g), ""] if g else [])]) + "\n"
 
 
 def parse_args(argv=None):

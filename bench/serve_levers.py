@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import load, serve_encode  # noqa: E402
+from bench.tails import tail_table  # noqa: E402
 
 CHOSEN = ("chosen: direct ingress (RAY_SERVE_THROUGHPUT_OPTIMIZED=1), no idle batch wait, 2 batches in flight "
           "(the next fills while the device is busy)", [], {})
@@ -134,9 +135,10 @@ def report(chosen: dict | None, runs: list[dict], encode: str, a) -> str:
     g = load.goals(stats)
     return "\n".join([
         f"## serving levers (bench/serve_levers.py), {h['device']}", "", *(f"- {k}: {v}" for k, v in head.items()),
-        "", f"### {CHOSEN[0]}", "", load.table(stats), "Goals (issue 10):", *(f"- {x}" for x in g), "",
-        "### Levers side by side (each a fresh Ray; engine b1 p50 from the chosen run)", "",
-        lever_table(runs, b1), encode]) + "\n"
+        "", f"### {CHOSEN[0]}", "", load.table(stats), tail_table(stats), "Goals (issue 10):",
+        *(f"- {x}" for x in g), "", "### Levers side by side (each a fresh Ray; engine b1 p50 from the chosen run)",
+        "", lever_table(runs, b1), *(f"{r['name']}:\n\n{tail_table(r['stats'])}" for r in runs[1:] if tail_table(r["stats"])),
+        encode]) + "\n"
 
 
 if __name__ == "__main__":

@@ -23,7 +23,9 @@ class Level:
     path: str
     concurrency: int
     rows: list[tuple[float, int, float, float]] = field(default_factory=list)
+    ends: list[float] = field(default_factory=list)  # perf_counter when each row's answer arrived
     errors: list[str] = field(default_factory=list)
+    started: float = 0.0  # perf_counter at the first measured request
     wall_s: float = 0.0
     per_call: int = 1  # queries per call (the engine's batch rows)
 
@@ -60,11 +62,12 @@ async def closed_loop(path: str, conc: int, make_call, max_requests: int, max_s:
             sent += 1
             try:
                 lv.rows.append(await calls[i](q))
+                lv.ends.append(time.perf_counter())
             except Exception as e:  # noqa: BLE001 - every failure is counted and the first one reported
                 lv.errors.append(f"{type(e).__name__}: {e}"[:300])
 
     deadline = time.perf_counter() + max_s
-    t0 = time.perf_counter()
+    lv.started = t0 = time.perf_counter()
     await asyncio.gather(*(client(i) for i in range(conc)))
     lv.wall_s = time.perf_counter() - t0
     for c in calls:

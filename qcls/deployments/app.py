@@ -104,6 +104,12 @@ class QclsDeployment:
     def metadata(self) -> dict[str, Any]:
         return self.clf.metadata()
 
+    def replica_stats(self) -> dict[str, Any]:
+        """This replica's process id and garbage-collector pauses since start-up (count, total and longest by
+        generation; `recent`: the latest as (perf_counter at start, ms, generation)); bench/load.py lines
+        them up with its slowest requests."""
+        return {"pid": os.getpid(), "gc": self.metrics.gc.summary()}
+
     async def check_health(self) -> None:
         """Serve calls this every serve.health_check_period_s; raising makes it replace the replica."""
         try:
@@ -115,6 +121,8 @@ class QclsDeployment:
         # Serve calls this once the replica has drained (in-flight requests answered)
         if getattr(self, "worker", None) is not None:
             self.worker.close()
+        if getattr(self, "metrics", None) is not None:
+            self.metrics.gc.close()
 
     def inject_fault(self, kind: str | None, query: str | None = None, seconds: float = 0.0) -> int:
         """Tests only (serve.fault_injection=true). kind="engine": every forward raises a CUDA-like error;

@@ -11,11 +11,16 @@ replica). Ray exports them on each node's metrics port with a `ray_` prefix:
     ray_qcls_engine_errors_total{kind}                   counter: batch (a forward raised), query (a query
                                                          failed on its own), unusable (the health probe failed)
     ray_qcls_engine_healthy                              gauge, 1 while the engine answers, 0 once unusable
+    ray_qcls_gc_pause_ms{generation}                     histogram, the replica's garbage-collector pauses
 
 Recording runs on the replica's event loop after the batch's answers are handed back (`EngineWorker` calls
 `after_batch` through loop.call_soon), so it does not delay them.
 """
 from __future__ import annotations
+
+import gc
+import time
+from collections import deque
 
 from ray.serve.metrics import Counter, Gauge, Histogram
 
@@ -35,6 +40,37 @@ def refusal_reason(message: str) -> str:
     return "bad_request"
 
 
+class GcPauses:
+    """The garbage collector's pauses in this process. A collection holds the GIL, so every thread of a
+    replica (event loop, launcher, collector) waits it out: a long one is a latency spike for every request
+    in flight. Recorded from gc.callbacks; `recent` keeps the latest (perf_counter at start, ms, generation)."""
+
+    def __init__(self, keep: int = 512):
+        self.recent: deque[tuple[float, float, int]] = deque(maxlen=keep)
+        self.count, self.total_ms, self.max_ms = [0, 0, 0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]
+        self._started = 0.0
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        now = time.perf_counter()
+        if phase == "start":
+            self._started = now
+            return
+        g, ms = info["generation"], (now - self._started) * 1e3
+        self.count[g] += 1
+        self.total_ms[g] += ms
+        self.max_ms[g] = max(self.max_ms[g], ms)
+        self.recent.append((self._started, ms, g))
+
+    def summary(self) -> dict:
+        return {"count": list(self.count), "total_ms": [round(x, 3) for x in self.total_ms],
+                "max_ms": [round(x, 3) for x in self.max_ms], "recent": list(self.recent)}
+
+    def close(self) -> None:
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+
+
 class ReplicaMetrics:
     def __init__(self, max_batch_size: int):
         self.stage_ms = Histogram("qcls_stage_ms", description="per-query latency of each stage and of the "
@@ -51,6 +87,10 @@ class ReplicaMetrics:
                                      tag_keys=("kind",))
         self.healthy = Gauge("qcls_engine_healthy", description="1 while the engine answers, 0 once unusable")
         self.healthy.set(1)
+        self.gc_pause_ms = Histogram("qcls_gc_pause_ms", description="garbage-collector pauses of the replica "
+                                     "process, ms", boundaries=MS_BOUNDARIES, tag_keys=("generation",))
+        self.gc = GcPauses()
+        self._gc_seen = 0  # pauses already exported (not from inside the collector's callback)
 
     def after_batch(self, results: list[QueryResult]) -> None:
         good = [r for r in results if r.ok]
@@ -67,6 +107,14 @@ class ReplicaMetrics:
         if tokens:
             self.tokens.observe(tokens)
         self.queries.inc(len(good))
+        self.export_gc()
+
+    def export_gc(self) -> None:
+        n = sum(self.gc.count)
+        fresh = list(self.gc.recent)[-min(n - self._gc_seen, len(self.gc.recent)):] if n > self._gc_seen else []
+        self._gc_seen = n
+        for _start, ms, g in fresh:
+            self.gc_pause_ms.observe(ms, tags={"generation": str(g)})
 
     def refused_query(self, message: str) -> None:
         self.refused.inc(tags={"reason": refusal_reason(message)})
@@ -79,3 +127,4 @@ class ReplicaMetrics:
     def health(self, ok: bool) -> None:
         """Refreshed at every health check: Ray drops a gauge series that is not set again for a while."""
         self.healthy.set(1 if ok else 0)
+        self.export_gc()

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 def scrape(port: int) -> dict[str, float]:
     """qcls series as {'name{tag=value,...}': value} summed over replicas (Ray's node, worker and replica
     tags dropped)."""
-    keep = ("application", "stage", "reason", "kind", "le")
+    keep = ("application", "stage", "reason", "kind", "generation", "le")
     out: dict[str, float] = {}
     for line in httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text.splitlines():
         m = re.match(r"(ray_qcls_\w+)(?:\{(.*)\})? ([-+.eE\w]+)$", line)
@@ -56,3 +56,17 @@ def test_stage_batch_refusal_and_error_metrics_are_exported(http, handle, metric
     assert now[key("engine_healthy")] == 1
     assert grew(now, key("stage_ms_sum", stage="forward")) > 0
     assert any(k.startswith(key("stage_ms_bucket", stage="forward")[:-1] + ",le=") for k in now)
+
+
+def test_garbage_collector_pauses_are_recorded_and_exported(http, handle, metrics_port):
+    """Ray Serve collects and freezes the heap once the replica is up: that pause (generation 2) and those
+    the requests cause are counted, readable through replica_stats and exported as a histogram."""
+    for _ in range(3):
+        assert http.post("/v1/classify", json={"queries": ["maxi dress", "boys tee"]}).status_code == 200
+    st = handle.replica_stats.remote().result()
+    assert isinstance(st["pid"], int) and st["gc"]["count"][2] >= 1
+    assert all(len(p) == 3 and p[1] >= 0 and p[2] in (0, 1, 2) for p in st["gc"]["recent"])
+    deadline = time.monotonic() + 60
+    while not any(k.startswith("ray_qcls_gc_pause_ms_count{application=qcls,generation=") for k in scrape(metrics_port)):
+        assert time.monotonic() < deadline, "no ray_qcls_gc_pause_ms series exported"
+        time.sleep(2)
