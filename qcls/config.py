@@ -136,6 +136,9 @@ class ServeSpec(_Strict):
     # a stopping direct-ingress replica keeps its port open this long for load balancers (Ray's default 30)
     drain_s: float = Field(default=2.0, ge=0)
     retry_after_s: int = Field(default=1, ge=0)  # the Retry-After header of every 503
+    # Serve's access log, one line per request in the replica's log file. Off: at hundreds of requests a
+    # second the lines are pure overhead on the replica's event loop (the metrics count requests instead)
+    access_log: bool = False
     # Prometheus metrics (Ray's export port) when qcls starts Ray; None = a port Ray picks
     metrics_export_port: int | None = Field(default=None, ge=1, le=65535)
     # the replica's Python thread switch interval; None leaves Python's 5 ms. 0.5 ms (meant to hand the GIL

@@ -178,6 +178,7 @@ def deployment_options(cfg: QclsConfig) -> dict[str, Any]:
         "max_ongoing_requests": cfg.max_ongoing_requests,
         "health_check_period_s": s.health_check_period_s,
         "health_check_timeout_s": s.health_check_timeout_s,
+        "logging_config": {"enable_access_log": s.access_log},
     }
     if s.autoscaling:
         opts["autoscaling_config"] = dict(s.autoscaling)

@@ -44,6 +44,10 @@ def serve_env(spec: ServeSpec) -> dict[str, str]:
         # Ray holds a stopping direct-ingress replica open 30 s for external load balancers; with none in
         # front, that only delays shutdowns and redeploys.
         "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": f"{spec.drain_s:g}",
+        # RAY_SERVE_THROUGHPUT_OPTIMIZED buffers 1000 log records per Serve process and writes them at once: on
+        # a replica's event loop that is a ~20 ms stall every thousand requests (the slowest 1 % at 8 clients,
+        # bench/RESULTS.md), and a warning sits unseen until 999 more records come. One at a time: neither.
+        "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE": "1",
         # Serve's proxy answers a request whose replica died with a bare 500: ReplicaLost makes it a 503.
         "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": MIDDLEWARE_HOOK,
         RETRY_AFTER_ENV: str(spec.retry_after_s),

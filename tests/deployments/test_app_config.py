@@ -39,6 +39,10 @@ def test_builder_maps_config_to_deployment_options():
     assert opts["max_ongoing_requests"] == 64  # waiting queries queue in the replica, not in Serve's router
     auto = deployment_options(compose(["serve.autoscaling={min_replicas:1,max_replicas:4}"]))
     assert auto["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 4} and "num_replicas" not in auto
+    # Serve's per-request access log is off unless asked for; log records are written one at a time
+    assert opts["logging_config"] == {"enable_access_log": False}
+    assert deployment_options(compose(["serve.access_log=true"]))["logging_config"] == {"enable_access_log": True}
+    assert actor["runtime_env"]["env_vars"]["RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE"] == "1"
 
 
 def test_inconsistent_serving_configs_are_refused():
