@@ -43,7 +43,7 @@ def test_gc_delta_counts_only_the_window():
 
 
 def test_gc_pauses_records_each_collection_by_generation():
-    pytest.importorskip("ray")
+    pytest.importorskip("ray", reason="GcPauses lives in qcls.deployments.metrics, which needs ray[serve]: pip install -e '.[serve]'")
     from qcls.deployments.metrics import GcPauses
 
     rec = GcPauses()
