@@ -5,6 +5,8 @@ Two implementations of the same function (tests hold them equal):
 - `DenseAttention`: SDPA (memory-efficient or math kernel: the T4 envelope) over every key slot with an
   additive [N, keys] mask. Every token scores the whole prefix pool and every token of the batch before
   the mask discards most of it: O(N · (pool + N)). The CPU path and the prefix fill at start-up use it.
+  A layer's sliding window (Gemma3's local layers) further hides keys with pos(query) - pos(key) ≥ window,
+  from the positions of queries and key slots.
 - `TreeAttention`: a Triton kernel that visits only the keys a token can see: its own prompt's prefix
   slots (through a per-prompt slot table, so shared blocks are read where they lie) and its own row, with
   the causal/trie-ancestry test done on the fly from the per-token descriptors. O(N · (prefix + row)).
@@ -52,11 +54,25 @@ def tree_available(device: torch.device, head_dim: int) -> str | None:
 class DenseAttention:
     """SDPA over buffer slots [0, key_len) with an additive mask [N, key_len]."""
 
-    def __init__(self, mask: torch.Tensor, key_len: int):
-        self.mask, self.key_len = mask[None, None], key_len
+    def __init__(self, mask: torch.Tensor, key_len: int, q_pos: torch.Tensor | None = None,
+                 k_pos: torch.Tensor | None = None):
+        """q_pos [N] / k_pos [key_len]: positions of the queries and of every key slot, needed only by layers
+        with a sliding window; their masks are built once per window per forward, at first use."""
+        self.key_len, self.q_pos, self.k_pos = key_len, q_pos, k_pos
+        self.masks: dict[int | None, torch.Tensor] = {None: mask[None, None]}
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q [N, heads, d]; k/v one layer's buffer [kv_heads, slots, d] → [N, heads·d]."""
+    def mask(self, window: int | None) -> torch.Tensor:
+        if window not in self.masks:
+            if self.q_pos is None or self.k_pos is None:
+                raise ValueError("a sliding-window layer needs the query and key positions")
+            far = self.q_pos[:, None] - self.k_pos[None, :] >= window
+            self.masks[window] = self.masks[None].masked_fill(far[None, None], float("-inf"))
+        return self.masks[window]
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None = None,
+                 scale: float | None = None) -> torch.Tensor:
+        """q [N, heads, d]; k/v one layer's buffer [kv_heads, slots, d] → [N, heads·d]. `window`: the layer's
+        sliding window (None: global); `scale`: the softmax scale (None: d^-1/2)."""
         n, nh, d = q.shape
         nkv = k.shape[0]
         g = nh // nkv
@@ -64,12 +80,17 @@ class DenseAttention:
         vv = v[None, :, :self.key_len].expand(g, nkv, self.key_len, d)
         qq = q.view(n, nkv, g, d).permute(2, 1, 0, 3)
         with sdpa_kernel(T4_SDPA):
-            o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=self.mask)
+            o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=self.mask(window), scale=scale)
         return o.permute(2, 1, 0, 3).reshape(n, nh * d)
 
 
 class TreeAttention:
     """The tree-masked attention of one packed forward, visiting only visible keys (Triton)."""
+
+    # What the kernel takes per call besides the tree rule. A sliding window and a scale other than d^-1/2
+    # (Gemma3) come with issue 18's kernel; until then the engine runs such layers on the dense path.
+    supports_window = False
+    supports_scale = False
 
     def __init__(self, seq: torch.Tensor, anc: torch.Tensor, tslot: torch.Tensor, tiles: torch.Tensor,
                  prefix_slots: torch.Tensor, prefix_len: torch.Tensor, pool_len: int, max_row: int,
@@ -83,7 +104,11 @@ class TreeAttention:
         self.prefix_slots, self.prefix_len, self.pool_len = prefix_slots, prefix_len, pool_len
         self.out = out  # [N, heads·d], reused by every layer (o_proj reads it before the next layer writes)
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None = None,
+                 scale: float | None = None) -> torch.Tensor:
+        if (window is not None and not self.supports_window) or (scale is not None and not self.supports_scale):
+            raise ValueError(f"the tree-attention kernel has no sliding window / softmax scale yet "
+                             f"(window={window}, scale={scale}): engine.attention=sdpa runs them")
         n, nh, d = q.shape
         nkv, slots = k.shape[0], k.shape[1]
         g = nh // nkv

@@ -16,7 +16,7 @@ import torch
 
 from qcls.engine.attention import DenseAttention, TreeAttention, tree_available
 from qcls.engine.decoder import Decoder
-from qcls.engine.layout import Packer, PromptLayout, build_mask, unpack
+from qcls.engine.layout import Packer, PromptLayout, build_mask, key_positions, unpack
 from qcls.engine.prefix_cache import plan_prefixes
 from qcls.engine.tail import Tail
 
@@ -59,6 +59,7 @@ class Bucket:
         self.out = [torch.zeros(tail.table.shape[0], dtype=torch.float32, pin_memory=pinned) for _ in range(SLOTS)]
         self.buf = torch.zeros(size, dtype=torch.long, device=dev)
         self.visible = packer.visible.to(dev)
+        self.pool_pos = packer.pool_pos.to(dev)
         self.prefix_slots, self.prefix_len = packer.prefix_slots.to(dev), packer.prefix_len.to(dev)
         self.zero = torch.zeros((), dtype=dec.dtype, device=dev)
         self.neg = torch.full((), float("-inf"), dtype=dec.dtype, device=dev)
@@ -77,7 +78,7 @@ class Bucket:
                                    self.pool_len, self.max_row, out)
         else:
             attend = DenseAttention(torch.where(build_mask(d, self.visible, self.key_len), self.zero, self.neg),
-                                    self.key_len)
+                                    self.key_len, d["pos"], key_positions(d, self.pool_pos, self.key_len))
         self.hidden = self.dec.forward(d["ids"], d["pos"], self.slots, attend, d["read"], self.embeds)
         return self.hidden
 
@@ -145,7 +146,9 @@ class FastEngine:
         self.max_batch = max_batch
         self.packer = Packer(prompts, self.pool, self.pool_len, self.query_buckets[-1])
         biggest = self.packer.n_tokens(max_batch, max_batch * self.query_buckets[-1])
-        self.dec = Decoder(model, self.pool_len + biggest + 16)
+        # the highest position + 1 a token can reach: a prompt's prefix, the longest query, its row constants
+        self.reach = max(len(p.tokens.prefix_ids) + self.query_buckets[-1] + p.const_len for p in prompts)
+        self.dec = Decoder(model, self.pool_len + biggest + 16, self.reach)
         self.device = self.dec.device
         self.attention, self.notes = self._pick_attention(attention)
         self._check_positions()
@@ -172,7 +175,7 @@ class FastEngine:
         the dense SDPA path runs and says so. An explicit 'tree' that cannot run is refused here."""
         if wanted not in ("auto", "tree", "sdpa"):
             raise ValueError(f"engine.attention must be auto, tree or sdpa, not {wanted!r}")
-        why = tree_available(self.device, self.dec.head_dim)
+        why = tree_available(self.device, self.dec.head_dim) or self._tree_lacks()
         if wanted == "tree" and why:
             raise ValueError(f"engine.attention=tree cannot run: {why}; use engine.attention=auto or sdpa")
         if wanted == "auto":
@@ -183,10 +186,20 @@ class FastEngine:
             return "sdpa", []
         return wanted, []
 
+    def _tree_lacks(self) -> str | None:
+        """Why the tree kernel cannot run this model's layers (a sliding window that hides keys here, or a
+        softmax scale other than d^-1/2), or None."""
+        windows = sorted({w for w in self.dec.windows if w is not None})
+        if windows and not TreeAttention.supports_window:
+            return (f"the kernel has no sliding window yet, and this model's window {windows} is shorter than "
+                    f"its prompt rows (up to {self.reach} positions)")
+        if self.dec.scale is not None and not TreeAttention.supports_scale:
+            return f"the kernel has no softmax scale other than head_dim^-1/2 yet (this model's: {self.dec.scale:.6g})"
+        return None
+
     def _check_positions(self) -> None:
-        worst = max(len(p.tokens.prefix_ids) + self.query_buckets[-1] + p.const_len for p in self.prompts)
-        if worst > self.dec.max_positions:
-            raise ValueError(f"a prompt row reaches position {worst}, over the model's max_position_embeddings="
+        if self.reach > self.dec.max_positions:
+            raise ValueError(f"a prompt row reaches position {self.reach}, over the model's max_position_embeddings="
                              f"{self.dec.max_positions}: shorten the prompt or the largest query bucket")
 
     def _fill_prefix_pool(self) -> None:
@@ -205,11 +218,12 @@ class FastEngine:
             slot_pos = torch.arange(len(slots), device=dev)  # position of each of the prompt's slots
             allowed[:, slots] = slot_pos[None, :] <= pos[:, None]
             mask = torch.zeros(allowed.shape, dtype=self.dec.dtype, device=dev).masked_fill(~allowed, float("-inf"))
+            attend = DenseAttention(mask, key_len, pos, self.packer.pool_pos.to(dev))
             embeds = None
             if self.embed_fn is not None:
                 embeds = torch.empty(len(ids), self.dec.embed.embedding_dim, dtype=self.dec.dtype, device=dev)
                 self.embed_fn(ids.cpu(), embeds)
-            self.dec.forward(ids, pos, write, DenseAttention(mask, key_len), torch.tensor([0], device=dev), embeds)
+            self.dec.forward(ids, pos, write, attend, torch.tensor([0], device=dev), embeds)
 
     def bucket_for(self, batch: list[list[int]]) -> Bucket:
         longest, total = max(len(ids) for ids in batch), sum(len(ids) for ids in batch)

@@ -1,8 +1,10 @@
 """Fused elementwise kernels for the decoder (Triton on CUDA, plain torch elsewhere).
 
 The unfused layer spends more time in ~30 small norm/rope/activation/copy kernels than in its GEMMs
-(facts.md). These three kernels replace them: residual-add + RMSNorm, (q/k-norm +) RoPE of queries and keys with the
-K/V written straight into the KV buffer (one launch per layer), and SiLU·mul. They are elementwise/reduction work,
+(facts.md). These kernels replace them: residual-add + RMSNorm, (q/k-norm +) RoPE of queries and keys with the
+K/V written straight into the KV buffer (one launch per layer), and the gated activation (SiLU·mul for
+Llama/Qwen, GELU-tanh·mul for Gemma3). The norms take `offset`: Gemma3's RMSNorm multiplies by (1 + w) in
+fp32 before rounding, Llama's by w after rounding; each follows transformers' module to the rounding. They are elementwise/reduction work,
 which Triton runs on sm_75 without tensor cores; the GEMMs stay on cuBLAS. The torch versions define the
 math and are what CPU runs use; GPU tests hold the Triton versions to them.
 """
@@ -22,17 +24,20 @@ def use_triton(x: torch.Tensor) -> bool:
 
 
 # ---- residual add + RMSNorm --------------------------------------------------------------------------
-def add_rmsnorm_torch(x, residual, weight, eps):
+def add_rmsnorm_torch(x, residual, weight, eps, offset: bool = False):
     if residual is not None:
         x = x + residual
     xf = x.float()
-    y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-    return weight * y, x
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    if offset:
+        return (y * (1.0 + weight.float())).to(x.dtype), x
+    return weight * y.to(x.dtype), x
 
 
 if triton is not None:
     @triton.jit
-    def _add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, H, eps, HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+    def _add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, H, eps, HAS_RES: tl.constexpr, OFFSET: tl.constexpr,
+                            BLOCK: tl.constexpr):
         row = tl.program_id(0)
         cols = tl.arange(0, BLOCK)
         m = cols < H
@@ -42,28 +47,33 @@ if triton is not None:
             tl.store(s_ptr + row * H + cols, x, mask=m)
         xf = x.to(tl.float32)
         inv = 1.0 / tl.sqrt(tl.sum(xf * xf, 0) / H + eps)
-        y = (xf * inv).to(x.dtype)
         w = tl.load(w_ptr + cols, mask=m, other=0.0)
-        tl.store(y_ptr + row * H + cols, w * y, mask=m)
+        if OFFSET:
+            y = (xf * inv * (1.0 + w.to(tl.float32))).to(x.dtype)
+        else:
+            y = w * (xf * inv).to(x.dtype)
+        tl.store(y_ptr + row * H + cols, y, mask=m)
 
 
-def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
-    """(RMSNorm(x + residual) * weight, x + residual), as transformers' Llama/Qwen RMSNorm computes it."""
+def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
+                offset: bool = False):
+    """(RMSNorm(x + residual), x + residual), as transformers' Llama/Qwen RMSNorm (× w) or, with `offset`,
+    Gemma3's (× (1 + w) in fp32) computes it."""
     if not use_triton(x):
-        return add_rmsnorm_torch(x, residual, weight, eps)
+        return add_rmsnorm_torch(x, residual, weight, eps, offset)
     n, h = x.shape
     y = torch.empty_like(x)
     s = torch.empty_like(x) if residual is not None else x
     _add_rmsnorm_kernel[(n,)](x, residual if residual is not None else x, weight, y, s, h, eps,
-                              HAS_RES=residual is not None, BLOCK=triton.next_power_of_2(h))
+                              HAS_RES=residual is not None, OFFSET=offset, BLOCK=triton.next_power_of_2(h))
     return y, s
 
 
 # ---- (q/k norm +) RoPE into the attention layouts -----------------------------------------------------
-def rope_torch(x, cos, sin, norm_w, eps):
-    """x [N, heads, d]; cos/sin [N, d]; optional per-head RMSNorm (Qwen3) before the rotation."""
+def rope_torch(x, cos, sin, norm_w, eps, offset: bool = False):
+    """x [N, heads, d]; cos/sin [N, d]; optional per-head RMSNorm (Qwen3, Gemma3) before the rotation."""
     if norm_w is not None:
-        x, _ = add_rmsnorm_torch(x, None, norm_w, eps)
+        x, _ = add_rmsnorm_torch(x, None, norm_w, eps, offset)
     h = x.shape[-1] // 2
     c, s = cos[:, None], sin[:, None]
     return x * c + torch.cat([-x[..., h:], x[..., :h]], -1) * s
@@ -71,8 +81,8 @@ def rope_torch(x, cos, sin, norm_w, eps):
 
 if triton is not None:
     @triton.jit
-    def _load_head(src, w_ptr, eps, D: tl.constexpr, HAS_NORM: tl.constexpr):
-        """One head's two halves, RMS-normed by w (Qwen3's q/k norm) when HAS_NORM."""
+    def _load_head(src, w_ptr, eps, D: tl.constexpr, HAS_NORM: tl.constexpr, OFFSET: tl.constexpr):
+        """One head's two halves, RMS-normed by w (Qwen3's q/k norm; Gemma3's with OFFSET) when HAS_NORM."""
         half: tl.constexpr = D // 2
         i = tl.arange(0, half)
         x1 = tl.load(src + i)
@@ -80,14 +90,18 @@ if triton is not None:
         if HAS_NORM:
             f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
             inv = 1.0 / tl.sqrt((tl.sum(f1 * f1, 0) + tl.sum(f2 * f2, 0)) / D + eps)
-            x1 = tl.load(w_ptr + i) * (f1 * inv).to(x1.dtype)
-            x2 = tl.load(w_ptr + half + i) * (f2 * inv).to(x2.dtype)
+            if OFFSET:
+                x1 = (f1 * inv * (1.0 + tl.load(w_ptr + i).to(tl.float32))).to(x1.dtype)
+                x2 = (f2 * inv * (1.0 + tl.load(w_ptr + half + i).to(tl.float32))).to(x2.dtype)
+            else:
+                x1 = tl.load(w_ptr + i) * (f1 * inv).to(x1.dtype)
+                x2 = tl.load(w_ptr + half + i) * (f2 * inv).to(x2.dtype)
         return x1, x2
 
     @triton.jit
     def _qkv_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, qo_ptr, kb_ptr, vb_ptr, slot_ptr,
                     q_s0, k_s0, v_s0, qo_s0, kb_s_head, eps, NH: tl.constexpr, D: tl.constexpr,
-                    HAS_NORM: tl.constexpr):
+                    HAS_NORM: tl.constexpr, OFFSET: tl.constexpr):
         """Program (token t, head hd): hd < NH rotates query head hd into the query buffer; otherwise it
         rotates key head hd-NH into the K buffer at the token's slot and copies the value head beside it."""
         t = tl.program_id(0)
@@ -99,13 +113,13 @@ if triton is not None:
         s1 = tl.load(sin_ptr + t * D + i)
         s2 = tl.load(sin_ptr + t * D + half + i)
         if hd < NH:
-            x1, x2 = _load_head(q_ptr + t * q_s0 + hd * D, qw_ptr, eps, D, HAS_NORM)
+            x1, x2 = _load_head(q_ptr + t * q_s0 + hd * D, qw_ptr, eps, D, HAS_NORM, OFFSET)
             tl.store(qo_ptr + t * qo_s0 + hd * D + i, x1 * c1 - x2 * s1)
             tl.store(qo_ptr + t * qo_s0 + hd * D + half + i, x2 * c2 + x1 * s2)
         else:
             kh = hd - NH
             slot = tl.load(slot_ptr + t)
-            x1, x2 = _load_head(k_ptr + t * k_s0 + kh * D, kw_ptr, eps, D, HAS_NORM)
+            x1, x2 = _load_head(k_ptr + t * k_s0 + kh * D, kw_ptr, eps, D, HAS_NORM, OFFSET)
             kd = kb_ptr + kh * kb_s_head + slot * D
             tl.store(kd + i, x1 * c1 - x2 * s1)
             tl.store(kd + half + i, x2 * c2 + x1 * s2)
@@ -116,14 +130,15 @@ if triton is not None:
 
 def qkv_into(qp: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
              qw: torch.Tensor | None, kw: torch.Tensor | None, eps: float, q_out: torch.Tensor,
-             kbuf: torch.Tensor, vbuf: torch.Tensor, slots: torch.Tensor, impl: str = "auto") -> None:
+             kbuf: torch.Tensor, vbuf: torch.Tensor, slots: torch.Tensor, impl: str = "auto",
+             offset: bool = False) -> None:
     """One launch per layer for everything between the QKV GEMM and attention: (q/k norm +) RoPE of the
     queries into `q_out` [N, heads, d], of the keys into the K buffer [kv_heads, slots, d] at `slots`, and
     the values copied beside them. qp/kp/vp are [N, heads, d] views (e.g. splits of the fused GEMM).
-    impl: auto (Triton on CUDA), or torch / triton to pick one (tests)."""
+    impl: auto (Triton on CUDA), or torch / triton to pick one (tests); offset: the q/k norms are Gemma3's."""
     if impl == "torch" or (impl == "auto" and not use_triton(qp)):
-        q_out.copy_(rope_torch(qp, cos, sin, qw, eps))
-        kbuf[:, slots] = rope_torch(kp, cos, sin, kw, eps).transpose(0, 1)
+        q_out.copy_(rope_torch(qp, cos, sin, qw, eps, offset))
+        kbuf[:, slots] = rope_torch(kp, cos, sin, kw, eps, offset).transpose(0, 1)
         vbuf[:, slots] = vp.transpose(0, 1)
         return
     n, nh, d = qp.shape
@@ -132,28 +147,44 @@ def qkv_into(qp: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, cos: torch.Te
         raise ValueError("qkv_into needs each head's d values contiguous")
     _qkv_kernel[(n, nh + nkv)](qp, kp, vp, cos, sin, qw if qw is not None else qp, kw if kw is not None else kp,
                                q_out, kbuf, vbuf, slots, qp.stride(0), kp.stride(0), vp.stride(0),
-                               q_out.stride(0), kbuf.stride(0), eps, NH=nh, D=d, HAS_NORM=qw is not None)
+                               q_out.stride(0), kbuf.stride(0), eps, NH=nh, D=d, HAS_NORM=qw is not None,
+                               OFFSET=offset)
 
 
-# ---- SwiGLU activation --------------------------------------------------------------------------------
+# ---- gated activations: SwiGLU (Llama/Qwen), GeGLU with tanh-approximate GELU (Gemma3) ------------------
 if triton is not None:
     @triton.jit
-    def _silu_mul_kernel(gu_ptr, out_ptr, I, BLOCK: tl.constexpr):
+    def _act_mul_kernel(gu_ptr, out_ptr, I, GELU: tl.constexpr, BLOCK: tl.constexpr):
         row = tl.program_id(0)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         m = cols < I
         g = tl.load(gu_ptr + row * 2 * I + cols, mask=m, other=0.0).to(tl.float32)
         u = tl.load(gu_ptr + row * 2 * I + I + cols, mask=m, other=0.0)
-        a = (g / (1.0 + tl.exp(-g))).to(u.dtype)
+        if GELU:  # 0.5·g·(1 + tanh(z)) = g·sigmoid(2z), z = √(2/π)·(g + 0.044715·g³)
+            z = 0.7978845608028654 * (g + 0.044715 * g * g * g)
+            a = (g / (1.0 + tl.exp(-2.0 * z))).to(u.dtype)
+        else:
+            a = (g / (1.0 + tl.exp(-g))).to(u.dtype)
         tl.store(out_ptr + row * I + cols, a * u, mask=m)
+
+
+def _act_mul(gu: torch.Tensor, gelu: bool) -> torch.Tensor:
+    i = gu.shape[-1] // 2
+    if not use_triton(gu):
+        g = gu[..., :i]
+        a = torch.nn.functional.gelu(g, approximate="tanh") if gelu else torch.nn.functional.silu(g)
+        return a * gu[..., i:]
+    out = torch.empty(gu.shape[0], i, dtype=gu.dtype, device=gu.device)
+    block = 1024
+    _act_mul_kernel[(gu.shape[0], triton.cdiv(i, block))](gu, out, i, GELU=gelu, BLOCK=block)
+    return out
 
 
 def silu_mul(gu: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up for gu = [gate | up] along the last dim."""
-    i = gu.shape[-1] // 2
-    if not use_triton(gu):
-        return torch.nn.functional.silu(gu[..., :i]) * gu[..., i:]
-    out = torch.empty(gu.shape[0], i, dtype=gu.dtype, device=gu.device)
-    block = 1024
-    _silu_mul_kernel[(gu.shape[0], triton.cdiv(i, block))](gu, out, i, BLOCK=block)
-    return out
+    return _act_mul(gu, gelu=False)
+
+
+def gelu_tanh_mul(gu: torch.Tensor) -> torch.Tensor:
+    """gelu_tanh(gate) * up for gu = [gate | up] (transformers' gelu_pytorch_tanh: GELU, tanh approximation)."""
+    return _act_mul(gu, gelu=True)

@@ -18,7 +18,10 @@ keys a token sees:
     anything else        → hidden (pads see only pads)
 
 The tree-attention kernel applies this rule per tile (qcls/engine/attention.py); `build_mask` turns it
-into the dense [N, keys] mask of the SDPA path.
+into the dense [N, keys] mask of the SDPA path. A layer with a sliding window also hides keys at positions
+pos(query) - window or earlier; `key_positions` gives every key slot its position for that test (a pool
+slot's position within its prefix is the same for every prompt sharing it: shared blocks are shared
+chains from the start).
 """
 from __future__ import annotations
 
@@ -99,6 +102,9 @@ class Packer:
         width = max([len(pool.prompt_slots(p)) for p in range(len(prompts))] + [1])
         self.prefix_slots = torch.zeros(len(prompts) + 1, width, dtype=torch.long)
         self.prefix_len = torch.zeros(len(prompts) + 1, dtype=torch.long)
+        self.pool_pos = torch.zeros(pool_len, dtype=torch.long)  # position of each pool slot in its prefix
+        for b in pool.blocks:
+            self.pool_pos[b.start:b.start + len(b.tokens)] = torch.arange(b.position, b.position + len(b.tokens))
         for p in range(len(prompts)):
             slots = pool.prompt_slots(p)
             if slots:
@@ -214,3 +220,10 @@ def build_mask(d: dict[str, torch.Tensor], visible: torch.Tensor, key_len: int) 
     pool = visible[d["prompt"]]
     tail = own.new_zeros(n, key_len - pool.shape[1] - n)
     return torch.cat([pool, own, tail], 1)
+
+
+def key_positions(d: dict[str, torch.Tensor], pool_pos: torch.Tensor, key_len: int) -> torch.Tensor:
+    """[key_len] position of every key slot: pool slots, then this forward's tokens, then unused slots (0;
+    hidden by the mask anyway)."""
+    n = d["pos"].shape[0]
+    return torch.cat([pool_pos, d["pos"], pool_pos.new_zeros(key_len - pool_pos.shape[0] - n)])
