@@ -73,11 +73,12 @@ class Decoder:
         return getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))
 
     def forward(self, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, attend,
-                read: torch.Tensor, embeds: torch.Tensor | None = None) -> torch.Tensor:
+                read: torch.Tensor, embeds: torch.Tensor | None = None, taps=None) -> torch.Tensor:
         """ids/pos [N]; K/V of these tokens go to buffer `slots` [N]; `attend(q [N, heads, d], k, v)` with
         one layer's K/V buffers returns [N, heads·d]; returns final-normed hidden states of tokens `read`.
         `embeds` [N, H], when given, replaces the embedding lookup (backends that keep the table off the
-        device gather it themselves)."""
+        device gather it themselves). `taps` (engine/taps.py TapSink), when given, records the residual
+        stream after the layers it names (the state a learned head reads)."""
         n, nh, nkv, d = ids.shape[0], self.n_heads, self.n_kv, self.head_dim
         delta = self.embed(ids) if embeds is None else embeds
         res = None
@@ -87,6 +88,8 @@ class Decoder:
             a = layer.self_attn
             ln = layer.input_layernorm
             x, res = add_rmsnorm(delta, res, ln.weight, self._eps(ln))
+            if taps is not None and i in taps.layers:  # res = the residual stream after i layers
+                taps.record(i, res)
             if self.qkv[i] is not None:
                 qkv = F.linear(x, *self.qkv[i])
                 qp, kp, vp = qkv.split([nh * d, nkv * d, nkv * d], -1)
@@ -105,7 +108,8 @@ class Decoder:
                 delta = layer.mlp.down_proj(silu_mul(F.linear(x, *self.gate_up[i])))
             else:
                 delta = layer.mlp(x)
-        out, _ = add_rmsnorm(delta, res, self.norm.weight, self._eps(self.norm))
+        # the read rows' final states stay float32: the tail multiplies them by float32 label rows
+        out, _ = add_rmsnorm(delta, res, self.norm.weight, self._eps(self.norm), torch.float32)
         return out
 
 

@@ -19,6 +19,8 @@ from qcls.engine.decoder import Decoder
 from qcls.engine.layout import Packer, PromptLayout, build_mask, unpack
 from qcls.engine.prefix_cache import plan_prefixes
 from qcls.engine.tail import Tail
+from qcls.engine.taps import TapPlan, root_reads
+from qcls.heads.head import FINAL, PromptHead, Tap
 
 
 Scores = list[list[list[float]]]  # per query, per prompt, per label
@@ -43,13 +45,14 @@ class Bucket:
     """Static buffers of one (b, L) bucket and the computation over them (captured as is on a GPU)."""
 
     def __init__(self, b: int, query_tokens: int, packer: Packer, dec: Decoder, tail: Tail, pool_len: int,
-                 embed_fn, tree: bool, longest_query: int):
+                 embed_fn, tree: bool, longest_query: int, taps: TapPlan | None = None):
         dev = dec.device
         self.b, self.query_tokens = b, query_tokens
         self.n_tokens = n = packer.n_tokens(b, query_tokens)
         self.key_len = pool_len + n + (-(pool_len + n)) % 16  # mem-efficient SDPA wants aligned mask rows
         self.packer, self.dec, self.tail, self.pool_len, self.embed_fn = packer, dec, tail, pool_len, embed_fn
         self.tree, self.n_reads = tree, packer.n_reads(b)
+        self.taps = taps  # shared by the buckets of batch size b: a forward writes it, its own tail reads it
         self.max_row = max(packer.max_row(b, query_tokens, longest_query), 16)
         self.slots = torch.arange(pool_len, pool_len + n, device=dev)  # where this forward's K/V go
         size, pinned = packer.buffer_len(b, n), dev.type == "cuda"
@@ -78,11 +81,14 @@ class Bucket:
         else:
             attend = DenseAttention(torch.where(build_mask(d, self.visible, self.key_len), self.zero, self.neg),
                                     self.key_len)
-        self.hidden = self.dec.forward(d["ids"], d["pos"], self.slots, attend, d["read"], self.embeds)
+        sink = self.taps.bind(d["read"], d["qrow"]) if self.taps is not None else None
+        self.hidden = self.dec.forward(d["ids"], d["pos"], self.slots, attend, d["read"], self.embeds, sink)
+        if self.taps is not None:
+            self.taps.record_final(self.hidden)
         return self.hidden
 
     def score(self) -> torch.Tensor:
-        self.scores = self.tail(self.hidden)
+        self.scores = self.tail(self.hidden, self.taps.buf if self.taps is not None else None)
         return self.scores
 
     def pack(self, batch: list[list[int]], slot: int) -> None:
@@ -134,9 +140,10 @@ class FastEngine:
     def __init__(self, model, prompts: list[PromptLayout], head_rows: torch.Tensor, head_tokens: list[int],
                  full_head: torch.Tensor | None, *, max_batch: int, query_buckets: list[int], block_size: int,
                  vocab_chunk: int, use_graphs: bool, embed_fn=None, attention: str = "auto",
-                 calibration: list[tuple[float, list[float]]] | None = None):
-        """`calibration`: per prompt (temperature, per-label bias), built into the tail's tables; None = the
-        identity (the same kernels and graphs either way)."""
+                 heads: list[PromptHead | None] | None = None, taps: list[Tap] = ()):
+        """`heads`: per prompt its head (a calibration or a learned head) or None, built into the tail's
+        tables; `taps`: hidden states to keep from every forward besides those the heads read (`states`,
+        for fitting heads)."""
         self.prompts = prompts
         self.embed_fn = embed_fn
         self.pool = plan_prefixes([p.tokens.prefix_ids for p in prompts], block_size)
@@ -149,12 +156,18 @@ class FastEngine:
         self.device = self.dec.device
         self.attention, self.notes = self._pick_attention(attention)
         self._check_positions()
+        wanted = [t for h in (heads or []) if h is not None and h.read is not None for t in h.read.taps]
+        self.taps = list(dict.fromkeys(wanted + list(taps)))
+        self._check_taps()
+        hidden = self.dec.norm.weight.shape[0]
         with torch.inference_mode():
             self._fill_prefix_pool()
             tails = {b: Tail([p.plan for p in prompts], b, head_rows, head_tokens, full_head, vocab_chunk, self.device,
-                             calibration) for b in range(1, max_batch + 1)}
+                             heads, self.taps, hidden) for b in range(1, max_batch + 1)}
+            plans = {b: TapPlan(self.taps, b, root_reads([len(p.plan.read_nodes) for p in prompts], b), hidden,
+                                self.device) if self.taps else None for b in range(1, max_batch + 1)}
             self.buckets = {(b, lt): Bucket(b, lt, self.packer, self.dec, tails[b], self.pool_len, embed_fn,
-                                          self.attention == "tree", self.query_buckets[-1])
+                                          self.attention == "tree", self.query_buckets[-1], plans[b])
                             for b in range(1, max_batch + 1) for lt in token_buckets(self.query_buckets, b)}
         self.graphs = use_graphs and self.device.type == "cuda"
         self._free = list(range(SLOTS))
@@ -188,6 +201,13 @@ class FastEngine:
         if worst > self.dec.max_positions:
             raise ValueError(f"a prompt row reaches position {worst}, over the model's max_position_embeddings="
                              f"{self.dec.max_positions}: shorten the prompt or the largest query bucket")
+
+    def _check_taps(self) -> None:
+        n = len(self.dec.layers)
+        bad = [t.name for t in self.taps if t.layer != FINAL and not 1 <= t.layer < n]
+        if bad:
+            raise ValueError(f"hidden-state taps {bad}: this model has {n} layers, a head reads the residual stream "
+                             f"after 1…{n - 1} layers or the final norm's output ({FINAL})")
 
     def _fill_prefix_pool(self) -> None:
         """Run each prompt's not-yet-cached prefix blocks through the decoder, writing their K/V into the
@@ -291,6 +311,13 @@ class FastEngine:
         # for the device (a batch ahead of this one, the launch latency)
         wait = max(0.0, (time.perf_counter() - job.started) * 1e3 - job.prepare_ms - fwd - score)
         return raw, cal, {"prepare": job.prepare_ms, "forward": fwd, "score": score, "device_wait": wait}, bk.n_tokens
+
+    def states(self, job: InFlight) -> torch.Tensor:
+        """[taps, rows, H] (rows = query-major × prompt) of a collected batch, on the host; read it before the
+        next batch of the same size is launched. For fitting heads (`taps`), not for the request path."""
+        if job.bucket.taps is None:
+            raise ValueError("this engine keeps no hidden states: build it with taps")
+        return job.bucket.taps.states()[:, :job.batch_size * len(self.prompts)]
 
     def stats(self) -> EngineStats:
         return EngineStats(self.pool.stats(), [(k[0], k[1], b.n_tokens) for k, b in sorted(self.buckets.items())],

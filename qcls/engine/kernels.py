@@ -5,6 +5,12 @@ The unfused layer spends more time in ~30 small norm/rope/activation/copy kernel
 K/V written straight into the KV buffer (one launch per layer), and SiLU·mul. They are elementwise/reduction work,
 which Triton runs on sm_75 without tensor cores; the GEMMs stay on cuBLAS. The torch versions define the
 math and are what CPU runs use; GPU tests hold the Triton versions to them.
+
+Precision (issue 18): the residual stream is kept in float32 across layers, and every elementwise step
+(norm × weight, q/k norm, rotation, activation × up) is computed in float32 and rounded to the model's dtype
+once, where the next GEMM reads it. transformers' fp16 forward rounds the residual after every layer and each
+of those steps separately; those roundings compound over 36 layers. The extra bytes are [tokens, hidden]
+float32 per layer, nothing beside the weights.
 """
 from __future__ import annotations
 
@@ -22,12 +28,11 @@ def use_triton(x: torch.Tensor) -> bool:
 
 
 # ---- residual add + RMSNorm --------------------------------------------------------------------------
-def add_rmsnorm_torch(x, residual, weight, eps):
-    if residual is not None:
-        x = x + residual
-    xf = x.float()
-    y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-    return weight * y, x
+def add_rmsnorm_torch(x, residual, weight, eps, out_dtype=None):
+    """(RMSNorm(x + residual) · weight in out_dtype (default x's), x + residual in float32)."""
+    s = x.float() if residual is None else x.float() + residual.float()
+    y = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
+    return y.to(out_dtype or x.dtype), s
 
 
 if triton is not None:
@@ -36,52 +41,53 @@ if triton is not None:
         row = tl.program_id(0)
         cols = tl.arange(0, BLOCK)
         m = cols < H
-        x = tl.load(x_ptr + row * H + cols, mask=m, other=0.0)
+        x = tl.load(x_ptr + row * H + cols, mask=m, other=0.0).to(tl.float32)
         if HAS_RES:
             x = x + tl.load(r_ptr + row * H + cols, mask=m, other=0.0)
-            tl.store(s_ptr + row * H + cols, x, mask=m)
-        xf = x.to(tl.float32)
-        inv = 1.0 / tl.sqrt(tl.sum(xf * xf, 0) / H + eps)
-        y = (xf * inv).to(x.dtype)
-        w = tl.load(w_ptr + cols, mask=m, other=0.0)
-        tl.store(y_ptr + row * H + cols, w * y, mask=m)
+        tl.store(s_ptr + row * H + cols, x, mask=m)
+        inv = 1.0 / tl.sqrt(tl.sum(x * x, 0) / H + eps)
+        w = tl.load(w_ptr + cols, mask=m, other=0.0).to(tl.float32)
+        tl.store(y_ptr + row * H + cols, (x * inv * w).to(y_ptr.dtype.element_ty), mask=m)
 
 
-def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
-    """(RMSNorm(x + residual) * weight, x + residual), as transformers' Llama/Qwen RMSNorm computes it."""
+def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
+                out_dtype: torch.dtype | None = None):
+    """(RMSNorm(x + residual) · weight, x + residual): the residual stream (`residual`, and the sum returned)
+    in float32; the normed output in `out_dtype` (default x's: what the next GEMM reads)."""
     if not use_triton(x):
-        return add_rmsnorm_torch(x, residual, weight, eps)
+        return add_rmsnorm_torch(x, residual, weight, eps, out_dtype)
     n, h = x.shape
-    y = torch.empty_like(x)
-    s = torch.empty_like(x) if residual is not None else x
-    _add_rmsnorm_kernel[(n,)](x, residual if residual is not None else x, weight, y, s, h, eps,
+    y = torch.empty(n, h, dtype=out_dtype or x.dtype, device=x.device)
+    s = torch.empty(n, h, dtype=torch.float32, device=x.device)
+    _add_rmsnorm_kernel[(n,)](x, residual if residual is not None else s, weight, y, s, h, eps,
                               HAS_RES=residual is not None, BLOCK=triton.next_power_of_2(h))
     return y, s
 
 
 # ---- (q/k norm +) RoPE into the attention layouts -----------------------------------------------------
 def rope_torch(x, cos, sin, norm_w, eps):
-    """x [N, heads, d]; cos/sin [N, d]; optional per-head RMSNorm (Qwen3) before the rotation."""
+    """x [N, heads, d]; cos/sin [N, d]; optional per-head RMSNorm (Qwen3) before the rotation; float32
+    throughout, rounded to x's dtype once."""
+    f = x.float()
     if norm_w is not None:
-        x, _ = add_rmsnorm_torch(x, None, norm_w, eps)
-    h = x.shape[-1] // 2
-    c, s = cos[:, None], sin[:, None]
-    return x * c + torch.cat([-x[..., h:], x[..., :h]], -1) * s
+        f = f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + eps) * norm_w.float()
+    h = f.shape[-1] // 2
+    c, s = cos.float()[:, None], sin.float()[:, None]
+    return (f * c + torch.cat([-f[..., h:], f[..., :h]], -1) * s).to(x.dtype)
 
 
 if triton is not None:
     @triton.jit
     def _load_head(src, w_ptr, eps, D: tl.constexpr, HAS_NORM: tl.constexpr):
-        """One head's two halves, RMS-normed by w (Qwen3's q/k norm) when HAS_NORM."""
+        """One head's two halves in float32, RMS-normed by w (Qwen3's q/k norm) when HAS_NORM."""
         half: tl.constexpr = D // 2
         i = tl.arange(0, half)
-        x1 = tl.load(src + i)
-        x2 = tl.load(src + half + i)
+        x1 = tl.load(src + i).to(tl.float32)
+        x2 = tl.load(src + half + i).to(tl.float32)
         if HAS_NORM:
-            f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
-            inv = 1.0 / tl.sqrt((tl.sum(f1 * f1, 0) + tl.sum(f2 * f2, 0)) / D + eps)
-            x1 = tl.load(w_ptr + i) * (f1 * inv).to(x1.dtype)
-            x2 = tl.load(w_ptr + half + i) * (f2 * inv).to(x2.dtype)
+            inv = 1.0 / tl.sqrt((tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / D + eps)
+            x1 = tl.load(w_ptr + i).to(tl.float32) * x1 * inv
+            x2 = tl.load(w_ptr + half + i).to(tl.float32) * x2 * inv
         return x1, x2
 
     @triton.jit
@@ -94,21 +100,23 @@ if triton is not None:
         hd = tl.program_id(1)
         half: tl.constexpr = D // 2
         i = tl.arange(0, half)
-        c1 = tl.load(cos_ptr + t * D + i)
-        c2 = tl.load(cos_ptr + t * D + half + i)
-        s1 = tl.load(sin_ptr + t * D + i)
-        s2 = tl.load(sin_ptr + t * D + half + i)
+        c1 = tl.load(cos_ptr + t * D + i).to(tl.float32)
+        c2 = tl.load(cos_ptr + t * D + half + i).to(tl.float32)
+        s1 = tl.load(sin_ptr + t * D + i).to(tl.float32)
+        s2 = tl.load(sin_ptr + t * D + half + i).to(tl.float32)
         if hd < NH:
             x1, x2 = _load_head(q_ptr + t * q_s0 + hd * D, qw_ptr, eps, D, HAS_NORM)
-            tl.store(qo_ptr + t * qo_s0 + hd * D + i, x1 * c1 - x2 * s1)
-            tl.store(qo_ptr + t * qo_s0 + hd * D + half + i, x2 * c2 + x1 * s2)
+            out = qo_ptr.dtype.element_ty
+            tl.store(qo_ptr + t * qo_s0 + hd * D + i, (x1 * c1 - x2 * s1).to(out))
+            tl.store(qo_ptr + t * qo_s0 + hd * D + half + i, (x2 * c2 + x1 * s2).to(out))
         else:
             kh = hd - NH
             slot = tl.load(slot_ptr + t)
             x1, x2 = _load_head(k_ptr + t * k_s0 + kh * D, kw_ptr, eps, D, HAS_NORM)
             kd = kb_ptr + kh * kb_s_head + slot * D
-            tl.store(kd + i, x1 * c1 - x2 * s1)
-            tl.store(kd + half + i, x2 * c2 + x1 * s2)
+            out = kb_ptr.dtype.element_ty
+            tl.store(kd + i, (x1 * c1 - x2 * s1).to(out))
+            tl.store(kd + half + i, (x2 * c2 + x1 * s2).to(out))
             vd = vb_ptr + kh * kb_s_head + slot * D
             tl.store(vd + i, tl.load(v_ptr + t * v_s0 + kh * D + i))
             tl.store(vd + half + i, tl.load(v_ptr + t * v_s0 + kh * D + half + i))
@@ -143,16 +151,16 @@ if triton is not None:
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         m = cols < I
         g = tl.load(gu_ptr + row * 2 * I + cols, mask=m, other=0.0).to(tl.float32)
-        u = tl.load(gu_ptr + row * 2 * I + I + cols, mask=m, other=0.0)
-        a = (g / (1.0 + tl.exp(-g))).to(u.dtype)
-        tl.store(out_ptr + row * I + cols, a * u, mask=m)
+        u = tl.load(gu_ptr + row * 2 * I + I + cols, mask=m, other=0.0).to(tl.float32)
+        tl.store(out_ptr + row * I + cols, (g / (1.0 + tl.exp(-g)) * u).to(out_ptr.dtype.element_ty), mask=m)
 
 
 def silu_mul(gu: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up for gu = [gate | up] along the last dim."""
+    """silu(gate) * up for gu = [gate | up] along the last dim (float32 inside, one rounding)."""
     i = gu.shape[-1] // 2
     if not use_triton(gu):
-        return torch.nn.functional.silu(gu[..., :i]) * gu[..., i:]
+        f = gu.float()
+        return (torch.nn.functional.silu(f[..., :i]) * f[..., i:]).to(gu.dtype)
     out = torch.empty(gu.shape[0], i, dtype=gu.dtype, device=gu.device)
     block = 1024
     _silu_mul_kernel[(gu.shape[0], triton.cdiv(i, block))](gu, out, i, BLOCK=block)

@@ -8,7 +8,8 @@ All rows lie back to back after the prefix pool, each exactly as long as it need
 A batch of b queries with L query tokens in all needs N = P·L + b·C tokens (C = Σ suffix + trie tokens
 over the P prompts), so a CUDA graph is captured per (b, L-bucket) and only the tail of the sequence is
 padded. Per request the host writes one int64 buffer of per-token descriptors (id, position, row, index
-in the row's sequence, trie ancestry bits, trie slot, prompt), the read indices and the attention tiles
+in the row's sequence, trie ancestry bits, trie slot, prompt, and the row again for query tokens, -1 for the
+others: what a head's query mean averages), the read indices and the attention tiles
 (≤ TILE tokens of one row: where the row starts, how long it is, which prompt's prefix it sees). Which
 keys a token sees:
 
@@ -35,7 +36,8 @@ from qcls.scoring.strategies import ScorePlan
 from qcls.scoring.tokenization import PromptTokens, check_first_tokens, encode_prompt
 from qcls.scoring.trie import LabelTrie
 
-FIELDS = ("ids", "pos", "row", "seq", "anc", "tslot", "prompt")
+FIELDS = ("ids", "pos", "row", "seq", "anc", "tslot", "prompt", "qrow")
+QROW = FIELDS.index("qrow")
 TRIE_SEQ = 1 << 30  # a trie token's "sequence index": after every sequence token of its row
 MAX_TRIE_TOKENS = 62  # ancestry is an int64 bitmask over a row's trie slots
 
@@ -137,6 +139,7 @@ class Packer:
             c = t.cols.copy()
             c[0, t.query_at] = np.tile(np.asarray(q, dtype=np.int64), len(self.prompts))
             c[2] += qi * len(self.prompts)
+            c[QROW, t.query_at] += qi * len(self.prompts)
             cols.append(c)
             reads.append(t.reads + off)
             tl = t.tiles.copy()
@@ -151,6 +154,7 @@ class Packer:
         pads[2] = -1 - np.arange(pad)  # unique: a pad shares a row with nothing
         pads[5] = -1
         pads[6] = len(self.prompts)
+        pads[QROW] = -1
         cols.append(pads)
         starts = np.arange(off, n, TILE, dtype=np.int64)  # pad tiles: rows of their own, no prefix
         cnt = np.minimum(TILE, n - starts)
@@ -189,6 +193,7 @@ class _QueryTemplate:
             cols["anc"] += [0] * seq_len + pl.trie_anc
             cols["tslot"] += [-1] * seq_len + list(range(len(pl.trie_ids)))
             cols["prompt"] += [p] * row_len
+            cols["qrow"] += [p] * lq + [-1] * (row_len - lq)
             reads += [start + seq_len - 1 if s < 0 else start + seq_len + s for s in pl.read_slots]
             tiles += [[start + t, min(TILE, row_len - t), start, row_len, p] for t in range(0, row_len, TILE)]
         arr = np.array([cols[f] for f in FIELDS], dtype=np.int64)

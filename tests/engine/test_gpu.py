@@ -109,3 +109,44 @@ def test_no_allocation_or_capture_on_request_path(tiny_dirs):
     assert after["allocation.all.allocated"] == before["allocation.all.allocated"]
     assert after["segment.all.allocated"] == before["segment.all.allocated"]
     assert first < 3 * max(times)  # warm from the first request (loose: tiny models are launch-bound)
+
+
+@pytest.fixture(scope="module")
+def sharp_dir(tmp_path_factory):
+    """A deeper random Qwen3 (8 layers, hidden 256) with the final norm ×20: logits as sharp as a trained
+    model's, so fp16 rounding shows in the scores (the fidelity comparison of issue 18)."""
+    from qcls.tiny_models import make_tiny_model_dir, tiny_byte_tokenizer
+    d = make_tiny_model_dir(tmp_path_factory.mktemp("sharp") / "qwen3", "qwen3", tiny_byte_tokenizer(), seed=3,
+                            hidden_size=256, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,
+                            head_dim=64, intermediate_size=768)
+    from safetensors.torch import load_file, save_file
+    f = d / "model.safetensors"
+    w = load_file(f)
+    w["model.norm.weight"] = w["model.norm.weight"] * 20
+    save_file(w, f, metadata={"format": "pt"})
+    return str(d)
+
+
+@pytest.mark.parametrize("strategy", ["trie", "exact", "mean_logprob"])
+def test_fast_fp16_is_as_close_to_fp32_as_transformers_fp16(sharp_dir, strategy):
+    """max |Δ score| against the fp32 reference: the fast fp16 engine's ≤ transformers' own fp16 forward's
+    (the reference scorer on the fp16 model), and it keeps the fp32 winner wherever transformers does."""
+    prompts = [prompt("a", MULTI), prompt("b", SHARED, system="B?"), prompt("c", SINGLE, system="C?")]
+    cuda = {"device": "cuda"}
+    fast = Classifier(tiny_cfg(sharp_dir, prompts, scoring={"name": strategy}, backend=cuda))
+    hf16 = Classifier(tiny_cfg(sharp_dir, prompts, scoring={"name": strategy}, backend=cuda,
+                               engine={"kind": "reference"}))
+    fp32 = Classifier(tiny_cfg(sharp_dir, prompts, scoring={"name": strategy},
+                               backend={"device": "cuda", "dtype": "float32"}, engine={"kind": "reference"}))
+    queries = QUERIES + ["slim fit jeans for men", "女士 连衣裙 夏季", "boys hoodie size 140", "red knit"]
+    got, hf, truth = fast.classify(queries), hf16.classify(queries), fp32.classify(queries)
+    d_fast = d_hf = 0.0
+    for g, h, t in zip(got, hf, truth):
+        for gp, hp, tp in zip(g.prompts, h.prompts, t.prompts):
+            want = [x.score for x in tp.labels]
+            d_fast = max(d_fast, max(abs(x.score - y) for x, y in zip(gp.labels, want)))
+            d_hf = max(d_hf, max(abs(x.score - y) for x, y in zip(hp.labels, want)))
+            if hp.label == tp.label:
+                assert gp.label == tp.label, (strategy, g.query, gp.prompt)
+    print(f"{strategy}: max |Δ score| vs fp32: fast fp16 {d_fast:.4f}, transformers fp16 {d_hf:.4f}")
+    assert d_hf > 0 and d_fast <= d_hf, (d_fast, d_hf)
