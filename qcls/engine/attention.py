@@ -108,10 +108,11 @@ class TreeAttention:
             K.prefix_kernel[(plan.work.shape[0], nkv)](
                 q, k, v, ds["pos"], ds["qtok"], ds["qstart"], plan.work, self.part, self.ml,
                 q.stride(0), q.stride(1), slots * d, split_stride, nh, scale, window,
-                G=g, GP=gp, D=d, BQ=t.bq, BN=t.bn, QB=t.qb, num_warps=t.warps, num_stages=t.stages)
+                G=g, GP=gp, D=d, BQ=t.bq, BN=t.bn, QB=t.qb, WINDOW=window > 0, num_warps=t.warps, num_stages=t.stages)
         K.row_kernel[(ds["tiles"].shape[0] // TILE_FIELDS, nkv)](
             q, k, v, self.out, ds["seq"], ds["anc"], ds["tslot"], ds["pos"], ds["tiles"], plan.prefix_slots,
             plan.inline_len, plan.n_splits, self.part, self.ml, self.pool_len, plan.prefix_slots.shape[1],
             q.stride(0), q.stride(1), self.out.stride(0), slots * d, split_stride, nh, scale, window,
-            G=g, GP=gp, D=d, TILE=TILE, BT=t.row_bt, BN=t.row_bn, num_warps=t.row_warps, num_stages=t.stages)
+            G=g, GP=gp, D=d, TILE=TILE, BT=t.row_bt, BN=t.row_bn, WINDOW=window > 0, num_warps=t.row_warps,
+            num_stages=t.stages)
         return self.out

@@ -11,9 +11,10 @@
   writes the output.
 
 A sliding window (window > 0) hides a key unless pos(query) - pos(key) < window; a prefix slot's position
-is its index in its prompt's prefix. Loop bounds are kernel arguments or descriptor values, so one compiled
-kernel serves every bucket and every layer's window. The dots are small (≤ BQ·group query vectors × BN
-keys); on sm_75 Triton runs them without tensor cores.
+is its index in its prompt's prefix. The window's value is an argument and WINDOW (whether there is one)
+a compile-time flag, so layers without one pay nothing for it. Loop bounds are kernel arguments or
+descriptor values: one compiled kernel serves every bucket. The dots are small (≤ BQ·group query vectors
+× BN keys); on sm_75 Triton runs them without tensor cores.
 """
 from __future__ import annotations
 
@@ -51,20 +52,18 @@ if triton is not None:
         return m_new, l_i * a + l_s * b, acc * a[:, None] + acc_s * b[:, None]
 
     @triton.jit
-    def _in_window(qpos, kpos, window):
-        return (window <= 0) | (qpos[:, None] - kpos[None, :] < window)
-
-    @triton.jit
-    def _first_key(qpos, ok, kpos0, window, BN: tl.constexpr):
+    def _first_key(qpos, ok, kpos0, window, BN: tl.constexpr, WINDOW: tl.constexpr):
         """Start of the key loop: key blocks that every query of the block is a window past are skipped."""
-        lo = tl.where(window > 0, tl.min(tl.where(ok, qpos, _FAR)) - window + 1 - kpos0, 0)
-        return tl.maximum(lo, 0) // BN * BN
+        if WINDOW:
+            return tl.maximum(tl.min(tl.where(ok, qpos, _FAR)) - window + 1 - kpos0, 0) // BN * BN
+        else:
+            return 0
 
     @triton.jit
     def prefix_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, qtok_ptr, qstart_ptr, work_ptr, part_ptr, ml_ptr,
                       q_s0, q_s1, kv_s_head, part_s_split, n_heads, scale, window,
                       G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BQ: tl.constexpr, BN: tl.constexpr,
-                      QB: tl.constexpr):
+                      QB: tl.constexpr, WINDOW: tl.constexpr):
         w = tl.program_id(0)
         h = tl.program_id(1)  # KV head; its query heads are h·G … h·G+G-1
         wp = work_ptr + w * _WORK
@@ -97,11 +96,13 @@ if triton is not None:
                 m_i = tl.full([M], float("-inf"), tl.float32)
                 l_i = tl.zeros([M], tl.float32)
                 acc = tl.zeros([M, D], tl.float32)
-                for s in range(_first_key(qpos, tok_ok, kpos0, window, BN), nkeys, BN):
+                for s in range(_first_key(qpos, tok_ok, kpos0, window, BN, WINDOW), nkeys, BN):
                     j = s + jn
                     j_ok = j < nkeys
                     kt = tl.load(kh + j[None, :] * D + dd[:, None], mask=j_ok[None, :], other=0.0)
-                    vis = j_ok[None, :] & _in_window(qpos, kpos0 + j, window)
+                    vis = j_ok[None, :]
+                    if WINDOW:
+                        vis = vis & (qpos[:, None] - (kpos0 + j)[None, :] < window)
                     sc = tl.where(vis, tl.dot(q, kt) * scale, float("-inf"))
                     vt = tl.load(vh + j[:, None] * D + dd[None, :], mask=j_ok[:, None], other=0.0)
                     m_i, l_i, acc = _online(sc, m_i, l_i, acc, vt)
@@ -115,7 +116,7 @@ if triton is not None:
                    plen_ptr, nsplit_ptr, part_ptr, ml_ptr, pool_len, ptab_stride, q_s0, q_s1, o_s0, kv_s_head,
                    part_s_split, n_heads, scale, window,
                    G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, TILE: tl.constexpr, BT: tl.constexpr,
-                   BN: tl.constexpr):
+                   BN: tl.constexpr, WINDOW: tl.constexpr):
         tile = tl.program_id(0)
         h = tl.program_id(1)
         t0 = tl.load(tiles_ptr + tile * 5)
@@ -131,13 +132,14 @@ if triton is not None:
                 _row_part(q_ptr, k_ptr, v_ptr, o_ptr, seq_ptr, anc_ptr, tslot_ptr, pos_ptr, ptab_ptr, ml_ptr,
                           part_ptr, t0 + sub * BT, cnt - sub * BT, r0, rlen, prompt, plen, nsplit, pool_len,
                           ptab_stride, q_s0, q_s1, o_s0, kv_s_head, part_s_split, n_heads, scale, window, h,
-                          G, GP, D, BT, BN)
+                          G, GP, D, BT, BN, WINDOW)
 
     @triton.jit
     def _row_part(q_ptr, k_ptr, v_ptr, o_ptr, seq_ptr, anc_ptr, tslot_ptr, pos_ptr, ptab_ptr, ml_ptr, part_ptr,
                   t0, cnt, r0, rlen, prompt, plen, nsplit, pool_len, ptab_stride, q_s0, q_s1, o_s0, kv_s_head,
                   part_s_split, n_heads, scale, window, h,
-                  G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr):
+                  G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
+                  WINDOW: tl.constexpr):
         """Up to BT tokens of one row (from t0; `cnt` left in the tile) for KV head h."""
         M: tl.constexpr = BT * GP
         mi = tl.arange(0, M)
@@ -166,12 +168,14 @@ if triton is not None:
             a_s = tl.load(part_ptr + row[:, None] * D + dd[None, :], mask=q_ok[:, None], other=0.0)
             m_i, l_i, acc = _merge(m_i, l_i, acc, m_s, l_s, a_s)
         # 1b. or the prompt's cached prefix walked here: every slot visible (within the window)
-        for s in range(_first_key(pos_i, tok_ok, 0, window, BN), plen, BN):
+        for s in range(_first_key(pos_i, tok_ok, 0, window, BN, WINDOW), plen, BN):
             j = s + jn
             j_ok = j < plen
             slot = tl.load(ptab_ptr + prompt * ptab_stride + j, mask=j_ok, other=0)
             kt = tl.load(kh + slot[None, :] * D + dd[:, None], mask=j_ok[None, :], other=0.0)
-            vis = j_ok[None, :] & _in_window(pos_i, j, window)
+            vis = j_ok[None, :]
+            if WINDOW:
+                vis = vis & (pos_i[:, None] - j[None, :] < window)
             sc = tl.where(vis, tl.dot(q, kt) * scale, float("-inf"))
             vt = tl.load(vh + slot[:, None] * D + dd[None, :], mask=j_ok[:, None], other=0.0)
             m_i, l_i, acc = _online(sc, m_i, l_i, acc, vt)
@@ -184,7 +188,9 @@ if triton is not None:
             pos_j = tl.load(pos_ptr + key, mask=j_ok, other=0)
             causal = seq_j[None, :] <= seq_i[:, None]
             tree = ((anc_i[:, None] >> tl.maximum(ts_j, 0)[None, :]) & 1) != 0
-            vis = tl.where(ts_j[None, :] < 0, causal, tree) & j_ok[None, :] & _in_window(pos_i, pos_j, window)
+            vis = tl.where(ts_j[None, :] < 0, causal, tree) & j_ok[None, :]
+            if WINDOW:
+                vis = vis & (pos_i[:, None] - pos_j[None, :] < window)
             slot = pool_len + key
             kt = tl.load(kh + slot[None, :] * D + dd[:, None], mask=j_ok[None, :], other=0.0)
             sc = tl.where(vis, tl.dot(q, kt) * scale, float("-inf"))
