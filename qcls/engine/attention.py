@@ -90,14 +90,14 @@ class TreeAttention:
         self.d, self.plan, self.pool_len = d, plan, pool_len
         n, dev = d["ids"].shape[0], d["ids"].device
         self.out = torch.empty(n, heads * head_dim, dtype=dtype, device=dev)
-        splits = max(plan.max_splits, 1)  # never a null pointer, even where no prefix is split
-        self.part = torch.empty(splits, n, heads, head_dim, dtype=torch.float32, device=dev)
-        self.ml = torch.empty(splits, n, heads, 2, dtype=torch.float32, device=dev)
+        rows = n if plan.max_splits else 1  # no split prefix: a placeholder (never a null pointer), never read
+        self.part = torch.empty(max(plan.max_splits, 1), rows, heads, head_dim, dtype=torch.float32, device=dev)
+        self.ml = torch.empty(max(plan.max_splits, 1), rows, heads, 2, dtype=torch.float32, device=dev)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None = None,
                  scale: float | None = None) -> torch.Tensor:
         n, nh, d = q.shape
-        nkv, slots = k.shape[0], k.shape[1]
+        nkv = k.shape[0]
         g = nh // nkv
         gp = triton.next_power_of_2(g)
         scale = d ** -0.5 if scale is None else scale
@@ -107,12 +107,12 @@ class TreeAttention:
         if plan.work.shape[0]:
             K.prefix_kernel[(plan.work.shape[0], nkv)](
                 q, k, v, ds["pos"], ds["qtok"], ds["qstart"], plan.work, self.part, self.ml,
-                q.stride(0), q.stride(1), slots * d, split_stride, nh, scale, window,
+                q.stride(0), q.stride(1), k.stride(0), split_stride, nh, scale, window,
                 G=g, GP=gp, D=d, BQ=t.bq, BN=t.bn, QB=t.qb, WINDOW=window > 0, num_warps=t.warps, num_stages=t.stages)
         K.row_kernel[(ds["tiles"].shape[0] // TILE_FIELDS, nkv)](
             q, k, v, self.out, ds["seq"], ds["anc"], ds["tslot"], ds["pos"], ds["tiles"], plan.prefix_slots,
             plan.inline_len, plan.n_splits, self.part, self.ml, self.pool_len, plan.prefix_slots.shape[1],
-            q.stride(0), q.stride(1), self.out.stride(0), slots * d, split_stride, nh, scale, window,
+            q.stride(0), q.stride(1), self.out.stride(0), k.stride(0), split_stride, nh, scale, window,
             G=g, GP=gp, D=d, TILE=TILE, BT=t.row_bt, BN=t.row_bn, WINDOW=window > 0, num_warps=t.row_warps,
             num_stages=t.stages)
         return self.out
