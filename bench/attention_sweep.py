@@ -1,10 +1,10 @@
 """The staged search of bench/attention.py --sweep over the tree kernels' shapes and split rule.
 
-A. the row kernel's shapes, on the short prefixes (all of their attention); B. the prefix kernel's shapes,
-then the split rule (chunk size, query blocks per program), on the long prefixes with every prefix split;
-C. the prefix length from which splitting pays, from every case timed both ways. Candidates are scored by
-the geometric mean over the cases of (time added over the 64-token case) / (prefix K/V read floor); each
-stage stops trying new candidates once the time budget is spent.
+A. the row kernel's shapes, on the short prefixes (64 tokens, zero- and few-shot: all of their attention);
+B. the prefix kernel's shapes, then the split rule (chunk size, query blocks per program), on the long
+prefixes with every prefix split; C. the prefix length from which splitting pays, from every case timed
+both ways. Candidates are scored by the geometric mean over the cases of (time added over the 64-token
+case) / (prefix K/V read floor); stage B stops trying new candidates once the time budget is spent.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def sweep(timers: dict, cases: dict, bw: float, budget_s: float, first: Tuning, 
     """The chosen tuning; `run(timers, tuning, keys)` times cases ({key: (ms, max |Δ|)}), `log(stage, scores,
     chosen)` reports."""
     t0 = time.perf_counter()
-    short = [k for k in timers if k[0] in (BASE, "ecommerce8")]
+    short = [k for k in timers if k[0] in (BASE, "ecommerce8", "ecommerce8_fewshot")]
     long_ = [k for k in timers if k[0] in ("prefix 1k", "prefix 2k", "shared 1k + 64")]
     seen: dict = {}  # per case: its fastest (ms, tuning) over every candidate tried
 
