@@ -56,7 +56,7 @@ class Tuning:
 TUNING: dict[int, Tuning] = {
     64: Tuning(bn=64),
     128: Tuning(),
-    256: Tuning(bq=8, bn=32, row_bt=8, row_warps=8),
+    256: Tuning(bn=32, row_warps=8),
 }
 
 
@@ -65,11 +65,14 @@ def tuning_for(head_dim: int, group: int, device: torch.device | None = None) ->
     shared memory per block) a program holds at most 8192 / head_dim query vectors (tokens × the group's
     heads) and steps 16 keys with 8 warps: what ptxas compiles for sm_75 without register spills and within
     48 KiB of shared memory (read from the compiled kernels; not timed on a T4)."""
+    gp = 1 << max(0, group - 1).bit_length()  # the group's heads, padded to a power of two in the kernels
     if device is not None and device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 0):
-        gp = 1 << max(0, group - 1).bit_length()
         tokens = max(1, 8192 // head_dim // gp)
-        return Tuning(bq=tokens, bn=16, warps=8, stages=1, row_bt=min(16, tokens), row_bn=16, row_warps=8)
-    return TUNING.get(head_dim) or TUNING[128]
+        t = Tuning(bq=tokens, bn=16, warps=8, stages=1, row_bt=min(16, tokens), row_bn=16, row_warps=8)
+    else:
+        t = TUNING.get(head_dim) or TUNING[128]
+    # a dot needs ≥ 16 query vectors (tokens × padded group)
+    return t.with_(bq=max(t.bq, 16 // gp), row_bt=max(t.row_bt, 16 // gp))
 
 
 @dataclass
