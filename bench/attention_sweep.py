@@ -49,18 +49,18 @@ def sweep(timers: dict, cases: dict, bw: float, budget_s: float, first: Tuning, 
     log("A row kernel, ms summed over the short cases", {_short(t): v for t, v in totals.items()}, best)
     # B. the prefix kernel's shapes, then the split rule, on the long prefixes (split everywhere)
     scores = {}
-    for bq, bn, w, qb, st in itertools.product([16, 32], [32, 64], [4, 8], [1, 4], [2, 3]):
-        if time.perf_counter() - t0 > budget_s:
+    for bq, bn, w, st in itertools.product([16, 32], [32, 64], [4, 8], [2, 3]):
+        if time.perf_counter() - t0 > 0.6 * budget_s:  # leave time for the rule
             break
-        t = best.with_(inline_max=0, bq=bq, bn=bn, warps=w, qb=qb, stages=st)
+        t = best.with_(inline_max=0, bq=bq, bn=bn, warps=w, stages=st)
         scores[t] = score(timed(t, long_), base, cases, bw, long_)
     split = min(scores, key=scores.get) if scores else best.with_(inline_max=0)
     log("B prefix kernel shapes, geomean added/floor", {_short(t): r for t, r in scores.items()}, split)
     rules = {}
-    for ratio, lo, hi, qb in itertools.product([0.125, 0.25, 0.5], [64, 256], [512, 2048], [1, 4]):
+    for ratio, hi, qb in itertools.product([0.125, 0.25, 0.5], [256, 512, 2048], [1, 4]):
         if time.perf_counter() - t0 > budget_s:
             break
-        t = split.with_(partial_ratio=ratio, min_chunk=lo, max_chunk=hi, qb=qb)
+        t = split.with_(partial_ratio=ratio, max_chunk=hi, qb=qb)
         rules[t] = score(timed(t, long_), base, cases, bw, long_)
     split = min(rules, key=rules.get) if rules else split
     log("B split rule, geomean added/floor", {_short(t): r for t, r in rules.items()}, split)

@@ -10,7 +10,8 @@ chunk is read by one program for every query token that sees it:
 - Chunks: a run cut every `chunk` keys; a chunk's index along the prefix (its split) is the same for every
   prompt that shares it. Chunk size per run: the smallest power of two in [min_chunk, max_chunk] for
   which the partial states written (query vectors that see the chunk × head_dim, fp32) stay within
-  `partial_ratio` × the chunk's K/V bytes, so the partials never cost more traffic than the keys.
+  `partial_ratio` × the chunk's K/V bytes, so the partials cost little traffic beside the keys; the cap
+  keeps runs that many tokens see (a shared block, batch 4) spread over enough programs.
 - Work items: (chunk, QB blocks of BQ query tokens of its prompts). The bucket fixes how many query tokens
   a prompt can have (its total query tokens + b × the prompt's row constant), so the work list and the
   grid are fixed per bucket; items past a request's real tokens return at once.
@@ -36,13 +37,13 @@ if TYPE_CHECKING:  # layout imports the attention, which imports this plan
 class Tuning:
     """Kernel shapes and the split rule."""
     inline_max: int = 256  # longest prefix (keys) the row kernel walks itself
-    partial_ratio: float = 0.25  # partial-state bytes ≤ this × the chunk's K/V bytes
+    partial_ratio: float = 0.25  # partial-state bytes ≤ this × the chunk's K/V bytes …
     min_chunk: int = 128
-    max_chunk: int = 2048
+    max_chunk: int = 512  # … but no bigger chunks than this: a run many tokens see still spreads over programs
     bq: int = 16  # prefix kernel: query tokens per block
-    qb: int = 4  # prefix kernel: query blocks per program (the chunk is re-read from cache for each)
+    qb: int = 1  # prefix kernel: query blocks per program (the chunk is re-read from cache for each)
     bn: int = 32  # prefix kernel: keys per step
-    warps: int = 8
+    warps: int = 4
     stages: int = 2  # software pipelining of the key loads (sm_80+)
     row_bt: int = 16  # row kernel: tokens per pass (≤ the Packer's TILE)
     row_bn: int = 32  # row kernel: keys per step
