@@ -11,7 +11,8 @@ chunk is read by one program for every query token that sees it:
   prompt that shares it. Chunk size per run: the smallest power of two in [min_chunk, max_chunk] for
   which the partial states written (query vectors that see the chunk × head_dim, fp32) stay within
   `partial_ratio` × the chunk's K/V bytes, so the partials cost little traffic beside the keys; the cap
-  keeps runs that many tokens see (a shared block, batch 4) spread over enough programs.
+  keeps runs that many tokens see (a shared block, batch 4) spread over enough programs, but never lets
+  the partials outweigh the keys (large buckets split little: their query blocks are parallel enough).
 - Work items: (chunk, QB blocks of BQ query tokens of its prompts). The bucket fixes how many query tokens
   a prompt can have (its total query tokens + b × the prompt's row constant), so the work list and the
   grid are fixed per bucket; items past a request's real tokens return at once.
@@ -157,9 +158,10 @@ def plan_tree(packer: "Packer", b: int, query_tokens: int, group: int, tuning: T
         tokens_in.append(tokens_in[-1] + prompt_tokens[p])
 
     def chunk_size(lo: int, hi: int) -> int:
-        want = (tokens_in[hi] - tokens_in[lo]) * group / tuning.partial_ratio
+        vectors = (tokens_in[hi] - tokens_in[lo]) * group  # partial states per KV head, each head_dim wide
+        cap = max(tuning.max_chunk, vectors)  # the cap never lets the partials outweigh the keys
         size = tuning.min_chunk
-        while size < want and size < tuning.max_chunk:
+        while size < vectors / tuning.partial_ratio and size < cap:
             size *= 2
         return size
 

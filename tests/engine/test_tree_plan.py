@@ -59,3 +59,15 @@ def test_chunk_size_follows_the_tokens_that_see_it_and_short_prefixes_stay_inlin
         assert [w[6] for w in items] == list(range(0, blocks[c.slot, c.split], 2))
     short = plan_tree(_packer([(1,) * 200, (2,) * 100]), 4, 64, 4, t)
     assert short.work.shape[0] == 0 and short.inline_len.tolist() == [200, 100, 0]
+
+
+def test_chunk_cap_never_lets_partials_outweigh_keys():
+    """A big bucket (many query tokens per prompt) gets chunks at least as long as the query vectors that
+    see them, whatever max_chunk says: its partial states never cost more bytes than the keys."""
+    packer = _packer([(3,) * 1500, (4,) * 1500])
+    t = Tuning(inline_max=0, partial_ratio=0.25, min_chunk=64, max_chunk=128, bq=16, qb=1)
+    small, big = plan_tree(packer, 1, 8, 4, t), plan_tree(packer, 4, 256, 4, t)
+    assert max(c.keys for c in small.chunks) == 128  # capped: 9 tokens × 4 heads / 0.25 would ask for 256
+    vectors = packer.prompt_tokens(4, 256)[0] * 4
+    assert max(c.keys for c in big.chunks) >= vectors
+    assert big.max_splits < small.max_splits
