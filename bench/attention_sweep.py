@@ -41,8 +41,8 @@ def sweep(timers: dict, cases: dict, bw: float, budget_s: float, first: Tuning, 
         return res
 
     # A. the row kernel's shapes (all of the attention of short prefixes)
-    row = {t: timed(t, short) for t in (first.with_(row_bn=bn, row_warps=w)
-                                        for bn, w in [(16, 4), (32, 4), (32, 8), (64, 4), (64, 8)])}
+    row = {t: timed(t, short) for t in (first.with_(row_bn=bn, row_warps=w, row_stages=st)
+                                        for bn, w in [(16, 4), (32, 4), (32, 8), (64, 4), (64, 8)] for st in (2, 3))}
     totals = {t: sum(r[k][0] for k in short) for t, r in row.items()}
     best = min(totals, key=totals.get)
     base = timed(best, [k for k in timers if k[0] == BASE])

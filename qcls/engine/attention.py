@@ -114,5 +114,5 @@ class TreeAttention:
             plan.inline_len, plan.n_splits, self.part, self.ml, self.pool_len, plan.prefix_slots.shape[1],
             q.stride(0), q.stride(1), self.out.stride(0), k.stride(0), split_stride, nh, scale, window,
             G=g, GP=gp, D=d, TILE=TILE, BT=t.row_bt, BN=t.row_bn, WINDOW=window > 0, num_warps=t.row_warps,
-            num_stages=t.stages)
+            num_stages=t.row_stages)
         return self.out

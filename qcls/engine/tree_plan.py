@@ -49,6 +49,7 @@ class Tuning:
     row_bt: int = 16  # row kernel: tokens per pass (≤ the Packer's TILE)
     row_bn: int = 32  # row kernel: keys per step
     row_warps: int = 4
+    row_stages: int = 3
 
     def with_(self, **kw) -> "Tuning":
         return replace(self, **kw)
@@ -70,7 +71,8 @@ def tuning_for(head_dim: int, group: int, device: torch.device | None = None) ->
     gp = 1 << max(0, group - 1).bit_length()  # the group's heads, padded to a power of two in the kernels
     if device is not None and device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 0):
         tokens = max(1, 8192 // head_dim // gp)
-        t = Tuning(bq=tokens, bn=16, warps=8, stages=1, row_bt=min(16, tokens), row_bn=16, row_warps=8)
+        t = Tuning(bq=tokens, bn=16, warps=8, stages=1, row_bt=min(16, tokens), row_bn=16, row_warps=8,
+                   row_stages=1)
     else:
         t = TUNING.get(head_dim) or TUNING[128]
     # a dot needs ≥ 16 query vectors (tokens × padded group)

@@ -51,7 +51,7 @@ def resources(head_dim: int, group: int) -> dict:
     common = dict(G=group, GP=1 << (group - 1).bit_length(), D=head_dim, WINDOW=True)
     return {"prefix": _compile(K.prefix_kernel, {**common, "BQ": t.bq, "BN": t.bn, "QB": t.qb}, t.warps, t.stages),
             "row": _compile(K.row_kernel, {**common, "TILE": TILE, "BT": t.row_bt, "BN": t.row_bn}, t.row_warps,
-                            t.stages)}
+                            t.row_stages)}
 
 
 @pytest.mark.parametrize("head_dim,group", [(128, 4), (256, 4), (256, 2)])  # Qwen3-4B/8B, Gemma3 270M, 4B
