@@ -12,7 +12,8 @@ chunk is read by one program for every query token that sees it:
   which the partial states written (query vectors that see the chunk × head_dim, fp32) stay within
   `partial_ratio` × the chunk's K/V bytes, so the partials cost little traffic beside the keys; the cap
   keeps runs that many tokens see (a shared block, batch 4) spread over enough programs, but never lets
-  the partials outweigh the keys (large buckets split little: their query blocks are parallel enough).
+  the partials pass `partial_limit` × the keys (large buckets split little: their query blocks are
+  parallel enough).
 - Work items: (chunk, QB blocks of BQ query tokens of its prompts). The bucket fixes how many query tokens
   a prompt can have (its total query tokens + b × the prompt's row constant), so the work list and the
   grid are fixed per bucket; items past a request's real tokens return at once.
@@ -40,7 +41,8 @@ class Tuning:
     inline_max: int = 256  # longest prefix (keys) the row kernel walks itself
     partial_ratio: float = 0.25  # partial-state bytes ≤ this × the chunk's K/V bytes …
     min_chunk: int = 128
-    max_chunk: int = 512  # … but no bigger chunks than this: a run many tokens see still spreads over programs
+    max_chunk: int = 512  # … but no bigger chunks than this: a run many tokens see still spreads over programs,
+    partial_limit: float = 1.0  # unless the partials would then pass this × the keys
     bq: int = 16  # prefix kernel: query tokens per block
     qb: int = 1  # prefix kernel: query blocks per program (the chunk is re-read from cache for each)
     bn: int = 32  # prefix kernel: keys per step
@@ -161,7 +163,7 @@ def plan_tree(packer: "Packer", b: int, query_tokens: int, group: int, tuning: T
 
     def chunk_size(lo: int, hi: int) -> int:
         vectors = (tokens_in[hi] - tokens_in[lo]) * group  # partial states per KV head, each head_dim wide
-        cap = max(tuning.max_chunk, vectors)  # the cap never lets the partials outweigh the keys
+        cap = max(tuning.max_chunk, vectors / tuning.partial_limit)
         size = tuning.min_chunk
         while size < vectors / tuning.partial_ratio and size < cap:
             size *= 2

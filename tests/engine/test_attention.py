@@ -24,7 +24,8 @@ INLINE = Tuning(inline_max=1 << 30, row_bn=16)
 
 def split(chunk: int, qb: int = 1, row_bt: int = 16) -> Tuning:
     """Every prefix split into chunks of `chunk` keys (tiny, so the CPU interpreter sees many of them)."""
-    return Tuning(inline_max=0, min_chunk=chunk, max_chunk=chunk, bq=16, qb=qb, bn=16, row_bt=row_bt, row_bn=16)
+    return Tuning(inline_max=0, min_chunk=chunk, max_chunk=chunk, partial_limit=1e9, bq=16, qb=qb, bn=16,
+                  row_bt=row_bt, row_bn=16)
 
 
 def _layout(name, prefix, suffix, labels, strategy):
@@ -150,7 +151,8 @@ def test_turing_shapes_fit_its_registers(monkeypatch):
     """On sm_75 a program holds at most 8192 / head_dim query vectors (tokens × padded group), in tiles of
     ≤ 16 tokens, so the FMA dots neither spill nor pass 48 KiB of shared memory (checked with ptxas)."""
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
-    for dim, group, bq, row_bt in [(128, 4, 16, 16), (256, 4, 8, 8), (256, 2, 16, 16), (128, 1, 64, 16), (64, 3, 32, 16)]:
+    for dim, group, bq, row_bt in [(128, 4, 16, 16), (256, 4, 8, 8), (256, 2, 16, 16), (128, 1, 64, 16),
+                                   (64, 3, 32, 16)]:
         t = tuning_for(dim, group, torch.device("cuda"))
         assert (t.bq, t.row_bt, t.bn, t.warps) == (bq, row_bt, 16, 8), (dim, group)
     assert tuning_for(128, 4, torch.device("cpu")) == tuning_for(128, 4)  # elsewhere: the measured table
@@ -164,7 +166,7 @@ def test_turing_shapes_compute_the_same_interpreted(monkeypatch):
     t4 = tuning_for(256, 4, torch.device("cuda"))
     prompts = _chunky_prompts(random.Random(5))
     _compare("cpu", torch.float32, 4, 1, 256, prompts, 2, 5, 1e-4,
-             [t4.with_(inline_max=0, min_chunk=32, max_chunk=32), t4], window=20)
+             [t4.with_(inline_max=0, min_chunk=32, max_chunk=32, partial_limit=1e9), t4], window=20)
 
 
 @pytest.mark.gpu
@@ -178,7 +180,8 @@ def test_split_prefix_equals_dense_gpu(case):
     shipped = tuning_for(dim, heads // kv, torch.device("cuda"))
     prompts = _chunky_prompts(random.Random(batch))
     _compare("cuda", torch.float16, heads, kv, dim, prompts, batch, batch, 2e-3,
-             [split(chunk, qb, row_bt), shipped.with_(inline_max=0, min_chunk=chunk, max_chunk=chunk),
+             [split(chunk, qb, row_bt),
+              shipped.with_(inline_max=0, min_chunk=chunk, max_chunk=chunk, partial_limit=1e9),
               shipped.with_(inline_max=1 << 30)], window)
 
 

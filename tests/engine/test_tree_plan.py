@@ -63,7 +63,8 @@ def test_chunk_size_follows_the_tokens_that_see_it_and_short_prefixes_stay_inlin
 
 def test_chunk_cap_never_lets_partials_outweigh_keys():
     """A big bucket (many query tokens per prompt) gets chunks at least as long as the query vectors that
-    see them, whatever max_chunk says: its partial states never cost more bytes than the keys."""
+    see them, whatever max_chunk says: its partial states never cost more bytes than the keys
+    (partial_limit=1)."""
     packer = _packer([(3,) * 1500, (4,) * 1500])
     t = Tuning(inline_max=0, partial_ratio=0.25, min_chunk=64, max_chunk=128, bq=16, qb=1)
     small, big = plan_tree(packer, 1, 8, 4, t), plan_tree(packer, 4, 256, 4, t)
