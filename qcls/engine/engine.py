@@ -20,6 +20,7 @@ from qcls.engine.layout import Packer, PromptLayout, build_mask, unpack
 from qcls.engine.prefix_cache import plan_prefixes
 from qcls.engine.tail import Tail
 from qcls.engine.taps import TapPlan, root_reads
+from qcls.engine.tree_plan import plan_tree, tuning_for
 from qcls.heads.head import FINAL, PromptHead, Tap
 
 
@@ -45,15 +46,18 @@ class Bucket:
     """Static buffers of one (b, L) bucket and the computation over them (captured as is on a GPU)."""
 
     def __init__(self, b: int, query_tokens: int, packer: Packer, dec: Decoder, tail: Tail, pool_len: int,
-                 embed_fn, tree: bool, longest_query: int, taps: TapPlan | None = None):
+                 embed_fn, tree: bool, taps: TapPlan | None = None):
         dev = dec.device
         self.b, self.query_tokens = b, query_tokens
         self.n_tokens = n = packer.n_tokens(b, query_tokens)
         self.key_len = pool_len + n + (-(pool_len + n)) % 16  # mem-efficient SDPA wants aligned mask rows
         self.packer, self.dec, self.tail, self.pool_len, self.embed_fn = packer, dec, tail, pool_len, embed_fn
-        self.tree, self.n_reads = tree, packer.n_reads(b)
+        self.n_reads = packer.n_reads(b)
         self.taps = taps  # shared by the buckets of batch size b: a forward writes it, its own tail reads it
-        self.max_row = max(packer.max_row(b, query_tokens, longest_query), 16)
+        # the tree kernels' work lists: fixed by the prompts and the bucket's shape
+        group = dec.n_heads // dec.n_kv
+        self.tree = plan_tree(packer, b, query_tokens, group, tuning_for(dec.head_dim, group, dev)).to(dev) \
+            if tree else None
         self.slots = torch.arange(pool_len, pool_len + n, device=dev)  # where this forward's K/V go
         size, pinned = packer.buffer_len(b, n), dev.type == "cuda"
         # One host buffer per in-flight slot (SLOTS): a batch is packed, and its scores land, while the batch
@@ -61,10 +65,7 @@ class Bucket:
         self.host = [torch.zeros(size, dtype=torch.long, pin_memory=pinned) for _ in range(SLOTS)]
         self.out = [torch.zeros(tail.table.shape[0], dtype=torch.float32, pin_memory=pinned) for _ in range(SLOTS)]
         self.buf = torch.zeros(size, dtype=torch.long, device=dev)
-        self.visible = packer.visible.to(dev)
-        self.prefix_slots, self.prefix_len = packer.prefix_slots.to(dev), packer.prefix_len.to(dev)
-        self.zero = torch.zeros((), dtype=dec.dtype, device=dev)
-        self.neg = torch.full((), float("-inf"), dtype=dec.dtype, device=dev)
+        self.visible, self.slot_pos = packer.visible.to(dev), packer.slot_pos.to(dev)
         self.embeds = None
         if embed_fn is not None:  # the backend gathers embeddings itself (table off the device)
             self.embeds = torch.zeros(n, dec.embed.embedding_dim, dtype=dec.dtype, device=dev)
@@ -72,15 +73,11 @@ class Bucket:
         self.graphs: tuple[torch.cuda.CUDAGraph, torch.cuda.CUDAGraph] | None = None
 
     def forward(self) -> torch.Tensor:
-        d = unpack(self.buf, self.n_tokens, self.n_reads)
-        if self.tree:
-            out = torch.empty(self.n_tokens, self.dec.n_heads * self.dec.head_dim, dtype=self.dec.dtype,
-                              device=self.dec.device)
-            attend = TreeAttention(d["seq"], d["anc"], d["tslot"], d["tiles"], self.prefix_slots, self.prefix_len,
-                                   self.pool_len, self.max_row, out)
+        d = unpack(self.buf, self.n_tokens, self.n_reads, len(self.packer.prompts))
+        if self.tree is not None:
+            attend = TreeAttention(d, self.tree, self.pool_len, self.dec.n_heads, self.dec.head_dim, self.dec.dtype)
         else:
-            attend = DenseAttention(torch.where(build_mask(d, self.visible, self.key_len), self.zero, self.neg),
-                                    self.key_len)
+            attend = DenseAttention(lambda w: build_mask(d, self.visible, self.key_len, w, self.slot_pos), self.key_len)
         sink = self.taps.bind(d["read"], d["qrow"]) if self.taps is not None else None
         self.hidden = self.dec.forward(d["ids"], d["pos"], self.slots, attend, d["read"], self.embeds, sink)
         if self.taps is not None:
@@ -167,7 +164,7 @@ class FastEngine:
             plans = {b: TapPlan(self.taps, b, root_reads([len(p.plan.read_nodes) for p in prompts], b), hidden,
                                 self.device) if self.taps else None for b in range(1, max_batch + 1)}
             self.buckets = {(b, lt): Bucket(b, lt, self.packer, self.dec, tails[b], self.pool_len, embed_fn,
-                                          self.attention == "tree", self.query_buckets[-1], plans[b])
+                                          self.attention == "tree", plans[b])
                             for b in range(1, max_batch + 1) for lt in token_buckets(self.query_buckets, b)}
         self.graphs = use_graphs and self.device.type == "cuda"
         self._free = list(range(SLOTS))
@@ -213,6 +210,7 @@ class FastEngine:
         """Run each prompt's not-yet-cached prefix blocks through the decoder, writing their K/V into the
         pool slots; earlier blocks (possibly another prompt's) are read where they lie."""
         dev, key_len = self.device, self.pool_len
+        key_pos = self.packer.slot_pos.to(dev)  # a pool slot's position in every prefix that holds it
         for p, new in enumerate(self.pool.new_blocks):
             if not new:
                 continue
@@ -224,12 +222,13 @@ class FastEngine:
             allowed = torch.zeros(len(ids), key_len, dtype=torch.bool, device=dev)
             slot_pos = torch.arange(len(slots), device=dev)  # position of each of the prompt's slots
             allowed[:, slots] = slot_pos[None, :] <= pos[:, None]
-            mask = torch.zeros(allowed.shape, dtype=self.dec.dtype, device=dev).masked_fill(~allowed, float("-inf"))
             embeds = None
             if self.embed_fn is not None:
                 embeds = torch.empty(len(ids), self.dec.embed.embedding_dim, dtype=self.dec.dtype, device=dev)
                 self.embed_fn(ids.cpu(), embeds)
-            self.dec.forward(ids, pos, write, DenseAttention(mask, key_len), torch.tensor([0], device=dev), embeds)
+            attend = DenseAttention(lambda w: allowed & (pos[:, None] - key_pos[None, :] < w) if w > 0 else allowed,
+                                    key_len)
+            self.dec.forward(ids, pos, write, attend, torch.tensor([0], device=dev), embeds)
 
     def bucket_for(self, batch: list[list[int]]) -> Bucket:
         longest, total = max(len(ids) for ids in batch), sum(len(ids) for ids in batch)

@@ -71,6 +71,29 @@ def test_fp16_graphs_match_reference(gpu_dirs, family, strategy, attention):
                 assert gp.label == wp.label
 
 
+@pytest.mark.parametrize("strategy", ["trie", "exact"])
+def test_fp16_graphs_split_prefixes_match_reference(gpu_dirs, strategy, monkeypatch):
+    """Every prefix split into chunks of 16 keys (prefix kernel + merged partial states, inside the CUDA
+    graphs), a header three prompts share, one prompt without a prefix: batches 1–4 equal the reference."""
+    from qcls.engine import engine as E
+    from qcls.engine.tree_plan import tuning_for
+    shipped = tuning_for
+    monkeypatch.setattr(E, "tuning_for", lambda *a: shipped(*a).with_(inline_max=0, min_chunk=16, max_chunk=16,
+                                                                       partial_limit=1e9))
+    header = "You classify e-commerce search queries for a large online fashion store. "
+    prompts = [prompt("a", MULTI, system=header + "Audience?"), prompt("b", SHARED, system=header + "Category?"),
+               prompt("c", SINGLE, system=header + "Other?"), {"name": "bare", "template": "{query} is a",
+                                                              "labels": SHARED}]
+    fast, ref = fp16_pair(gpu_dirs["qwen3"], prompts, strategy, "tree")
+    assert fast.engine.graphs and all(bk.tree.work.shape[0] for bk in fast.engine.buckets.values())
+    for b in (1, 2, 3, 4):
+        got, want = fast.classify(QUERIES[:b]), ref.classify(QUERIES[:b])
+        for g, w in zip(got, want):
+            for gp, wp in zip(g.prompts, w.prompts):
+                assert max(abs(x.score - y.score) for x, y in zip(gp.labels, wp.labels)) <= TOL16, (g.query, gp.prompt)
+                assert gp.label == wp.label
+
+
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_qwentok"])
 def test_two_batches_in_flight_match_reference(gpu_dirs, family):
     """Batch 2 queued behind batch 1 on the device (same bucket, then another), collected in order: each
