@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 MODE=${1:-final}
 OUT=${OUT:-/tmp/qcls_prefix_gpu}
 mkdir -p "$OUT"
-export OUT PYTHONPATH=. PYTHONUNBUFFERED=1
+export OUT PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 rc=0
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 step() {  # step SECONDS NAME COMMAND...: run with a time limit, keep its log, show its tail
