@@ -104,19 +104,18 @@ if triton is not None:
         c2 = tl.load(cos_ptr + t * D + half + i).to(tl.float32)
         s1 = tl.load(sin_ptr + t * D + i).to(tl.float32)
         s2 = tl.load(sin_ptr + t * D + half + i).to(tl.float32)
+        # (dtypes are written inline: a non-tensor assigned in both branches of a runtime `if` does not compile)
         if hd < NH:
             x1, x2 = _load_head(q_ptr + t * q_s0 + hd * D, qw_ptr, eps, D, HAS_NORM)
-            out = qo_ptr.dtype.element_ty
-            tl.store(qo_ptr + t * qo_s0 + hd * D + i, (x1 * c1 - x2 * s1).to(out))
-            tl.store(qo_ptr + t * qo_s0 + hd * D + half + i, (x2 * c2 + x1 * s2).to(out))
+            tl.store(qo_ptr + t * qo_s0 + hd * D + i, (x1 * c1 - x2 * s1).to(qo_ptr.dtype.element_ty))
+            tl.store(qo_ptr + t * qo_s0 + hd * D + half + i, (x2 * c2 + x1 * s2).to(qo_ptr.dtype.element_ty))
         else:
             kh = hd - NH
             slot = tl.load(slot_ptr + t)
             x1, x2 = _load_head(k_ptr + t * k_s0 + kh * D, kw_ptr, eps, D, HAS_NORM)
             kd = kb_ptr + kh * kb_s_head + slot * D
-            out = kb_ptr.dtype.element_ty
-            tl.store(kd + i, (x1 * c1 - x2 * s1).to(out))
-            tl.store(kd + half + i, (x2 * c2 + x1 * s2).to(out))
+            tl.store(kd + i, (x1 * c1 - x2 * s1).to(kb_ptr.dtype.element_ty))
+            tl.store(kd + half + i, (x2 * c2 + x1 * s2).to(kb_ptr.dtype.element_ty))
             vd = vb_ptr + kh * kb_s_head + slot * D
             tl.store(vd + i, tl.load(v_ptr + t * v_s0 + kh * D + i))
             tl.store(vd + half + i, tl.load(v_ptr + t * v_s0 + kh * D + half + i))

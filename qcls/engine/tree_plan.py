@@ -58,9 +58,11 @@ class Tuning:
 
 
 # Tensor-core GPUs (sm_80+), per head_dim: measured with bench/prefix.py --sweep (H100/H200).
+# sm_80+: d=128 from bench/attention.py --sweep on an H100 (2026-11-23, bench/RESULTS.md); d=64 and d=256 not
+# swept (the Gemma3 d=256 rows of that run kept these shapes against 8-token blocks and 16-key steps)
 TUNING: dict[int, Tuning] = {
     64: Tuning(bn=64),
-    128: Tuning(),
+    128: Tuning(inline_max=64, partial_ratio=0.125, stages=3),
     256: Tuning(bn=32, row_warps=8),
 }
 
