@@ -5,8 +5,9 @@
 # 1. GPU tests of heads, calibration and fp16 fidelity (fast fp16 as close to fp32 as transformers fp16);
 # 2. bench/fidelity.py: random-weight Qwen3-4B, final norm ×20, ecommerce8, 16 queries: max |Δ score| of fast
 #    fp16 and transformers fp16 against fp32, layer by layer, and a head's fp16 probabilities against fp32;
-# 3. bench/paired.py: a head on the final state and one on layer 18 (both reads + scores) against none, and
-#    the float32 residual stream against the pre-issue-18 kernels, each timed in alternation at batch 1 and 4.
+# 3. bench/paired.py: a head on layer 18 (both reads + scores: the heavier path, what the demo's heads read)
+#    against none, and the float32 residual stream against the pre-issue-18 kernels, each timed in alternation
+#    at batch 1 and 4.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/qcls_heads_gpu}
@@ -24,13 +25,11 @@ step() {  # step SECONDS NAME COMMAND...: run with a time limit, keep its log, s
 step 150 gpu-tests python -m pytest -q -p no:cacheprovider -m gpu -s tests/engine/test_heads_engine.py \
     tests/engine/test_calibration_engine.py "tests/engine/test_gpu.py::test_fast_fp16_is_as_close_to_fp32_as_transformers_fp16" \
     "tests/engine/test_gpu.py::test_no_allocation_or_capture_on_request_path"
-step 200 fidelity python bench/fidelity.py --model qwen3_4b --queries 16
-P="python -m bench.paired --model qwen3_4b --iters 150"
-step 70 paired-head $P --a prompts=ecommerce8 --b "prompts=ecommerce8 calibration=random_head" \
-    --label "head on the final state off / on (request path)"
-step 70 paired-head-layer $P --a prompts=ecommerce8 --b "prompts=ecommerce8 calibration=random_head:18:both:scores" \
+step 270 fidelity python bench/fidelity.py --model qwen3_4b --queries 16
+P="python -m bench.paired --model qwen3_4b --iters 120"
+step 75 paired-head-layer $P --a prompts=ecommerce8 --b "prompts=ecommerce8 calibration=random_head:18:both:scores" \
     --label "head on layer 18 (position + query mean) + raw scores off / on (request path)"
-step 70 paired-fp32 $P --a prompts=ecommerce8 --b prompts=ecommerce8 --legacy-kernels a \
+step 75 paired-fp32 $P --a prompts=ecommerce8 --b prompts=ecommerce8 --legacy-kernels a \
     --label "pre-issue-18 kernels (fp16 residual) / float32 residual stream (request path)"
 cp bench/RESULTS.md "$OUT/"
 exit $rc
