@@ -14,9 +14,12 @@ the shipped dev split. Measured, per strategy (trie, exact, mean_logprob):
   every layer (the engine's hidden-state taps against plain forwards), fast fp16 and transformers fp16, each
   against fp32, so a gap shows the layer where it opens;
 - a learned head (random weights, on the final state and on layer L/2 both reads + the raw scores): the fast
-  fp16 engine's probabilities against the fp32 reference engine with the same head file.
+  fp16 engine's probabilities against the fp32 reference engine with the same head file;
+- with --legacy: the same for the engine with the pre-issue-18 elementwise kernels (bench/legacy_kernels.py:
+  fp16 residual stream), so the float32 residual's effect is measured, not assumed.
 
-Appends a section to bench/RESULTS.md and writes JSON to $OUT/fidelity.json when $OUT is set.
+Each part is appended to bench/RESULTS.md as soon as it is measured (a run cut short keeps what it has) and
+$OUT/fidelity.json is rewritten after each.
 """
 from __future__ import annotations
 
@@ -76,6 +79,25 @@ def reference_all(model, layouts, ids_list) -> dict[str, list]:
     return out
 
 
+class legacy_kernels:
+    """While active, the decoder calls the pre-issue-18 elementwise kernels (a Classifier built inside keeps
+    them in its CUDA graphs)."""
+
+    def __enter__(self):
+        from bench import legacy_kernels as L
+        from qcls.engine import decoder as D
+
+        def old_norm(x, residual, weight, eps, out_dtype=None):
+            y, s = L.add_rmsnorm(x, residual, weight, eps)
+            return (y if out_dtype is None else y.to(out_dtype)), s
+        self.saved = (D.add_rmsnorm, D.qkv_into, D.silu_mul)
+        D.add_rmsnorm, D.qkv_into, D.silu_mul = old_norm, L.qkv_into, L.silu_mul
+
+    def __exit__(self, *exc):
+        from qcls.engine import decoder as D
+        D.add_rmsnorm, D.qkv_into, D.silu_mul = self.saved
+
+
 def fast_all(loaded, queries, model: str) -> dict[str, list]:
     out = {}
     for s in STRATEGIES:
@@ -95,12 +117,16 @@ def compare(got, want) -> dict:
     return {"max_abs_diff": d, "winners_equal": float(np.mean(same)), "n": len(same)}
 
 
-def layers(loaded16, model32, model16, queries, n_layers, model: str) -> list[dict]:
+def layers(loaded16, model32, model16, queries, n_layers, model: str, legacy: bool) -> list[dict]:
     """Per layer: max relative error of the read position's and the query mean's residual stream."""
     taps = [Tap(k, kind) for k in range(1, n_layers) for kind in ("position", "query_mean")] + [Tap("final", "position")]
     clf = Classifier(compose(overrides(model)), loaded=loaded16, taps=taps)
     _, states = clf.read_states(queries)
-    rows = {t: {"fast": 0.0, "hf": 0.0} for t in taps}
+    old = None
+    if legacy:
+        with legacy_kernels():
+            old = Classifier(compose(overrides(model)), loaded=loaded16, taps=taps).read_states(queries)[1]
+    rows = {t: {"fast": 0.0, "hf": 0.0, "legacy": 0.0} for t in taps}
     for q, st in zip(queries, states):
         ids = encode_query(clf.tokenizer, q, clf.cfg.max_query_tokens)
         for j, lay in enumerate(clf.layouts):
@@ -110,6 +136,10 @@ def layers(loaded16, model32, model16, queries, n_layers, model: str) -> list[di
             for i, t in enumerate(taps):
                 rows[t]["fast"] = max(rows[t]["fast"], float(np.abs(st[i, j].numpy() - truth[i]).max() / scale[i]))
                 rows[t]["hf"] = max(rows[t]["hf"], float(np.abs(hf[i] - truth[i]).max() / scale[i]))
+                if old is not None:
+                    k = queries.index(q)
+                    rows[t]["legacy"] = max(rows[t]["legacy"],
+                                            float(np.abs(old[k][i, j].numpy() - truth[i]).max() / scale[i]))
     return [{"tap": t.name, **v} for t, v in rows.items()]
 
 
@@ -161,8 +191,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="qwen3_4b", choices=sorted(C.SHAPES))
     ap.add_argument("--queries", type=int, default=16)
+    ap.add_argument("--head-queries", type=int, default=6)
+    ap.add_argument("--layer-queries", type=int, default=2)
     ap.add_argument("--sharpen", type=float, default=20.0, help="final norm weight factor")
-    ap.add_argument("--skip-layers", action="store_true")
+    ap.add_argument("--legacy", action="store_true", help="also the pre-issue-18 kernels (fp16 residual)")
     args = ap.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     t0 = time.perf_counter()
@@ -177,47 +209,61 @@ def main() -> None:
     queries = data.queries[:args.queries]
     layouts = Classifier(compose(overrides(args.model)), loaded=loaded16).layouts
     ids = [encode_query(tok, q, 32) for q in queries]
+    r = {"model": args.model, "queries": len(queries), "sharpen": args.sharpen, "strategies": {}}
     truth = reference_all(model32, layouts, ids)
-    hf16 = reference_all(model16, layouts, ids)
     fast16 = fast_all(loaded16, queries, args.model)
-    result = {"model": args.model, "queries": len(queries), "sharpen": args.sharpen, "strategies": {}}
+    hf16 = reference_all(model16, layouts, ids)
+    old16 = None
+    if args.legacy:
+        with legacy_kernels():
+            old16 = fast_all(loaded16, queries, args.model)
     for s in STRATEGIES:
-        result["strategies"][s] = {"fast_fp16": compare(fast16[s], truth[s]), "hf_fp16": compare(hf16[s], truth[s]),
-                                   "hf_winner_equal_but_fast_not": sum(
-                                       int(np.argmax(h) == np.argmax(t) and np.argmax(f) != np.argmax(t))
-                                       for hq, fq, tq in zip(hf16[s], fast16[s], truth[s])
-                                       for h, f, t in zip(hq, fq, tq))}
+        r["strategies"][s] = {"fast_fp16": compare(fast16[s], truth[s]), "hf_fp16": compare(hf16[s], truth[s]),
+                              "hf_winner_equal_but_fast_not": sum(
+                                  int(np.argmax(h) == np.argmax(t) and np.argmax(f) != np.argmax(t))
+                                  for hq, fq, tq in zip(hf16[s], fast16[s], truth[s]) for h, f, t in zip(hq, fq, tq))}
+        if old16 is not None:
+            r["strategies"][s]["legacy_fp16"] = compare(old16[s], truth[s])
+    report(r, "strategies", t0)
     n_layers = model32.config.num_hidden_layers
-    result["heads"] = heads(loaded16, loaded32, queries, n_layers, args.model)
-    if not args.skip_layers:
-        result["layers"] = layers(loaded16, model32, model16, queries[:4], n_layers, args.model)
-    result["seconds"] = round(time.perf_counter() - t0, 1)
-    report(result)
+    r["layers"] = layers(loaded16, model32, model16, queries[:args.layer_queries], n_layers, args.model, args.legacy)
+    report(r, "layers", t0)
+    r["heads"] = heads(loaded16, loaded32, queries[:args.head_queries], n_layers, args.model)
+    report(r, "heads", t0)
 
 
-def report(r: dict) -> None:
-    text = C.header(f"fidelity: fp16 against fp32 ({r['model']} random weights, final norm ×{r['sharpen']})",
-                    f"bench/fidelity.py --model {r['model']} --queries {r['queries']}; prompts=ecommerce8 "
-                    "(8 prompts, 2 with Chinese multi-token labels); first queries of data/eval/ecommerce_dev.jsonl")
-    text += ("| strategy | fast fp16 max \\|Δ score\\| | transformers fp16 max \\|Δ score\\| | fast / transformers | "
-             "winners = fp32 fast / transformers | fp32 winner kept by transformers but not by fast |\n"
-             "|---|---|---|---|---|---|\n")
-    for s, v in r["strategies"].items():
-        f, h = v["fast_fp16"], v["hf_fp16"]
-        text += (f"| {s} | {f['max_abs_diff']:.4f} | {h['max_abs_diff']:.4f} | "
-                 f"{f['max_abs_diff'] / max(h['max_abs_diff'], 1e-12):.2f} | {f['winners_equal']:.3f} / "
-                 f"{h['winners_equal']:.3f} | {v['hf_winner_equal_but_fast_not']} |\n")
-    text += "\nLearned head (random weights scaled to the state), fast fp16 engine against the fp32 reference engine:\n\n"
-    text += "| read | + raw scores | max \\|Δ prob\\| | winners equal | mean winner prob |\n|---|---|---|---|---|\n"
-    for h in r["heads"]:
-        text += (f"| {h['read']} | {h['scores']} | {h['max_abs_prob_diff']:.2e} | {h['winners_equal']:.3f} | "
-                 f"{h['mean_winner_prob']:.3f} |\n")
-    if "layers" in r:
-        text += ("\nResidual stream after each layer, max |Δ| / max |fp32| over 4 queries × 8 prompts (read position "
-                 "and query mean):\n\n| tap | fast fp16 | transformers fp16 |\n|---|---|---|\n")
+def report(r: dict, part: str, t0: float) -> None:
+    r["seconds"] = round(time.perf_counter() - t0, 1)
+    if part == "strategies":
+        text = C.header(f"fidelity: fp16 against fp32 ({r['model']} random weights, final norm ×{r['sharpen']})",
+                        f"bench/fidelity.py --model {r['model']} --queries {r['queries']}; prompts=ecommerce8 (8 prompts, 2 "
+                        "with Chinese multi-token labels); first queries of data/eval/ecommerce_dev.jsonl")
+        legacy = any("legacy_fp16" in v for v in r["strategies"].values())
+        text += ("| strategy | fast fp16 max \\|Δ score\\| | transformers fp16 max \\|Δ score\\| | fast / transformers | "
+                 "winners = fp32 fast / transformers | fp32 winner kept by transformers but not by fast |"
+                 + (" pre-issue-18 kernels max \\|Δ score\\| |" if legacy else "") + "\n|---|---|---|---|---|---|"
+                 + ("---|" if legacy else "") + "\n")
+        for s, v in r["strategies"].items():
+            f, h = v["fast_fp16"], v["hf_fp16"]
+            text += (f"| {s} | {f['max_abs_diff']:.4f} | {h['max_abs_diff']:.4f} | "
+                     f"{f['max_abs_diff'] / max(h['max_abs_diff'], 1e-12):.2f} | {f['winners_equal']:.3f} / "
+                     f"{h['winners_equal']:.3f} | {v['hf_winner_equal_but_fast_not']} |"
+                     + (f" {v['legacy_fp16']['max_abs_diff']:.4f} |" if legacy else "") + "\n")
+    elif part == "layers":
+        text = ("\nResidual stream after each layer, max |Δ| / max |fp32| over the first queries × 8 prompts (read "
+                "position and query mean):\n\n| tap | fast fp16 | transformers fp16 | pre-issue-18 kernels |\n"
+                "|---|---|---|---|\n")
         for row in r["layers"]:
-            text += f"| {row['tap']} | {row['fast']:.2e} | {row['hf']:.2e} |\n"
-    text += f"\n{r['seconds']} s in all.\n"
+            old = f"{row['legacy']:.2e}" if row["legacy"] else ""
+            text += f"| {row['tap']} | {row['fast']:.2e} | {row['hf']:.2e} | {old} |\n"
+    else:
+        text = ("\nLearned head (random weights scaled to the state), fast fp16 engine against the fp32 reference "
+                "engine:\n\n| read | + raw scores | max \\|Δ prob\\| | winners equal | mean winner prob |\n"
+                "|---|---|---|---|---|\n")
+        for h in r["heads"]:
+            text += (f"| {h['read']} | {h['scores']} | {h['max_abs_prob_diff']:.2e} | {h['winners_equal']:.3f} | "
+                     f"{h['mean_winner_prob']:.3f} |\n")
+        text += f"\n{r['seconds']} s in all.\n"
     C.append(text)
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "fidelity.json").write_text(json.dumps(r, indent=1))

@@ -50,6 +50,11 @@ if triton is not None:
         tl.store(y_ptr + row * H + cols, (x * inv * w).to(y_ptr.dtype.element_ty), mask=m)
 
 
+def norm_warps(h: int) -> int:
+    """Warps per row of the norm kernel (bench/norm.py measures the choice)."""
+    return 4 if h <= 2048 else 8
+
+
 def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
                 out_dtype: torch.dtype | None = None):
     """(RMSNorm(x + residual) · weight, x + residual): the residual stream (`residual`, and the sum returned)
@@ -60,7 +65,7 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Te
     y = torch.empty(n, h, dtype=out_dtype or x.dtype, device=x.device)
     s = torch.empty(n, h, dtype=torch.float32, device=x.device)
     _add_rmsnorm_kernel[(n,)](x, residual if residual is not None else s, weight, y, s, h, eps,
-                              HAS_RES=residual is not None, BLOCK=triton.next_power_of_2(h))
+                              HAS_RES=residual is not None, BLOCK=triton.next_power_of_2(h), num_warps=norm_warps(h))
     return y, s
 
 

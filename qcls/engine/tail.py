@@ -142,7 +142,7 @@ class _FeatureProduct:
         n_p, lmax = len(heads), max(label_counts)
         parts = [[taps.index(t) for t in h.read.taps] if h is not None and h.read is not None else [] for h in heads]
         j = max(len(x) for x in parts)
-        rows = b * n_p + 2  # the tap buffer's rows per tap (engine/taps.py): rows, sink, zeros
+        rows = b * n_p + 2  # the tap buffer's rows per tap (engine/taps.py): rows, then two of zeros
         zero = rows - 1
         idx = np.full((n_p, b, j), zero, dtype=np.int64)
         w = np.zeros((n_p, lmax, j * hidden), dtype=np.float32)

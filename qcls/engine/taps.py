@@ -5,8 +5,7 @@ position (the trie root: the last suffix token) or averaged over the row's query
 batch size live in one static float32 buffer [taps, rows + 2, H] that the forward writes (inside the CUDA
 graph) and the tail reads:
 
-    row r = query · P + prompt,   row R = sink (non-query tokens of a query mean land there),
-    row R + 1 = zeros (what a head's padding columns read)
+    row r = query · P + prompt,   rows R and R + 1 = zeros (what a head's padding columns read)
 
 Which rows a token belongs to comes from the per-request descriptors (`read`, `qrow`), so nothing here is
 built on the request path.
@@ -27,6 +26,7 @@ class TapPlan:
         self.rows = len(root_reads)
         self.buf = torch.zeros(len(taps), self.rows + 2, hidden, dtype=torch.float32, device=device)
         self.root_reads = torch.tensor(root_reads, dtype=torch.long, device=device)
+        self.row_ids = torch.arange(self.rows, device=device)
         self.layers: dict[int, list[int]] = {}
         for i, t in enumerate(self.taps):
             if t.layer != FINAL:
@@ -34,13 +34,18 @@ class TapPlan:
         self.final = [i for i, t in enumerate(self.taps) if t.layer == FINAL]
 
     def bind(self, read: torch.Tensor, qrow: torch.Tensor) -> "TapSink":
-        """What one forward needs to record its taps: token index of each row's root, and each token's query
-        row (the sink for tokens that are not query tokens)."""
-        return TapSink(self, read.index_select(0, self.root_reads), torch.where(qrow < 0, self.rows, qrow))
+        """What one forward needs to record its taps: token index of each row's root and, when a query mean is
+        read, the [rows, tokens] averaging matrix of the rows' query tokens (a product, not atomic adds: many
+        tokens land on few rows)."""
+        mean = None
+        if any(self.taps[i].kind == "query_mean" for ids in self.layers.values() for i in ids):
+            mean = (qrow[None, :] == self.row_ids[:, None]).float()
+            mean /= mean.sum(1, keepdim=True).clamp_min(1.0)
+        return TapSink(self, read.index_select(0, self.root_reads), mean)
 
     def record_final(self, h_read: torch.Tensor) -> None:
         for i in self.final:
-            self.buf[i, :self.rows].copy_(h_read.index_select(0, self.root_reads))
+            torch.index_select(h_read.float(), 0, self.root_reads, out=self.buf[i, :self.rows])
 
     def states(self) -> torch.Tensor:
         """[taps, rows, H] of the last forward (a copy on the host; for fitting, not the request path)."""
@@ -50,22 +55,18 @@ class TapPlan:
 class TapSink:
     """One forward's view of a TapPlan: `record(layer, residual)` is called by the decoder after each layer."""
 
-    def __init__(self, plan: TapPlan, root_tokens: torch.Tensor, qrow: torch.Tensor):
-        self.plan, self.root_tokens, self.qrow = plan, root_tokens, qrow
+    def __init__(self, plan: TapPlan, root_tokens: torch.Tensor, mean: torch.Tensor | None):
+        self.plan, self.root_tokens, self.mean = plan, root_tokens, mean
         self.layers = plan.layers
 
     def record(self, layer: int, residual: torch.Tensor) -> None:
         p = self.plan
+        res = residual.float()  # the residual stream is float32 already (kernels.py); a no-op then
         for i in p.layers[layer]:
             if p.taps[i].kind == "position":
-                p.buf[i, :p.rows].copy_(residual.index_select(0, self.root_tokens))
-                continue
-            acc = p.buf[i, :p.rows + 1]
-            acc.zero_()
-            acc.index_add_(0, self.qrow, residual.float())
-            count = torch.zeros(p.rows + 1, dtype=torch.float32, device=acc.device)
-            count.index_add_(0, self.qrow, torch.ones_like(self.qrow, dtype=torch.float32))
-            acc.div_(count.clamp_min(1.0)[:, None])
+                torch.index_select(res, 0, self.root_tokens, out=p.buf[i, :p.rows])
+            else:
+                torch.mm(self.mean, res, out=p.buf[i, :p.rows])
 
 
 def root_reads(read_counts: list[int], b: int) -> list[int]:
