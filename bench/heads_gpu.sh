@@ -2,7 +2,8 @@
 # Issues 17 and 18 (item 3) on a GPU in one command (≤ 10 minutes; every step has its own time limit, and what
 # a step leaves in $OUT comes back even when a later one fails):
 #     QCLS_BENCH_COMMIT=<sha> bash bench/heads_gpu.sh
-# 1. GPU tests of heads, calibration and fp16 fidelity (fast fp16 as close to fp32 as transformers fp16);
+# 1. GPU tests of heads, calibration, kernels and fp16 fidelity (fast fp16 as close to fp32 as transformers
+#    fp16); bench/norm.py (the norm kernel with the float32 residual, per warps setting);
 # 2. bench/fidelity.py: random-weight Qwen3-4B, final norm ×20, ecommerce8, 16 queries: max |Δ score| of fast
 #    fp16 and transformers fp16 against fp32, layer by layer, and a head's fp16 probabilities against fp32;
 # 3. bench/paired.py: a head on layer 18 (both reads + scores: the heavier path, what the demo's heads read)
@@ -22,10 +23,11 @@ step() {  # step SECONDS NAME COMMAND...: run with a time limit, keep its log, s
     echo "== $name"
     tail -c 3000 "$OUT/$name.log"
 }
-step 150 gpu-tests python -m pytest -q -p no:cacheprovider -m gpu -s tests/engine/test_heads_engine.py \
+step 120 gpu-tests python -m pytest -q -p no:cacheprovider -m gpu -s tests/engine/test_heads_engine.py \
     tests/engine/test_calibration_engine.py "tests/engine/test_gpu.py::test_fast_fp16_is_as_close_to_fp32_as_transformers_fp16" \
-    "tests/engine/test_gpu.py::test_no_allocation_or_capture_on_request_path"
-step 270 fidelity python bench/fidelity.py --model qwen3_4b --queries 16
+    "tests/engine/test_gpu.py::test_no_allocation_or_capture_on_request_path" tests/engine/test_kernels.py
+step 40 norm python bench/norm.py
+step 250 fidelity python bench/fidelity.py --model qwen3_4b --queries 16 --head-queries 4 --legacy
 P="python -m bench.paired --model qwen3_4b --iters 120"
 step 75 paired-head-layer $P --a prompts=ecommerce8 --b "prompts=ecommerce8 calibration=random_head:18:both:scores" \
     --label "head on layer 18 (position + query mean) + raw scores off / on (request path)"
