@@ -124,13 +124,17 @@ class QclsDeployment:
         if getattr(self, "metrics", None) is not None:
             self.metrics.gc.close()
 
-    def inject_fault(self, kind: str | None, query: str | None = None, seconds: float = 0.0) -> int:
+    def inject_fault(self, kind: str | None, query: str | None = None, seconds: float = 0.0,
+                     path: str | None = None) -> int:
         """Tests only (serve.fault_injection=true). kind="engine": every forward raises a CUDA-like error;
-        "poison": only batches holding `query` raise; "slow": every forward takes `seconds` longer; None: undo.
-        Returns this replica's process id (the tests kill replicas)."""
+        "poison": only batches holding `query` raise; "slow": every forward takes `seconds` longer; "hold":
+        every forward waits until the file `path` exists (at most `seconds`, a hang guard) and every query that
+        reaches this replica is written, one a line, to `path`.arrived, so that a test knows from events, not
+        from times, that requests are in flight here; None: undo. Returns this replica's process id (the tests
+        kill replicas)."""
         if not self.cfg.serve.fault_injection:
             raise PermissionError("fault injection is off: it needs serve.fault_injection=true (tests only)")
-        for obj, name in ((self.clf.engine, "launch"), (self.clf, "_launch")):
+        for obj, name in ((self.clf.engine, "launch"), (self.clf, "_launch"), (self.worker, "submit")):
             obj.__dict__.pop(name, None)
         if kind == "engine":
             def broken_launch(*_a, **_k):
@@ -151,8 +155,24 @@ class QclsDeployment:
                 time.sleep(seconds)
                 return real(results, good)
             self.clf._launch = slow
+        elif kind == "hold":
+            if not path:
+                raise ValueError("inject_fault('hold') needs path= (the file whose creation releases the forwards)")
+            real, real_submit = self.clf._launch, self.worker.submit
+
+            def held(results, good):
+                deadline = time.monotonic() + seconds
+                while not os.path.exists(path) and time.monotonic() < deadline:
+                    time.sleep(0.005)
+                return real(results, good)
+
+            def noted(items):
+                with open(f"{path}.arrived", "a", encoding="utf-8") as f:
+                    f.writelines(f"{it.query}\n" for it in items)
+                return real_submit(items)
+            self.clf._launch, self.worker.submit = held, noted
         elif kind is not None:
-            raise ValueError(f"unknown fault {kind!r}: use 'engine', 'poison', 'slow' or None")
+            raise ValueError(f"unknown fault {kind!r}: use 'engine', 'poison', 'slow', 'hold' or None")
         return os.getpid()
 
 
