@@ -27,7 +27,7 @@ from qcls.compose import ConfigError, compose
 from qcls.config import QclsConfig
 from qcls.deployments.http import build_http_app
 from qcls.deployments.ingress import replica_env_vars
-from qcls.deployments.metrics import ReplicaMetrics
+from qcls.deployments.metrics import ReplicaMetrics, memory_now
 from qcls.deployments.worker import EngineWorker, Pending, refused
 from qcls.errors import QclsError, format_error
 from qcls.results import QueryResult
@@ -105,10 +105,11 @@ class QclsDeployment:
         return self.clf.metadata()
 
     def replica_stats(self) -> dict[str, Any]:
-        """This replica's process id and garbage-collector pauses since start-up (count, total and longest by
-        generation; `recent`: the latest as (perf_counter at start, ms, generation)); bench/load.py lines
+        """This replica's process id, its memory now (`memory`: RSS and, on a GPU, torch's allocated and reserved
+        bytes; bench/soak.py watches them) and garbage-collector pauses since start-up (count, total and longest
+        by generation; `recent`: the latest as (perf_counter at start, ms, generation)); bench/load.py lines
         them up with its slowest requests."""
-        return {"pid": os.getpid(), "gc": self.metrics.gc.summary()}
+        return {"pid": os.getpid(), "memory": memory_now(self.clf.loaded.device), "gc": self.metrics.gc.summary()}
 
     async def check_health(self) -> None:
         """Serve calls this every serve.health_check_period_s; raising makes it replace the replica."""
