@@ -181,6 +181,7 @@ def summarise(rows: list[Row], out: dict, a) -> dict:
     if back:
         url = out.get("replacement", {}).get("url")
         s["rate_after"] = rate(back, out["t_end"])
+    if back and a.via == "ports":  # through the proxy, which replica answered is not visible
         mine = sum(ok(r) and r.end >= back and r.url == url for r in rows)
         s["replacement_share_after"] = mine / max(1, sum(ok(r) and r.end >= back for r in rows))
     return s
