@@ -202,10 +202,31 @@ def deployment_options(cfg: QclsConfig) -> dict[str, Any]:
         "logging_config": {"enable_access_log": s.access_log},
     }
     if s.autoscaling:
-        opts["autoscaling_config"] = dict(s.autoscaling)
+        opts["autoscaling_config"] = autoscaling_config(s.autoscaling)
     else:
         opts["num_replicas"] = s.num_replicas
     return opts
+
+
+def autoscaling_config(given: dict[str, Any]) -> dict[str, Any]:
+    """serve.autoscaling, checked against Ray Serve's AutoscalingConfig here rather than when Serve deploys it
+    (which ignores a misspelt key)."""
+    from pydantic import ValidationError
+    from ray.serve.config import AutoscalingConfig
+
+    fields = sorted(AutoscalingConfig.model_fields)
+    unknown = sorted(set(given) - set(fields))
+    if unknown:
+        raise ConfigError(f"serve.autoscaling: unknown key(s) {', '.join(unknown)}",
+                          f"Ray Serve's autoscaling_config takes: {', '.join(fields)}")
+    try:
+        AutoscalingConfig(**given)
+    except (ValidationError, TypeError, ValueError) as e:
+        why = ("; ".join(f"{'.'.join(map(str, x['loc'])) or 'value'}: {x['msg']}" for x in e.errors())
+               if isinstance(e, ValidationError) else str(e))
+        raise ConfigError(f"serve.autoscaling={dict(given)} is not a valid Ray Serve autoscaling_config: {why}",
+                          "e.g. serve.autoscaling={min_replicas:1,max_replicas:4,target_ongoing_requests:8}") from None
+    return dict(given)
 
 
 def app_for(cfg: QclsConfig) -> Application:
