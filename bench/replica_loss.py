@@ -38,6 +38,9 @@ from bench.http_client import HTTPError, KeepAliveClient  # noqa: E402
 from bench.serve_paths import QUERIES  # noqa: E402
 
 
+VIA = {"ports": "the replicas' own ports", "proxy": "Serve's proxy"}
+
+
 @dataclass
 class Row:
     client: int
@@ -193,7 +196,7 @@ def report(s: dict, a, header: dict) -> str:
     lines = [f"## replica lost under load (bench/replica_loss.py), {header['device']}", "",
              f"- commit: {commit()}", *(f"- {k}: {v}" for k, v in header.items()),
              f"- {s['clients']} closed-loop clients via "
-             f"{'the replicas own ports' if a.via == 'ports' else 'Serve proxy'}, "
+             f"{VIA[a.via]}, "
              f"one query per request; warm-up {a.warm_s:g} s, {a.before_s:g} s before the kill, {a.after_s:g} s after "
              "the replacement's first answer", ""]
     if "failed" not in s:
