@@ -52,7 +52,8 @@ job fits one on the dev split (eval.fit_on) and reports accuracy / NLL / ECE / B
 
 Launchers: the default (basic) launcher runs jobs one after another in this process, which allows the
 model reuse. hydra/launcher=joblib (pip install 'qcls[sweep]') runs jobs in parallel processes (CPU).
-Several GPUs: one sweep per GPU with CUDA_VISIBLE_DEVICES=i, then `qcls sweep --report DIR1 DIR2 --out D`.
+Several GPUs: python bench/sweep_gpus.py --devices 0,1,2,3 -- -m … (from a checkout) splits the jobs, runs one
+sweep per GPU (CUDA_VISIBLE_DEVICES=i) and merges them (`qcls sweep --report DIR1 DIR2 --out D`).
 Details: docs/evaluation.md. Hydra's own options: qcls sweep --hydra-help."""
 
 

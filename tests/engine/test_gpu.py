@@ -2,8 +2,6 @@
 allocated or captured on the request path, and the first request is warm. Run with `pytest -m gpu`."""
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 
@@ -109,20 +107,22 @@ def test_two_batches_in_flight_match_reference(gpu_dirs, family):
                 assert gp.label == wp.label
 
 
-def test_no_allocation_or_capture_on_request_path(tiny_dirs):
+def test_no_allocation_or_capture_on_request_path(tiny_dirs, monkeypatch):
     cfg = tiny_cfg(tiny_dirs["qwen3"], [prompt("a", MULTI), prompt("b", SHARED, system="B?")],
                    backend={"device": "cuda"})
     clf = Classifier(cfg)
     assert clf.metadata()["attention"] == "tree" and not clf.notes  # auto takes the kernel on a GPU
-    t0 = time.perf_counter()
-    clf.classify(["first request"])
-    first = time.perf_counter() - t0
+
+    def no_capture(*_a, **_k):
+        raise AssertionError("a CUDA graph was captured on the request path")
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", no_capture)
+    # warm from the first request: it neither captures nor allocates (checked by what it does, not by how long
+    # it takes, which a busy machine would make flaky)
     before = torch.cuda.memory_stats()
-    times = []
+    [first] = clf.classify(["first request"])
+    assert first.ok and first.meta["graphs"]
     for i in range(20):
-        t0 = time.perf_counter()
         clf.classify(["red dress", "boys hoodie size 140", "x", "夏季女士碎花连衣裙"][: 1 + i % 4])
-        times.append(time.perf_counter() - t0)
     after = torch.cuda.memory_stats()
     before_pipelined = torch.cuda.memory_stats()
     for i in range(10):  # two batches in flight, as a replica runs them
@@ -131,7 +131,6 @@ def test_no_allocation_or_capture_on_request_path(tiny_dirs):
     assert torch.cuda.memory_stats()["allocation.all.allocated"] == before_pipelined["allocation.all.allocated"]
     assert after["allocation.all.allocated"] == before["allocation.all.allocated"]
     assert after["segment.all.allocated"] == before["segment.all.allocated"]
-    assert first < 3 * max(times)  # warm from the first request (loose: tiny models are launch-bound)
 
 
 @pytest.fixture(scope="module")
