@@ -167,8 +167,14 @@ def main(argv: list[str] | None = None) -> None:
         queries = (QUERIES * b)[:b]
         ta, tb = paired_samples(clfs["a"], clfs["b"], queries, args.iters)
         tokens = [c.classify(queries)[0].meta["tokens_per_forward"] for c in (clfs["a"], clfs["b"])]
-        rows.append((b, ta, tb, tokens))
+        rows.append((b, ta, tb, tokens, [stage_medians(c, queries) for c in (clfs["a"], clfs["b"])]))
     report(args, clfs, rows, notes, build_s)
+
+
+def stage_medians(clf: Classifier, queries: list[str], n: int = 40) -> dict[str, float]:
+    """Median ms of each stage over n requests (where a difference between a and b is spent)."""
+    runs = [clf.classify(queries)[0].timings_ms for _ in range(n)]
+    return {k: C.median([r[k] for r in runs]) for k in ("prepare", "forward", "score", "postprocess")}
 
 
 def report(args, clfs, rows, notes, build_s) -> None:
@@ -180,10 +186,15 @@ def report(args, clfs, rows, notes, build_s) -> None:
                     f"strategy a/b {a.cfg.strategy}/{b.cfg.strategy}; queries {QUERIES}")
     text += ("| batch | a p50 | a p90 | b p50 | b p90 | median ratio b/a (per pair) | tokens per forward a/b |\n"
              "|---|---|---|---|---|---|---|\n")
-    for bsz, ta, tb, tokens in rows:
+    for bsz, ta, tb, tokens, _ in rows:
         ratio = C.median([y / x for x, y in zip(ta, tb)])
         text += (f"| {bsz} | {C.median(ta):.3f} | {C.pct(ta, 0.9):.3f} | {C.median(tb):.3f} | {C.pct(tb, 0.9):.3f} | "
                  f"{ratio:.4f} | {tokens[0]}/{tokens[1]} |\n")
+    text += "\nStage medians a / b (ms, 40 more requests each, not alternated):\n\n"
+    text += "| batch | prepare | forward | score | postprocess |\n|---|---|---|---|---|\n"
+    for bsz, *_, stages in rows:
+        text += f"| {bsz} | " + " | ".join(f"{stages[0][k]:.3f} / {stages[1][k]:.3f}"
+                                            for k in ("prepare", "forward", "score", "postprocess")) + " |\n"
     meta_a, meta_b = a.metadata(), b.metadata()
     text += (f"\nms per request (classify, results included), {args.iters} pairs per batch size. CUDA graphs a/b: "
              f"{n_graphs(a)}/{n_graphs(b)}; buckets a/b: {len(meta_a['buckets'])}/{len(meta_b['buckets'])}; "

@@ -241,15 +241,14 @@ class Classifier:
             names, counts = lay.tokens.labels, lay.label_token_counts
             best = max(range(len(vals)), key=vals.__getitem__)
             if self.head is None:
-                labels = [LabelScore(*x) for x in zip(names, vals, probs, counts)]
-                out.append(PromptResult(lay.tokens.name, names[best], probs[best], labels))
+                out.append(PromptResult(lay.tokens.name, names[best], probs[best],
+                                        list(map(LabelScore, names, vals, probs, counts))))
                 continue
             hprobs = _softmax(hvals)
-            labels = [LabelScore(n, v, hp, c, p, hv) for n, v, hp, c, p, hv in zip(names, vals, hprobs, counts,
-                                                                                   probs, hvals)]
             hbest = max(range(len(hvals)), key=hvals.__getitem__)
-            out.append(PromptResult(lay.tokens.name, names[hbest], hprobs[hbest], labels,
-                                    raw_label=names[best], raw_prob=probs[best]))
+            out.append(PromptResult(lay.tokens.name, names[hbest], hprobs[hbest],
+                                    list(map(LabelScore, names, vals, hprobs, counts, probs, hvals)),
+                                    names[best], probs[best]))
         return out
 
 

@@ -7,7 +7,7 @@ from typing import Any
 STAGES = ("tokenize", "prepare", "forward", "score", "postprocess")
 
 
-@dataclass
+@dataclass(slots=True)
 class LabelScore:
     label: str
     score: float  # the LLM's own score of the label under the scoring strategy (always the raw one)
@@ -21,7 +21,7 @@ class LabelScore:
         return LabelScore, (self.label, self.score, self.prob, self.tokens, self.raw_prob, self.head_score)
 
 
-@dataclass
+@dataclass(slots=True)
 class PromptResult:
     prompt: str
     label: str  # the winner (the head's, when a head or calibration is configured)
