@@ -15,7 +15,7 @@ from qcls.eval.calibration import fit
 from qcls.heads.head import Head
 from qcls.eval.scores import PromptScores
 
-KEYS = ("accuracy", "nll", "ece", "brier")
+KEYS = ("accuracy", "macro_f1", "nll", "ece", "brier")
 
 
 def fit_on_split(fit_per: dict[str, PromptScores], method: str, meta: dict[str, Any]) -> Head:

@@ -18,7 +18,7 @@ from qcls.eval.scores import PromptScores, by_prompt, classify_set
 from qcls.eval.spec import EvalSpec, resolve_path, split_config
 from qcls.progress import step_note
 
-MEAN_KEYS = ("accuracy", "macro_f1", "nll", "brier", "ece")
+MEAN_KEYS = ("accuracy", "macro_f1", "majority_accuracy", "nll", "brier", "ece")
 
 
 def run(cfg_node, out_dir: Path, overrides: list[str], job: dict[str, Any]) -> dict[str, Any]:
