@@ -113,8 +113,20 @@ def _calibration(spec, cfg, clf, per, fit_data: EvalSet | None, data: EvalSet, o
         return block, {p: metrics.softmax(calibrated_metrics.apply(cal, p, ps.scores)) for p, ps in per.items()}
     if cfg.calibration is not None and clf.head is not None:
         block = calibrated_metrics.file_columns(per, clf.head_path, clf.head.method)
+        fitted_on = clf.head.meta.get("fitted_on")
+        if fitted_on and _same_file(fitted_on, data.path):
+            block["warning"] = (f"the file was fitted on this split ({fitted_on}): its columns are not held out "
+                                "(eval=test scores the held-out split)")
         return block, {p: metrics.softmax(ps.calibrated) for p, ps in per.items()}
     return None, None
+
+
+def _same_file(recorded: str, path: Path) -> bool:
+    """Whether a head file's `fitted_on` (absolute, or relative to the repository) names `path`."""
+    try:
+        return resolve_path(recorded, "fitted_on") == Path(path).resolve()
+    except Exception:  # a file that is not here is not this split
+        return False
 
 
 def _exact_pass(cfg: QclsConfig, loaded, data: EvalSet) -> dict[str, np.ndarray]:

@@ -127,7 +127,7 @@ def build(dirs: list[Path], out_dir: Path | None = None) -> dict[str, Any]:
             images["reliability"] = plots.reliability(_read_jsonl(pred), out_dir / "reliability.png",
                                                       f"best job: {ok[0]['label']}")
     (out_dir / "summary.csv").write_text(_csv(rows), encoding="utf-8")
-    (out_dir / "summary.md").write_text(_markdown(rows, fixed, jobs, images), encoding="utf-8")
+    (out_dir / "summary.md").write_text(_markdown(rows, fixed, jobs, images, by_rel), encoding="utf-8")
     return {"dir": out_dir, "rows": rows, "jobs": len(rows), "failed": sum(x["status"] != "ok" for x in rows),
             "images": images}
 
@@ -177,7 +177,8 @@ def _span(values: list[str]) -> str:
     return "n/a" if not values else values[0] if len(values) == 1 else f"{values[0]} … {values[-1]}"
 
 
-def _markdown(rows: list[dict[str, Any]], fixed: list[str], jobs: list[Job], images: dict[str, Path]) -> str:
+def _markdown(rows: list[dict[str, Any]], fixed: list[str], jobs: list[Job], images: dict[str, Path],
+              by_job: dict[str, Job]) -> str:
     ok = [x for x in rows if x["status"] == "ok"]
     failed = [x for x in rows if x["status"] != "ok"]
     sets = sorted({f"{_get(j.result, 'eval', 'path')} ({_get(j.result, 'eval', 'n_queries')} queries)"
@@ -207,6 +208,11 @@ def _markdown(rows: list[dict[str, Any]], fixed: list[str], jobs: list[Job], ima
         lines += _md_table(["job", "configuration"] + [f"n={k[6:-1]}" for k in curve],
                            [[x["job"], x["label"]] + [_fmt(x.get(k), 3) for k in curve] for x in ok
                             if any(x.get(k) is not None for k in curve)])
+    warned = [(x, _get(by_job[x["job"]].result, "calibration", "warning")) for x in ok]
+    warned = [(x, w) for x, w in warned if w]
+    if warned:
+        lines += ["", "## Warnings", ""]
+        lines += [f"- `{x['job']}` ({x['label']}): {w}" for x, w in warned]
     if failed:
         lines += ["", "## Failed jobs", ""]
         lines += [f"- `{x['job']}` ({x['label']}): {x['reason']}" for x in failed]

@@ -90,6 +90,13 @@ def test_calibrate_head_writes_a_file_that_classifies(tiny_dirs, tmp_path, capsy
     assert r.meta["calibration"] == str(path) and all(p.raw_label is not None for p in r.prompts)
     assert all(abs(sum(s.prob for s in p.labels) - 1) < 1e-6 and p.labels[0].head_score is not None
                for p in r.prompts)
+    # a sweep job that scores the split the head was fitted on says its columns are not held out
+    out = tmp_path / "run"
+    assert sweep_main([*tiny(tiny_dirs["qwen3"]), f"eval.path={dev}", f"calibration={path}", "eval.batch1_queries=0",
+                       "eval.agreement_with_exact=false", f"hydra.run.dir={out}"]) == 0
+    block = json.loads((out / "result.json").read_text())["calibration"]
+    assert block["method"] == "head" and "fitted on this split" in block["warning"]
+    assert "## Warnings" in (out / "summary.md").read_text()
     models.release()
 
 
