@@ -195,6 +195,8 @@ def main() -> None:
     ap.add_argument("--layer-queries", type=int, default=2)
     ap.add_argument("--sharpen", type=float, default=20.0, help="final norm weight factor")
     ap.add_argument("--legacy", action="store_true", help="also the pre-issue-18 kernels (fp16 residual)")
+    ap.add_argument("--parts", nargs="+", choices=["strategies", "layers", "heads"],
+                    default=["strategies", "layers", "heads"], help="which comparisons to run, in this order (each appends its table)")
     args = ap.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     t0 = time.perf_counter()
@@ -209,7 +211,21 @@ def main() -> None:
     queries = data.queries[:args.queries]
     layouts = Classifier(compose(overrides(args.model)), loaded=loaded16).layouts
     ids = [encode_query(tok, q, 32) for q in queries]
-    r = {"model": args.model, "queries": len(queries), "sharpen": args.sharpen, "strategies": {}}
+    r = {"model": args.model, "queries": len(queries), "sharpen": args.sharpen, "strategies": {},
+         "parts": args.parts}
+    n_layers = model32.config.num_hidden_layers
+    for part in args.parts:  # in the order given: what a time limit cuts off is the last
+        if part == "strategies":
+            strategies(r, model32, model16, loaded16, layouts, ids, queries, args)
+        elif part == "layers":
+            r["layers"] = layers(loaded16, model32, model16, queries[:args.layer_queries], n_layers, args.model,
+                                 args.legacy)
+        else:
+            r["heads"] = heads(loaded16, loaded32, queries[:args.head_queries], n_layers, args.model)
+        report(r, part, t0)
+
+
+def strategies(r, model32, model16, loaded16, layouts, ids, queries, args) -> None:
     truth = reference_all(model32, layouts, ids)
     fast16 = fast_all(loaded16, queries, args.model)
     hf16 = reference_all(model16, layouts, ids)
@@ -224,20 +240,17 @@ def main() -> None:
                                   for hq, fq, tq in zip(hf16[s], fast16[s], truth[s]) for h, f, t in zip(hq, fq, tq))}
         if old16 is not None:
             r["strategies"][s]["legacy_fp16"] = compare(old16[s], truth[s])
-    report(r, "strategies", t0)
-    n_layers = model32.config.num_hidden_layers
-    r["layers"] = layers(loaded16, model32, model16, queries[:args.layer_queries], n_layers, args.model, args.legacy)
-    report(r, "layers", t0)
-    r["heads"] = heads(loaded16, loaded32, queries[:args.head_queries], n_layers, args.model)
-    report(r, "heads", t0)
 
 
 def report(r: dict, part: str, t0: float) -> None:
     r["seconds"] = round(time.perf_counter() - t0, 1)
+    text = "" if r.pop("_headed", False) else C.header(
+        f"fidelity: fp16 against fp32 ({r['model']} random weights, final norm ×{r['sharpen']})",
+        f"bench/fidelity.py --model {r['model']} --queries {r['queries']} --parts {' '.join(r['parts'])}; "
+        "prompts=ecommerce8 (8 prompts, 2 with Chinese multi-token labels); first queries of "
+        "data/eval/ecommerce_dev.jsonl")
+    r["_headed"] = True
     if part == "strategies":
-        text = C.header(f"fidelity: fp16 against fp32 ({r['model']} random weights, final norm ×{r['sharpen']})",
-                        f"bench/fidelity.py --model {r['model']} --queries {r['queries']}; prompts=ecommerce8 (8 prompts, 2 "
-                        "with Chinese multi-token labels); first queries of data/eval/ecommerce_dev.jsonl")
         legacy = any("legacy_fp16" in v for v in r["strategies"].values())
         text += ("| strategy | fast fp16 max \\|Δ score\\| | transformers fp16 max \\|Δ score\\| | fast / transformers | "
                  "winners = fp32 fast / transformers | fp32 winner kept by transformers but not by fast |"
@@ -250,14 +263,14 @@ def report(r: dict, part: str, t0: float) -> None:
                      f"{h['winners_equal']:.3f} | {v['hf_winner_equal_but_fast_not']} |"
                      + (f" {v['legacy_fp16']['max_abs_diff']:.4f} |" if legacy else "") + "\n")
     elif part == "layers":
-        text = ("\nResidual stream after each layer, max |Δ| / max |fp32| over the first queries × 8 prompts (read "
+        text += ("\nResidual stream after each layer, max |Δ| / max |fp32| over the first queries × 8 prompts (read "
                 "position and query mean):\n\n| tap | fast fp16 | transformers fp16 | pre-issue-18 kernels |\n"
                 "|---|---|---|---|\n")
         for row in r["layers"]:
             old = f"{row['legacy']:.2e}" if row["legacy"] else ""
             text += f"| {row['tap']} | {row['fast']:.2e} | {row['hf']:.2e} | {old} |\n"
     else:
-        text = ("\nLearned head (random weights scaled to the state), fast fp16 engine against the fp32 reference "
+        text += ("\nLearned head (random weights scaled to the state), fast fp16 engine against the fp32 reference "
                 "engine:\n\n| read | + raw scores | max \\|Δ prob\\| | winners equal | mean winner prob |\n"
                 "|---|---|---|---|---|\n")
         for h in r["heads"]:
@@ -266,7 +279,8 @@ def report(r: dict, part: str, t0: float) -> None:
         text += f"\n{r['seconds']} s in all.\n"
     C.append(text)
     if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "fidelity.json").write_text(json.dumps(r, indent=1))
+        Path(os.environ["OUT"], "fidelity.json").write_text(json.dumps({k: v for k, v in r.items() if k[0] != "_"},
+                                                                       indent=1))
 
 
 if __name__ == "__main__":
