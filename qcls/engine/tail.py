@@ -132,8 +132,9 @@ class Tail:
 class _FeatureProduct:
     """W_f · read state for every (query, prompt) as one gather and one batched product over prompts:
 
-        feats  [P, b, J·H] = taps[tap(p, j), row(q, p)]      (J = most taps a prompt reads; missing → zeros)
-        logits [P, Lmax, b] = W [P, Lmax, J·H] @ feats^T
+        feats  [P, S, b, k] = taps[tap(p, j), row(q, p)] cut in slices of k   (J·H = S·k; J = most taps a
+                                                                              prompt reads; missing → zeros)
+        logits [P, Lmax, b] = Σ_s W [P, s, Lmax, k] @ feats[:, s]^T
         out    [labels × b] = logits in the tail's flat (query, prompt, label) order
     """
 
@@ -155,12 +156,22 @@ class _FeatureProduct:
                                      f"{h.feature_weights.shape[1]} columns")
                 w[p, :len(h.labels), :len(ps) * hidden] = h.feature_weights
         sel = [p * lmax * b + lab * b + q for q in range(b) for p in range(n_p) for lab in range(label_counts[p])]
-        self.shape = (n_p, b, j * hidden)
-        self.hidden = hidden
-        self.idx = torch.from_numpy(idx.reshape(-1)).to(device)
-        self.w = torch.from_numpy(w).to(device)
+        # Split-K: a product of [Lmax, J·H] by [J·H, b] per prompt is a long, thin reduction that one thread
+        # block would walk alone (the suspect of a head's +0.15 ms tail at b=4 on an H100, J·H=5120). Each state is read as d chunks of k = H/d values,
+        # so the gather already yields the S = J·d slices as [P·S, b, k], and the S·P partial products are
+        # summed after one batched product.
+        d = max((n for n in range(1, 17) if hidden % n == 0 and hidden // n >= 128), default=1)
+        k, n_s = hidden // d, j * d
+        chunk = (idx[:, :, :, None] * d + np.arange(d)).transpose(0, 2, 3, 1)  # [P, J, d, b]
+        self.k = k
+        self.idx = torch.from_numpy(chunk.reshape(-1)).to(device)
+        self.w = torch.from_numpy(w.reshape(n_p, lmax, n_s, k).transpose(0, 2, 1, 3).reshape(n_p * n_s, lmax, k)
+                                  .copy()).to(device)
+        self.feat_shape = (n_p * n_s, b, k)
+        self.out_shape = (n_p, n_s, lmax, b)
         self.sel = torch.tensor(sel, dtype=torch.long, device=device)
 
     def __call__(self, taps: torch.Tensor) -> torch.Tensor:
-        feats = taps.view(-1, self.hidden).index_select(0, self.idx).view(self.shape)
-        return torch.bmm(self.w, feats.transpose(1, 2)).view(-1).index_select(0, self.sel)
+        feats = taps.view(-1, self.k).index_select(0, self.idx).view(self.feat_shape)  # [P·S, b, k]
+        part = torch.bmm(self.w, feats.transpose(1, 2)).view(self.out_shape)  # [P, S, Lmax, b]
+        return part.sum(1).view(-1).index_select(0, self.sel)
