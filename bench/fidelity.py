@@ -19,7 +19,7 @@ the shipped dev split. Measured, per strategy (trie, exact, mean_logprob):
   fp16 residual stream), so the float32 residual's effect is measured, not assumed.
 
 Each part is appended to bench/RESULTS.md as soon as it is measured (a run cut short keeps what it has) and
-$OUT/fidelity.json is rewritten after each.
+$OUT/fidelity_<parts>.json is rewritten after each.
 """
 from __future__ import annotations
 
@@ -172,17 +172,21 @@ def heads(loaded16, loaded32, queries, n_layers, model: str) -> list[dict]:
         width = fp.hidden_size(loaded16.model.config) * len(read.taps)
         path = random_head_file(loaded16.model, cfg, read, with_scores, 0, 2.0 / (width ** 0.5 * rms))
         fast = Classifier(compose(overrides(model, [f"calibration={path}"])), loaded=loaded16)
-        ref = Classifier(compose(overrides(model, [f"calibration={path}", "engine=reference"])), loaded=loaded32)
-        got, want = fast.classify(queries), ref.classify(queries)
-        d, same, spread = 0.0, [], []
-        for g, w in zip(got, want):
-            for gp, wp in zip(g.prompts, w.prompts):
+        ref_cfg = compose(overrides(model, [f"calibration={path}", "engine=reference"]))
+        ref, hf = Classifier(ref_cfg, loaded=loaded32), Classifier(ref_cfg, loaded=loaded16)
+        got, want, hf16 = fast.classify(queries), ref.classify(queries), hf.classify(queries)
+        d, d_hf, same, same_hf, spread = 0.0, 0.0, [], [], []
+        for g, w, h in zip(got, want, hf16):
+            for gp, wp, hp in zip(g.prompts, w.prompts, h.prompts):
                 d = max(d, max(abs(a.prob - b.prob) for a, b in zip(gp.labels, wp.labels)))
+                d_hf = max(d_hf, max(abs(a.prob - b.prob) for a, b in zip(hp.labels, wp.labels)))
                 same.append(gp.label == wp.label)
+                same_hf.append(hp.label == wp.label)
                 spread.append(wp.prob)
         out.append({"read": f"{read.kind}@{read.layer}", "scores": with_scores, "max_abs_prob_diff": d,
-                    "winners_equal": float(np.mean(same)), "mean_winner_prob": float(np.mean(spread))})
-        del fast, ref
+                    "hf_max_abs_prob_diff": d_hf, "winners_equal": float(np.mean(same)),
+                    "hf_winners_equal": float(np.mean(same_hf)), "mean_winner_prob": float(np.mean(spread))})
+        del fast, ref, hf
         C.free()
     return out
 
@@ -270,17 +274,18 @@ def report(r: dict, part: str, t0: float) -> None:
             old = f"{row['legacy']:.2e}" if row["legacy"] else ""
             text += f"| {row['tap']} | {row['fast']:.2e} | {row['hf']:.2e} | {old} |\n"
     else:
-        text += ("\nLearned head (random weights scaled to the state), fast fp16 engine against the fp32 reference "
-                "engine:\n\n| read | + raw scores | max \\|Δ prob\\| | winners equal | mean winner prob |\n"
-                "|---|---|---|---|---|\n")
+        text += ("\nLearned head (random weights scaled to the state), the same head file on the fast fp16 engine and on "
+                 "transformers fp16 (engine=reference), each against the fp32 reference engine:\n\n| read | + raw scores "
+                 "| fast fp16 max \\|Δ prob\\| | transformers fp16 max \\|Δ prob\\| | winners equal fast / transformers "
+                 "| mean winner prob |\n|---|---|---|---|---|---|\n")
         for h in r["heads"]:
-            text += (f"| {h['read']} | {h['scores']} | {h['max_abs_prob_diff']:.2e} | {h['winners_equal']:.3f} | "
-                     f"{h['mean_winner_prob']:.3f} |\n")
+            text += (f"| {h['read']} | {h['scores']} | {h['max_abs_prob_diff']:.2e} | {h['hf_max_abs_prob_diff']:.2e} | "
+                     f"{h['winners_equal']:.3f} / {h['hf_winners_equal']:.3f} | {h['mean_winner_prob']:.3f} |\n")
         text += f"\n{r['seconds']} s in all.\n"
     C.append(text)
     if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "fidelity.json").write_text(json.dumps({k: v for k, v in r.items() if k[0] != "_"},
-                                                                       indent=1))
+        name = f"fidelity_{'_'.join(r['parts'])}.json"
+        Path(os.environ["OUT"], name).write_text(json.dumps({k: v for k, v in r.items() if k[0] != "_"}, indent=1))
 
 
 if __name__ == "__main__":
