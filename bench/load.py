@@ -7,6 +7,10 @@ engine called directly, the DeploymentHandle and HTTP (each replica's own port, 
                                                            # real Qwen3-4B shapes, the real Qwen tokenizer
     python bench/load.py --url http://127.0.0.1:8000       # HTTP only, against a running app (loopback only)
 
+With serve.num_replicas=N the `http (N replica ports)` clients spread over every replica's own port (client i
+→ replica i mod N); `bench CPU` is this process's CPU time over the level's wall time (near 1 core: the asyncio
+clients, not the replicas, may be the limit). bench/serve_replicas.py compares N = 1, 2, 4 that way.
+
 Rows: `engine b1` / `engine b4` are Classifier.classify calls of 1 and 4 queries in this process (after the
 app has stopped; b4 is the engine's own best throughput); `handle` awaits DeploymentHandle calls; `http ...` POSTs
 single-query requests through a lean keep-alive client (bench/http_client.py, tens of µs per request; httpx
@@ -108,10 +112,14 @@ def measure(a, overrides: list[str]) -> tuple[list[dict], dict]:
     if "handle-cloudpickle" in a.paths:
         paths.append(("handle (Serve's cloudpickle)", handle_caller(handle, plain_pickle=False)))
     # the replicas' own ports wherever this cluster's controller runs direct ingress (also when the flag came
-    # from the environment, as bench/serve_levers.py's RAY_SERVE_ENABLE_DIRECT_INGRESS-only lever does)
-    direct = direct_urls(s.app_name, "127.0.0.1", wait_s=10 if s.ingress == "direct" else 2)
+    # from the environment, as bench/serve_levers.py's RAY_SERVE_ENABLE_DIRECT_INGRESS-only lever does); with
+    # several replicas the clients spread over all their ports (client i → replica i mod N)
+    n = s.num_replicas if not s.autoscaling else 1
+    direct = direct_urls(s.app_name, "127.0.0.1", wait_s=10 if s.ingress == "direct" else 2, n=n)
+    info["replica_ports"] = len(direct)
     routed_name = "http (HAProxy)" if s.ingress == "haproxy" else "http (Serve proxy)"
-    main_url, main_name = (direct[0], "http (replica port)") if direct else (routed, routed_name)
+    ports_name = "http (replica port)" if len(direct) == 1 else f"http ({len(direct)} replica ports)"
+    main_url, main_name = (direct, ports_name) if direct else (routed, routed_name)
     if "http" in a.paths:
         paths.append((main_name, http_caller(main_url)))
     if "compact" in a.paths:
@@ -155,7 +163,7 @@ def measure(a, overrides: list[str]) -> tuple[list[dict], dict]:
 def progress(s: dict) -> None:
     t = s.get("tail") or {}
     print(f"[bench] {s['path']} c={s['concurrency']}: {s['rps']:.1f}/s p50 {s['p50']:.2f} p99 {s['p99']:.2f} ms, "
-          f"batch {s['batch']:.2f}, errors {s['errors']}"
+          f"batch {s['batch']:.2f}, errors {s['errors']}, bench CPU {s.get('client_cpu', float('nan')):.2f} cores"
           + (f"; slowest 1 %: {t['ms']:.1f} ms = queue {t['queue']:.1f} + engine {t['engine']:.1f} + serving "
              f"{t['serving']:.1f}, replica GC {s['gc_replica']['count']} (max {s['gc_replica']['max_ms']:.1f} ms)"
              if t else ""), flush=True)
@@ -173,8 +181,8 @@ def goals(stats: list[dict]) -> list[str]:
     get = {(s["path"], s["concurrency"]): s for s in stats}
     b1 = next((s for s in stats if s["path"] == "engine b1"), None)
     b4 = next((s for s in stats if s["path"].startswith("engine b") and s["path"] != "engine b1"), None)
-    http = next((p for p in ("http (replica port)", "http (HAProxy)", "http (Serve proxy)")
-                 if (p, 1) in get), None)
+    ports = sorted({p for p, _c in get if p.startswith("http (") and "replica port" in p and "compact" not in p})
+    http = next((p for p in (*ports, "http (HAProxy)", "http (Serve proxy)") if (p, 1) in get), None)
     if not (b1 and b4 and http):
         return []
     out, ok = [], lambda c: "met" if c else "NOT met"  # noqa: E731
@@ -198,12 +206,14 @@ def goals(stats: list[dict]) -> list[str]:
 def table(stats: list[dict]) -> str:
     e1 = next((s["p50"] for s in stats if s["path"] == "engine b1"), None)
     lines = ["| path | concurrency | requests | errors | req/s | p50 ms | p90 ms | p99 ms | mean batch | queue wait ms "
-             "| serving ms | +p50 over engine b1 ms |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| serving ms | +p50 over engine b1 ms | bench CPU (cores) |", "|---" * 13 + "|"]
     for s in stats:
-        plus = f"{s['p50'] - e1:+.2f}" if e1 is not None and not s["path"].startswith("engine") else ""
+        client = not s["path"].startswith("engine")
+        plus = f"{s['p50'] - e1:+.2f}" if e1 is not None and client else ""
+        cpu = f"{s['client_cpu']:.2f}" if client and s.get("client_cpu") is not None else ""
         lines.append(f"| {s['path']} | {s['concurrency']} | {s['requests']} | {s['errors']} | {s['rps']:.1f} | "
                      f"{s['p50']:.2f} | {s['p90']:.2f} | {s['p99']:.2f} | {s['batch']:.2f} | {s['queue']:.2f} | "
-                     f"{s['serving']:.2f} | {plus} |")
+                     f"{s['serving']:.2f} | {plus} | {cpu} |")
     lines += [f"First error of {s['path']} c={s['concurrency']}: `{s['first_error']}`" for s in stats if s["errors"]]
     return "\n".join(lines) + "\n"
 

@@ -22,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from bench import common as C
@@ -29,10 +30,14 @@ from bench.latency import QUERIES, paired_samples
 from qcls.backends.base import LoadedModel, module_bytes
 from qcls.classifier import Classifier
 from qcls.compose import compose
-from qcls.scoring.calibration import Calibration, PromptCalibration
+from qcls.heads import files
+from qcls.heads import fingerprint as fp
+from qcls.heads.files import template_sha256
+from qcls.heads.head import Head, PromptHead, Read
 from qcls.qwen_tokenizer import build_qwen_tokenizer
 
 RANDOM_CAL = "calibration=random"
+RANDOM_HEAD = "calibration=random_head"
 
 
 def base_overrides(model: str) -> list[str]:
@@ -52,13 +57,69 @@ def random_calibration(overrides: list[str], seed: int) -> tuple[list[str], str 
     for p in cfg.prompts:
         bias = [rng.gauss(0, 0.5) for _ in p.labels]
         mean = sum(bias) / len(bias)
-        prompts[p.name] = PromptCalibration(list(p.labels), rng.uniform(0.7, 1.5), [x - mean for x in bias])
+        prompts[p.name] = PromptHead.temperature_bias(list(p.labels), rng.uniform(0.7, 1.5), [x - mean for x in bias])
     path = Path(tempfile.mkdtemp(prefix="qcls_paired_")) / "random_calibration.yaml"
-    Calibration(prompts, "temperature_bias", {"strategy": cfg.strategy, "model": cfg.model.name,
-                                              "prompts": list(prompts), "fitted_on": "random values (bench/paired.py)",
-                                              "n": 0}).save(path)
+    files.save(Head(prompts, "temperature_bias", {"strategy": cfg.strategy, "model": cfg.model.name,
+                                                  "prompts": list(prompts), "n": 0,
+                                                  "fitted_on": "random values (bench/paired.py)"}), path)
     note = f"calibration=random: {path}, random T in [0.7, 1.5] and biases N(0, 0.5) per prompt, not fitted"
     return rest + [f"calibration={path}"], note
+
+
+def random_head(overrides: list[str], loaded: LoadedModel, seed: int) -> tuple[list[str], str | None]:
+    """Replace `calibration=random_head[:LAYER:KIND[:scores]]` by a learned-head file with random weights that
+    fits this model (its fingerprints), for the prompts these overrides compose to."""
+    spec = next((o for o in overrides if o.startswith(RANDOM_HEAD)), None)
+    if spec is None:
+        return overrides, None
+    rest = [o for o in overrides if o != spec]
+    parts = spec.split(":")
+    read = Read(int(parts[1]), parts[2]) if len(parts) >= 3 else Read("final")
+    with_scores = parts[-1] == "scores"
+    cfg = compose(rest)
+    model = loaded.model
+    hidden = fp.hidden_size(model.config)
+    rng = np.random.default_rng(seed)
+    prompts = {p.name: PromptHead(list(p.labels), rng.normal(0, 0.5, len(p.labels)),
+                                  rng.normal(0, 0.1, (len(p.labels),) * 2) if with_scores else None,
+                                  rng.normal(0, 0.02, (len(p.labels), hidden * len(read.taps))), read,
+                                  {"template_sha256": template_sha256(p.template, p.label_prefix)})
+               for p in cfg.prompts}
+    meta = {"model": cfg.model.name, "hidden_size": hidden, "num_layers": fp.num_layers(model.config),
+            "fingerprint": {"config": fp.config_fingerprint(model.config), "weights": fp.weights_fingerprint(model)},
+            "strategy": cfg.strategy, "fitted_on": "random values (bench/paired.py)"}
+    path = Path(tempfile.mkdtemp(prefix="qcls_paired_")) / "random_head.yaml"
+    files.save(Head(prompts, "head", meta), path)
+    note = (f"{spec}: {path}, a head with random weights reading {read.kind} at layer {read.layer}"
+            f"{' + the raw scores' if with_scores else ''}, not fitted")
+    return rest + [f"calibration={path}"], note
+
+
+def legacy_decoder(clf: Classifier) -> None:
+    """Swap the elementwise kernels of one Classifier's decoder for the pre-issue-18 ones and capture its CUDA
+    graphs again (the other Classifier keeps the current kernels: the decoder module's names are rebound
+    only while this one's graphs are captured and, on the host path, while it runs)."""
+    from bench import legacy_kernels as L
+    from qcls.engine import decoder as D
+
+    def old_norm(x, residual, weight, eps, out_dtype=None, offset=False):  # Llama/Qwen only: no offset
+        y, s = L.add_rmsnorm(x, residual, weight, eps)
+        return (y if out_dtype is None else y.to(out_dtype)), s
+    saved = (D.add_rmsnorm, D.qkv_into, D.silu_mul)
+    def old_qkv(*a, offset=False, **k):
+        return L.qkv_into(*a, **k)
+    D.add_rmsnorm, D.qkv_into, D.silu_mul = old_norm, old_qkv, L.silu_mul
+    try:
+        eng = clf.engine
+        if not eng.graphs:
+            raise SystemExit("--legacy-kernels times CUDA graphs: run it on a GPU")
+        pool = torch.cuda.graph_pool_handle()
+        with torch.inference_mode():
+            for key in sorted(eng.buckets, key=lambda k: -eng.buckets[k].n_tokens):
+                eng.buckets[key].capture(pool)
+        clf.classify(QUERIES[:1])
+    finally:
+        D.add_rmsnorm, D.qkv_into, D.silu_mul = saved
 
 
 def n_graphs(clf: Classifier) -> int:
@@ -76,6 +137,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--iters", type=int, default=200, help="timed requests of each side per batch size")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="append here instead of bench/RESULTS.md")
+    ap.add_argument("--legacy-kernels", choices=["a", "b"], default=None,
+                    help="run this side with the pre-issue-18 elementwise kernels (bench/legacy_kernels.py: fp16 "
+                         "residual stream) to time the float32 one against them")
     args = ap.parse_args(argv)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.float16 if dev == "cuda" else torch.float32
@@ -90,15 +154,29 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     model = C.random_qwen3(args.model, dev, dtype, seed=args.seed)
     loaded = LoadedModel(model, build_qwen_tokenizer(), torch.device(dev), dtype, "fp16", memory=module_bytes(model))
+    for name in sides:
+        sides[name], note = random_head(sides[name], loaded, args.seed)
+        if note:
+            notes.append(f"{name}: {note}")
+            print(f"bench.paired: {name}: {note}", file=sys.stderr)
     clfs = {k: Classifier(compose(ov), loaded=loaded) for k, ov in sides.items()}
+    if args.legacy_kernels:
+        legacy_decoder(clfs[args.legacy_kernels])
+        notes.append(f"{args.legacy_kernels}: pre-issue-18 elementwise kernels (bench/legacy_kernels.py)")
     build_s = time.perf_counter() - t0
     rows = []
     for b in args.batches:
         queries = (QUERIES * b)[:b]
         ta, tb = paired_samples(clfs["a"], clfs["b"], queries, args.iters)
         tokens = [c.classify(queries)[0].meta["tokens_per_forward"] for c in (clfs["a"], clfs["b"])]
-        rows.append((b, ta, tb, tokens))
+        rows.append((b, ta, tb, tokens, [stage_medians(c, queries) for c in (clfs["a"], clfs["b"])]))
     report(args, clfs, rows, notes, build_s)
+
+
+def stage_medians(clf: Classifier, queries: list[str], n: int = 40) -> dict[str, float]:
+    """Median ms of each stage over n requests (where a difference between a and b is spent)."""
+    runs = [clf.classify(queries)[0].timings_ms for _ in range(n)]
+    return {k: C.median([r[k] for r in runs]) for k in ("prepare", "forward", "score", "postprocess")}
 
 
 def report(args, clfs, rows, notes, build_s) -> None:
@@ -110,10 +188,15 @@ def report(args, clfs, rows, notes, build_s) -> None:
                     f"strategy a/b {a.cfg.strategy}/{b.cfg.strategy}; queries {QUERIES}")
     text += ("| batch | a p50 | a p90 | b p50 | b p90 | median ratio b/a (per pair) | tokens per forward a/b |\n"
              "|---|---|---|---|---|---|---|\n")
-    for bsz, ta, tb, tokens in rows:
+    for bsz, ta, tb, tokens, _ in rows:
         ratio = C.median([y / x for x, y in zip(ta, tb)])
         text += (f"| {bsz} | {C.median(ta):.3f} | {C.pct(ta, 0.9):.3f} | {C.median(tb):.3f} | {C.pct(tb, 0.9):.3f} | "
                  f"{ratio:.4f} | {tokens[0]}/{tokens[1]} |\n")
+    text += "\nStage medians a / b (ms, 40 more requests each, not alternated):\n\n"
+    text += "| batch | prepare | forward | score | postprocess |\n|---|---|---|---|---|\n"
+    for bsz, *_, stages in rows:
+        text += f"| {bsz} | " + " | ".join(f"{stages[0][k]:.3f} / {stages[1][k]:.3f}"
+                                            for k in ("prepare", "forward", "score", "postprocess")) + " |\n"
     meta_a, meta_b = a.metadata(), b.metadata()
     text += (f"\nms per request (classify, results included), {args.iters} pairs per batch size. CUDA graphs a/b: "
              f"{n_graphs(a)}/{n_graphs(b)}; buckets a/b: {len(meta_a['buckets'])}/{len(meta_b['buckets'])}; "

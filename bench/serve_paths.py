@@ -27,6 +27,7 @@ class Level:
     errors: list[str] = field(default_factory=list)
     started: float = 0.0  # perf_counter at the first measured request
     wall_s: float = 0.0
+    cpu_s: float = 0.0  # this process's CPU time meanwhile (all its threads): near wall_s, the client is the limit
     per_call: int = 1  # queries per call (the engine's batch rows)
 
     def stats(self) -> dict:
@@ -38,7 +39,8 @@ class Level:
                 "rps": n / self.wall_s if self.wall_s else float("nan"),
                 "p50": pct(lat, 50), "p90": pct(lat, 90), "p99": pct(lat, 99), "batch": mean(1),
                 "engine": mean(2), "queue": mean(3),
-                "serving": statistics.fmean(r[0] - r[2] - r[3] for r in self.rows) if self.rows else float("nan")}
+                "serving": statistics.fmean(r[0] - r[2] - r[3] for r in self.rows) if self.rows else float("nan"),
+                "client_cpu": self.cpu_s / self.wall_s if self.wall_s else float("nan")}
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -68,8 +70,9 @@ async def closed_loop(path: str, conc: int, make_call, max_requests: int, max_s:
 
     deadline = time.perf_counter() + max_s
     lv.started = t0 = time.perf_counter()
+    cpu0 = time.process_time()
     await asyncio.gather(*(client(i) for i in range(conc)))
-    lv.wall_s = time.perf_counter() - t0
+    lv.wall_s, lv.cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
     for c in calls:
         close = getattr(c, "close", None)
         if close:
@@ -82,9 +85,13 @@ def result_row(ms: float, res: dict) -> tuple[float, int, float, float]:
     return ms, res["batch_size"], t["total"], t["queue_wait"]
 
 
-def http_caller(url: str, compact: bool = False):
-    async def make(_i: int):
-        client = KeepAliveClient(url)
+def http_caller(url: str | list[str], compact: bool = False):
+    """Client i POSTs to url, or with several (every replica's own port) to urls[i % len(urls)]: the clients
+    spread evenly over the replicas."""
+    urls = [url] if isinstance(url, str) else list(url)
+
+    async def make(i: int):
+        client = KeepAliveClient(urls[i % len(urls)])
 
         async def call(q: str):
             body = orjson.dumps({"query": q, "compact": True} if compact else {"query": q})

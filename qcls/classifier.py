@@ -17,7 +17,8 @@ from qcls.config import QclsConfig
 from qcls.engine.engine import FastEngine
 from qcls.errors import ConfigError
 from qcls.engine.layout import PromptLayout
-from qcls.scoring.calibration import calibration_for
+from qcls.heads import startup as heads
+from qcls.heads.head import Tap
 from qcls.progress import step, step_note, warn
 from qcls.results import STAGES, LabelScore, PromptResult, QueryResult
 from qcls.scoring.reference import ReferenceEngine
@@ -41,13 +42,16 @@ class Classifier:
     """Everything is loaded, captured and warmed here; `classify` only tokenizes, replays and reads."""
 
     def __init__(self, cfg: QclsConfig | None = None, overrides: list[str] | tuple[str, ...] = (),
-                 loaded: LoadedModel | None = None):
+                 loaded: LoadedModel | None = None, taps: list[Tap] = ()):
+        """`taps`: hidden states to keep from every forward besides those a head reads (`read_states`, for
+        fitting heads; fast engine only)."""
         self.cfg = cfg if cfg is not None else compose(overrides)
         cfg = self.cfg
         self.startup_s: dict[str, float] = {}
+        self.taps = list(taps)
         t0 = time.perf_counter()
         # checked against the prompts before anything else loads: a file that does not fit fails in milliseconds
-        self.calibration, self.calibration_path, cal_notes = calibration_for(cfg)
+        self.head, self.head_path, cal_notes = heads.head_for(cfg)
         backend = get_backend(cfg.backend.name)
         if loaded is None:  # the tokenizer first: label sets are checked before any weight is read
             with step("loading the tokenizer", self.startup_s, "tokenizer"):
@@ -57,8 +61,12 @@ class Classifier:
         with step(f"preparing {len(cfg.prompts)} prompts (strategy {cfg.strategy})", self.startup_s, "prompts"):
             self.layouts = self._prepare_prompts()
         if loaded is None:
+            if self.head is not None and self.head.reads_states:  # the architecture before any weight is read
+                heads.check_model_config(self.head, self.head_path, sources.load_config(backend.source(cfg)))
             with step(f"loading {cfg.model.name} with backend {backend.name}", self.startup_s, "load"):
                 loaded = backend.load(cfg)
+        heads.check_model_config(self.head, self.head_path, loaded.model.config)
+        heads.check_model_weights(self.head, self.head_path, loaded.model)
         self.loaded = loaded
         torch.manual_seed(cfg.seed)
         with step(f"building the {cfg.engine.kind} engine", self.startup_s, "engine"):
@@ -82,8 +90,11 @@ class Classifier:
 
     def _build_engine(self):
         cfg, ld = self.cfg, self.loaded
+        prompt_heads = heads.prompt_heads(self.head, self.prompt_names)
         if cfg.engine.kind == "reference":
-            return ReferenceEngine(ld.model, self.layouts, cfg.strategy, self.calibration)
+            if self.taps:
+                raise ValueError("hidden-state taps are read by the fast engine: use engine.kind=fast")
+            return ReferenceEngine(ld.model, self.layouts, cfg.strategy, prompt_heads)
         tokens = sorted({t for lay in self.layouts for t in lay.plan.entry_token})
         full = ld.full_head() if self.layouts[0].plan.normaliser == "vocab" else None
         if self.layouts[0].plan.normaliser == "vocab" and full is None:
@@ -93,13 +104,7 @@ class Classifier:
                           max_batch=cfg.engine.max_batch_size, query_buckets=cfg.engine.query_buckets,
                           block_size=cfg.engine.prefix_block_size, vocab_chunk=cfg.scoring.vocab_chunk,
                           use_graphs=cfg.engine.cuda_graphs and ld.graph_capturable, embed_fn=ld.embed_fn,
-                          attention=cfg.engine.attention, calibration=self._affine())
-
-    def _affine(self) -> list[tuple[float, list[float]]] | None:
-        """Per prompt (temperature, biases) for the tail's tables; None = the identity."""
-        if self.calibration is None:
-            return None
-        return [self.calibration.affine(lay.tokens.name, len(lay.tokens.labels)) for lay in self.layouts]
+                          attention=cfg.engine.attention, heads=prompt_heads, taps=self.taps)
 
     def _warm_up(self) -> None:
         """Every bucket, then the request path; records each batch size's device time (forward + score, ms) in
@@ -136,7 +141,7 @@ class Classifier:
         meta = {"model": cfg.model.name, "backend": ld.backend, "device": str(ld.device),
                 "dtype": str(ld.dtype).replace("torch.", ""), "engine": cfg.engine.kind, "strategy": cfg.strategy,
                 "prompts": self.prompt_names, "startup_s": self.startup_s, "memory": dict(ld.memory),
-                "calibration": self.calibration_path, "notes": self.notes}
+                "calibration": self.head_path, "head": self._head_meta(), "notes": self.notes}
         if isinstance(self.engine, FastEngine):
             st = self.engine.stats()
             meta.update(graphs=st.graphs, attention=st.attention, prefix_cache=st.prefix, buckets=st.buckets)
@@ -184,7 +189,7 @@ class Classifier:
                 r.timings_ms["device_wait"] = round(wait, 4)
             r.meta = {"engine": self.cfg.engine.kind, "strategy": self.cfg.strategy,
                       "tokens_per_forward": n_tokens, "graphs": getattr(self.engine, "graphs", False),
-                      "calibration": self.calibration_path, "notes": self.notes}
+                      "calibration": self.head_path, "notes": self.notes}
         return batch.results
 
     def _tokenize(self, queries: list[str]) -> tuple[list[QueryResult], list[tuple[int, list[int], float]]]:
@@ -205,24 +210,48 @@ class Classifier:
         launched = self.engine.launch([ids for _, ids, _ in good]) if good else None
         return Batch(results, good, launched)
 
-    def _build(self, scores: list[list[float]], calibrated: list[list[float]]) -> list[PromptResult]:
-        """Per prompt: scores → probabilities (softmax in float64) and winner; with a calibration the winner
-        is the calibrated one and the raw winner is kept beside it. Plain Python: for a handful of labels per
-        prompt it is faster than any tensor op's overhead."""
+    def _head_meta(self) -> dict[str, Any] | None:
+        if self.head is None:
+            return None
+        return {"method": self.head.method, "reads_states": self.head.reads_states,
+                "prompts": {n: (ph.read.as_dict() if ph.read else None) for n, ph in self.head.prompts.items()}}
+
+    def read_states(self, queries: list[str]) -> tuple[list[QueryResult], list["torch.Tensor | None"]]:
+        """Results and, per query, the hidden states of every tap [taps, prompts, H] (None for a refused
+        query), from the same forwards; for fitting heads (the Classifier must be built with `taps`)."""
+        if not isinstance(self.engine, FastEngine) or not self.engine.taps:
+            raise ValueError("read_states needs the fast engine built with taps: Classifier(cfg, taps=[...])")
+        results, good = self._tokenize(queries)
+        states: list[torch.Tensor | None] = [None] * len(queries)
+        n_p, step_ = len(self.layouts), self.cfg.engine.max_batch_size
+        for c in range(0, len(good), step_):
+            chunk = good[c:c + step_]
+            batch = self._launch(results, chunk)
+            self.finish(batch)  # one batch at a time: its taps are still in the buffer
+            st = self.engine.states(batch.launched)
+            for k, (i, _, _) in enumerate(chunk):
+                states[i] = st[:, k * n_p:(k + 1) * n_p]
+        return results, states
+
+    def _build(self, scores: list[list[float]], heads_: list[list[float]]) -> list[PromptResult]:
+        """Per prompt: scores → probabilities (softmax in float64) and winner; with a head (or calibration)
+        the probabilities and the winner are the head's, and the raw winner and raw probabilities are kept
+        beside them. Plain Python: for a handful of labels per prompt it is faster than any tensor op's
+        overhead."""
         out = []
-        for lay, vals, cvals in zip(self.layouts, scores, calibrated):
+        for lay, vals, hvals in zip(self.layouts, scores, heads_):
             probs = _softmax(vals)
             names, counts = lay.tokens.labels, lay.label_token_counts
             best = max(range(len(vals)), key=vals.__getitem__)
-            if self.calibration is None:
-                labels = [LabelScore(*x) for x in zip(names, vals, probs, counts)]
-                out.append(PromptResult(lay.tokens.name, names[best], probs[best], labels))
+            if self.head is None:
+                out.append(PromptResult(lay.tokens.name, names[best], probs[best],
+                                        list(map(LabelScore, names, vals, probs, counts))))
                 continue
-            cprobs = _softmax(cvals)
-            labels = [LabelScore(*x) for x in zip(names, vals, probs, counts, cvals, cprobs)]
-            cbest = max(range(len(cvals)), key=cvals.__getitem__)
-            out.append(PromptResult(lay.tokens.name, names[cbest], cprobs[cbest], labels,
-                                    raw_label=names[best], raw_prob=probs[best]))
+            hprobs = _softmax(hvals)
+            hbest = max(range(len(hvals)), key=hvals.__getitem__)
+            out.append(PromptResult(lay.tokens.name, names[hbest], hprobs[hbest],
+                                    list(map(LabelScore, names, vals, hprobs, counts, probs, hvals)),
+                                    names[best], probs[best]))
         return out
 
 

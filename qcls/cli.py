@@ -55,15 +55,11 @@ def format_result(r: QueryResult, top: int = 3) -> str:
     stages = " · ".join(f"{s} {t[s]:.2f}" for s in STAGES)
     lines = [f"query: {r.query}  ({r.query_tokens} tokens, batch {r.batch_size}, {t['total']:.2f} ms: {stages})"]
     width = max(len(p.prompt) for p in r.prompts)
-    for p in r.prompts:  # with a calibration loaded, its probabilities are the main ones (p.prob is one)
-        others = ", ".join(f"{s.label} {_prob(s):.3f}" for s in p.top(top + 1) if s.label != p.label)[:80]
-        raw = f"   (uncalibrated: {p.raw_label} {p.raw_prob:.3f})" if p.raw_label is not None else ""
+    for p in r.prompts:  # with a head or calibration loaded, its probabilities are the ones reported
+        others = ", ".join(f"{s.label} {s.prob:.3f}" for s in p.top(top + 1) if s.label != p.label)[:80]
+        raw = f"   (raw scores: {p.raw_label} {p.raw_prob:.3f})" if p.raw_label is not None else ""
         lines.append(f"  {p.prompt:<{width}}  {p.label:<10} {p.prob:.3f}   | {others}{raw}")
     return "\n".join(lines) + "\n"
-
-
-def _prob(s) -> float:
-    return s.calibrated_prob if s.calibrated_prob is not None else s.prob
 
 
 def _emit(results: list[QueryResult], as_json: bool, out=sys.stdout) -> None:

@@ -68,6 +68,8 @@ class ModelSpec(_Strict):
     revision: str | None = None
     # Architecture facts for the memory estimate when the config cannot be read yet (informational).
     family: Literal["llama", "qwen2", "qwen3", "gemma3"] | None = None
+    # The head file this model's configs load by default (conf/config.yaml: calibration: ${model.head})
+    head: str | None = None
 
     @model_validator(mode="after")
     def _needs_path(self) -> "ModelSpec":
@@ -174,7 +176,7 @@ class QclsConfig(_Strict):
     cache_dir: str | None = None  # demo-model conversion cache; None = ~/.cache/qcls
     seed: int = 0
     serve: ServeSpec = ServeSpec()
-    # per-prompt calibration YAML (qcls/scoring/calibration.py): absolute, or relative to the cwd, then the repo
+    # a head or calibration file (qcls/heads/files.py): absolute, or relative to the cwd, then the repo
     calibration: str | None = None
 
     @field_validator("prompts")

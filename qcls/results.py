@@ -7,37 +7,35 @@ from typing import Any
 STAGES = ("tokenize", "prepare", "forward", "score", "postprocess")
 
 
-@dataclass
+@dataclass(slots=True)
 class LabelScore:
     label: str
-    score: float
-    prob: float
+    score: float  # the LLM's own score of the label under the scoring strategy (always the raw one)
+    prob: float  # the probability qcls reports: the head's with a head or calibration, else softmax(scores)
     tokens: int  # label_prefix + label token count
-    # with a calibration configured (else None): (score + bias) / temperature and its softmax over the labels
-    calibrated_score: float | None = None
-    calibrated_prob: float | None = None
+    # with a head or calibration (calibration=FILE; else None): softmax of the raw scores, and the head's logit
+    raw_prob: float | None = None
+    head_score: float | None = None
 
     def __reduce__(self):  # positional fields: a served result pickles (Serve handle calls) at half the cost
-        return LabelScore, (self.label, self.score, self.prob, self.tokens, self.calibrated_score,
-                            self.calibrated_prob)
+        return LabelScore, (self.label, self.score, self.prob, self.tokens, self.raw_prob, self.head_score)
 
 
-@dataclass
+@dataclass(slots=True)
 class PromptResult:
     prompt: str
-    label: str  # the winner (by calibrated score when a calibration is configured)
-    prob: float  # the winner's probability (calibrated when a calibration is configured)
+    label: str  # the winner (the head's, when a head or calibration is configured)
+    prob: float  # the winner's probability (the head's, when one is configured)
     labels: list[LabelScore]  # in the prompt's label order
-    raw_label: str | None = None  # with a calibration: the winner by raw score, and its raw probability
+    raw_label: str | None = None  # with a head or calibration: the winner by raw score, and its raw probability
     raw_prob: float | None = None
 
     def __reduce__(self):
         return PromptResult, (self.prompt, self.label, self.prob, self.labels, self.raw_label, self.raw_prob)
 
     def top(self, k: int) -> list[LabelScore]:
-        """The k best labels, by calibrated score where there is one (the order `label` was chosen by)."""
-        key = (lambda s: -s.score) if self.raw_label is None else (lambda s: -s.calibrated_score)
-        return sorted(self.labels, key=key)[:k]
+        """The k most probable labels (the order `label` was chosen by)."""
+        return sorted(self.labels, key=lambda s: -s.prob)[:k]
 
 
 @dataclass

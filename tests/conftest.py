@@ -3,8 +3,15 @@ from __future__ import annotations
 
 import os
 
-import pytest
-import torch
+# One intra-op thread per test process (and the subprocesses it starts): the models here are tiny, and on a
+# shared 2-core CI machine OpenMP workers spinning against other processes made CPU runs 10-20× slower
+# (a 2-prompt demo forward took 6.8 s with the default threads beside a busy neighbour, 0.3 s with one).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 # Without a GPU, Triton kernels run in its interpreter (numpy), so CPU CI checks them too. Set before
 # qcls imports Triton: the flag is read when a kernel is defined.

@@ -85,13 +85,13 @@ def test_hydra_apps_get_their_own_command_line(cmd, monkeypatch, capsys):
     assert f"qcls {cmd}: error: the sweep config has no `eval` group\n  add eval=dev" in err and "Traceback" in err
 
 
-def test_the_table_shows_calibrated_probabilities():
+def test_the_table_shows_the_heads_probabilities():
     from qcls.cli import format_result
     from qcls.results import LabelScore, PromptResult, QueryResult
-    labels = [LabelScore("dress", 2.0, 0.70, 1, 0.5, 0.40), LabelScore("jeans", 1.0, 0.20, 1, 1.2, 0.55),
-              LabelScore("tee", 0.0, 0.10, 1, -1.0, 0.05)]
+    labels = [LabelScore("dress", 2.0, 0.40, 1, 0.70, 0.5), LabelScore("jeans", 1.0, 0.55, 1, 0.20, 1.2),
+              LabelScore("tee", 0.0, 0.05, 1, 0.10, -1.0)]
     r = QueryResult("q", [PromptResult("category", "jeans", 0.55, labels, raw_label="dress", raw_prob=0.70)],
                     query_tokens=1, batch_size=1, timings_ms={k: 0.1 for k in STAGES} | {"total": 0.5})
     line = format_result(r).splitlines()[1]
     assert "jeans      0.550" in line and "dress 0.400" in line and "tee 0.050" in line
-    assert "(uncalibrated: dress 0.700)" in line
+    assert "(raw scores: dress 0.700)" in line

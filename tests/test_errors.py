@@ -6,7 +6,6 @@ import pickle
 import shutil
 import socket
 import sys
-import time
 
 import pytest
 
@@ -123,9 +122,16 @@ def test_unreachable_hub_fails_fast_naming_the_three_ways_out(endpoint, tmp_path
     monkeypatch.setenv("HF_HOME", str(tmp_path))  # an empty cache
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{_closed_port()}" if endpoint == "closed" else endpoint)
     hub._probe.cache_clear()
-    t0 = time.perf_counter()
+    real, probes = hub._probe, []
+
+    def probe(url, timeout):
+        probes.append(timeout)
+        return real(url, timeout)
+    monkeypatch.setattr(hub, "_probe", probe)
     rc, err = cli(["classify", "model=qwen3_4b", "slim jeans"], capsys)
-    assert time.perf_counter() - t0 < 5
+    # fast because it asks once, bounded by the probe's own timeout (its thread is joined with it), and never
+    # reaches transformers' retries; not timed against the clock (imports alone can take seconds on a busy CI)
+    assert probes == [hub.PROBE_TIMEOUT_S] and hub.PROBE_TIMEOUT_S <= 5
     assert_clean(rc, err, "model.path=Qwen/Qwen3-4B is a hub id", "model.source=local model.path=DIR",
                  "model.source=gguf model.path=FILE.gguf", "HF_HUB_OFFLINE=1")
 
@@ -135,10 +141,8 @@ def test_offline_hub_id_uses_the_cache_or_names_the_ways_out(tiny_dirs, tmp_path
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     monkeypatch.setattr(hub, "probe", lambda *a, **k: pytest.fail("offline mode must not probe"))
     over = ["model=qwen3_4b", "model.source=hub", "model.path=tiny-org/tiny-qwen3", PROMPTS_OK]
-    t0 = time.perf_counter()
     assert_clean(*cli(["check", *over], capsys), "HF_HUB_OFFLINE is set", "tiny-org/tiny-qwen3",
-                 "model.source=local model.path=DIR")
-    assert time.perf_counter() - t0 < 5
+                 "model.source=local model.path=DIR")  # at once: the probe above fails the test if asked
     # the same id in the HF cache layout (refs/main → snapshots/<commit>) loads without any network
     repo = tmp_path / "models--tiny-org--tiny-qwen3"
     shutil.copytree(tiny_dirs["qwen3_qwentok"], repo / "snapshots" / ("a" * 40))

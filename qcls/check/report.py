@@ -74,6 +74,7 @@ class CheckReport:
     prefix_pool_tokens: int = 0
     forward: list[ForwardTokens] = field(default_factory=list)
     backends: list[BackendFit] = field(default_factory=list)
+    head: dict[str, Any] | None = None  # the calibration=FILE head: file, method, per prompt what it reads
     problems: list[str] = field(default_factory=list)  # what would stop `qcls classify` with this config
 
     def to_dict(self) -> dict[str, Any]:
@@ -177,6 +178,7 @@ def build(cfg: QclsConfig, query_tokens: int = 8) -> CheckReport:
     layouts, rep.prompts, rep.problems = prompt_checks(cfg, tokenizer)
     if layouts:
         rep.prefix_pool_tokens, rep.forward = forward_tokens(cfg, layouts, query_tokens)
+    rep.head = head_check(cfg, mc, rep.problems)
     rep.backends, refusal = backend_fits(cfg, mc)
     if refusal:
         rep.problems.append(refusal)
@@ -184,6 +186,26 @@ def build(cfg: QclsConfig, query_tokens: int = 8) -> CheckReport:
         rep.problems.append(next(b.note for b in rep.backends if b.backend == cfg.backend.name)
                             + f" (backend={cfg.backend.name})")
     return rep
+
+
+def head_check(cfg: QclsConfig, mc, problems: list[str]) -> dict[str, Any] | None:
+    """The start-up checks of `calibration=FILE` that need no weights (qcls/heads/startup.py); a refusal goes
+    into `problems`. Whether a head was fitted on these very weights is checked once they are loaded."""
+    from qcls.heads import startup
+    from qcls.heads.files import CalibrationError
+    try:
+        head, path, notes = startup.head_for(cfg)
+        startup.check_model_config(head, path, mc)
+    except CalibrationError as e:
+        problems.append(str(e))
+        return None
+    if head is None:
+        return None
+    return {"file": path, "method": head.method, "notes": notes, "weights_checked_at_start_up": head.reads_states,
+            "prompts": {n: ("raw scores (affine)" if ph.read is None else
+                            f"{ph.read.kind} @ layer {ph.read.layer}" + (" + raw scores" if ph.score_weights is not None
+                                                                           else ""))
+                        for n, ph in head.prompts.items()}}
 
 
 def verdict(rep: CheckReport) -> QclsError | None:

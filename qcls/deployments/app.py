@@ -27,7 +27,7 @@ from qcls.compose import ConfigError, compose
 from qcls.config import QclsConfig
 from qcls.deployments.http import build_http_app
 from qcls.deployments.ingress import replica_env_vars
-from qcls.deployments.metrics import ReplicaMetrics
+from qcls.deployments.metrics import ReplicaMetrics, memory_now
 from qcls.deployments.worker import EngineWorker, Pending, refused
 from qcls.errors import QclsError, format_error
 from qcls.results import QueryResult
@@ -105,10 +105,11 @@ class QclsDeployment:
         return self.clf.metadata()
 
     def replica_stats(self) -> dict[str, Any]:
-        """This replica's process id and garbage-collector pauses since start-up (count, total and longest by
-        generation; `recent`: the latest as (perf_counter at start, ms, generation)); bench/load.py lines
+        """This replica's process id, its memory now (`memory`: RSS and, on a GPU, torch's allocated and reserved
+        bytes; bench/soak.py watches them) and garbage-collector pauses since start-up (count, total and longest
+        by generation; `recent`: the latest as (perf_counter at start, ms, generation)); bench/load.py lines
         them up with its slowest requests."""
-        return {"pid": os.getpid(), "gc": self.metrics.gc.summary()}
+        return {"pid": os.getpid(), "memory": memory_now(self.clf.loaded.device), "gc": self.metrics.gc.summary()}
 
     async def check_health(self) -> None:
         """Serve calls this every serve.health_check_period_s; raising makes it replace the replica."""
@@ -124,13 +125,17 @@ class QclsDeployment:
         if getattr(self, "metrics", None) is not None:
             self.metrics.gc.close()
 
-    def inject_fault(self, kind: str | None, query: str | None = None, seconds: float = 0.0) -> int:
+    def inject_fault(self, kind: str | None, query: str | None = None, seconds: float = 0.0,
+                     path: str | None = None) -> int:
         """Tests only (serve.fault_injection=true). kind="engine": every forward raises a CUDA-like error;
-        "poison": only batches holding `query` raise; "slow": every forward takes `seconds` longer; None: undo.
-        Returns this replica's process id (the tests kill replicas)."""
+        "poison": only batches holding `query` raise; "slow": every forward takes `seconds` longer; "hold":
+        every forward waits until the file `path` exists (at most `seconds`, a hang guard) and every query that
+        reaches this replica is written, one a line, to `path`.arrived, so that a test knows from events, not
+        from times, that requests are in flight here; None: undo. Returns this replica's process id (the tests
+        kill replicas)."""
         if not self.cfg.serve.fault_injection:
             raise PermissionError("fault injection is off: it needs serve.fault_injection=true (tests only)")
-        for obj, name in ((self.clf.engine, "launch"), (self.clf, "_launch")):
+        for obj, name in ((self.clf.engine, "launch"), (self.clf, "_launch"), (self.worker, "submit")):
             obj.__dict__.pop(name, None)
         if kind == "engine":
             def broken_launch(*_a, **_k):
@@ -151,8 +156,24 @@ class QclsDeployment:
                 time.sleep(seconds)
                 return real(results, good)
             self.clf._launch = slow
+        elif kind == "hold":
+            if not path:
+                raise ValueError("inject_fault('hold') needs path= (the file whose creation releases the forwards)")
+            real, real_submit = self.clf._launch, self.worker.submit
+
+            def held(results, good):
+                deadline = time.monotonic() + seconds
+                while not os.path.exists(path) and time.monotonic() < deadline:
+                    time.sleep(0.005)
+                return real(results, good)
+
+            def noted(items):
+                with open(f"{path}.arrived", "a", encoding="utf-8") as f:
+                    f.writelines(f"{it.query}\n" for it in items)
+                return real_submit(items)
+            self.clf._launch, self.worker.submit = held, noted
         elif kind is not None:
-            raise ValueError(f"unknown fault {kind!r}: use 'engine', 'poison', 'slow' or None")
+            raise ValueError(f"unknown fault {kind!r}: use 'engine', 'poison', 'slow', 'hold' or None")
         return os.getpid()
 
 
@@ -181,10 +202,31 @@ def deployment_options(cfg: QclsConfig) -> dict[str, Any]:
         "logging_config": {"enable_access_log": s.access_log},
     }
     if s.autoscaling:
-        opts["autoscaling_config"] = dict(s.autoscaling)
+        opts["autoscaling_config"] = autoscaling_config(s.autoscaling)
     else:
         opts["num_replicas"] = s.num_replicas
     return opts
+
+
+def autoscaling_config(given: dict[str, Any]) -> dict[str, Any]:
+    """serve.autoscaling, checked against Ray Serve's AutoscalingConfig here rather than when Serve deploys it
+    (which ignores a misspelt key)."""
+    from pydantic import ValidationError
+    from ray.serve.config import AutoscalingConfig
+
+    fields = sorted(AutoscalingConfig.model_fields)
+    unknown = sorted(set(given) - set(fields))
+    if unknown:
+        raise ConfigError(f"serve.autoscaling: unknown key(s) {', '.join(unknown)}",
+                          f"Ray Serve's autoscaling_config takes: {', '.join(fields)}")
+    try:
+        AutoscalingConfig(**given)
+    except (ValidationError, TypeError, ValueError) as e:
+        why = ("; ".join(f"{'.'.join(map(str, x['loc'])) or 'value'}: {x['msg']}" for x in e.errors())
+               if isinstance(e, ValidationError) else str(e))
+        raise ConfigError(f"serve.autoscaling={dict(given)} is not a valid Ray Serve autoscaling_config: {why}",
+                          "e.g. serve.autoscaling={min_replicas:1,max_replicas:4,target_ongoing_requests:8}") from None
+    return dict(given)
 
 
 def app_for(cfg: QclsConfig) -> Application:

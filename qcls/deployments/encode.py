@@ -3,7 +3,7 @@
 The pydantic models in `schemas` document the same shapes (OpenAPI) and a test checks that these bytes
 validate against them; going through the models on every request (validate, then dump) cost a multiple of
 this (bench/serve_encode.py). orjson writes every dataclass field, so fields added to qcls.results (the
-calibrated scores, say) reach the wire without a change here, and it writes NaN and infinity as null as
+head logits, say) reach the wire without a change here, and it writes NaN and infinity as null as
 pydantic does.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ def query_body(r: QueryResult) -> dict[str, Any]:
 
 def compact_prompt(p: PromptResult) -> dict[str, Any]:
     out = {"prompt": p.prompt, "label": p.label, "prob": p.prob}
-    if p.raw_label is not None:  # a calibration is configured: the raw winner too
+    if p.raw_label is not None:  # a head or calibration is configured: the raw winner too
         out["raw_label"], out["raw_prob"] = p.raw_label, p.raw_prob
     return out
 

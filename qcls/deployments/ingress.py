@@ -125,10 +125,10 @@ def proxy_middlewares() -> list:
     return [Middleware(ReplicaLost, retry_after_s=int(os.environ.get(RETRY_AFTER_ENV, "1")))]
 
 
-def direct_urls(app_name: str, host: str, wait_s: float = 3.0) -> list[str]:
+def direct_urls(app_name: str, host: str, wait_s: float = 3.0, n: int = 1) -> list[str]:
     """The replicas' own HTTP addresses (direct ingress), from the target groups Serve publishes (its
-    controller lists a new replica's port within a control-loop tick or two); empty when this cluster's
-    Serve controller runs without direct ingress."""
+    controller lists a new replica's port within a control-loop tick or two), once there are n of them or
+    after wait_s; empty when this cluster's Serve controller runs without direct ingress."""
     import time
 
     from ray.serve.context import _get_global_client
@@ -140,7 +140,7 @@ def direct_urls(app_name: str, host: str, wait_s: float = 3.0) -> list[str]:
         urls = [f"http://{t['ip'] if host in ('0.0.0.0', '::') else host}:{t['port']}"
                 f"{g.get('route_prefix', '/').rstrip('/')}" for g in groups
                 if g.get("app_name") == app_name and g.get("protocol") == "HTTP" for t in g["targets"]]
-        if urls or time.monotonic() > deadline:
+        if len(urls) >= n or time.monotonic() > deadline:
             return urls
         time.sleep(0.2)
 

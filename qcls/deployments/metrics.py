@@ -19,8 +19,10 @@ Recording runs on the replica's event loop after the batch's answers are handed 
 from __future__ import annotations
 
 import gc
+import os
 import time
 from collections import deque
+from pathlib import Path
 
 from ray.serve.metrics import Counter, Gauge, Histogram
 
@@ -69,6 +71,20 @@ class GcPauses:
     def close(self) -> None:
         if self._on_gc in gc.callbacks:
             gc.callbacks.remove(self._on_gc)
+
+
+def memory_now(device) -> dict[str, int | None]:
+    """This process's resident memory and, on a CUDA device, what torch has allocated and reserved there (bytes;
+    reserved includes the CUDA graphs' pools); bench/soak.py watches them for growth."""
+    try:  # Linux: current RSS (resource.getrusage gives only the peak)
+        rss = int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        rss = None
+    out = {"rss": rss, "cuda_allocated": None, "cuda_reserved": None}
+    if getattr(device, "type", None) == "cuda":
+        import torch
+        out.update(cuda_allocated=torch.cuda.memory_allocated(device), cuda_reserved=torch.cuda.memory_reserved(device))
+    return out
 
 
 class ReplicaMetrics:

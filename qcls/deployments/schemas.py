@@ -48,11 +48,14 @@ class ClassifyRequest(_Body):
 
 class LabelOut(_Body):
     label: str
-    score: float | None = Field(description="the label's score under the scoring strategy (a log-probability)")
-    prob: float | None = Field(description="softmax of the scores over this prompt's labels")
+    score: float | None = Field(description="the LLM's score of the label under the scoring strategy (a "
+                                "log-probability), with or without a head")
+    prob: float | None = Field(description="the label's probability: the head's softmax with a head or calibration "
+                               "(calibration=FILE), else the softmax of the scores over this prompt's labels")
     tokens: int = Field(description="tokens of label_prefix + label")
-    calibrated_score: float | None = Field(default=None, description="(score + bias) / temperature, with a calibration")
-    calibrated_prob: float | None = Field(default=None, description="softmax of the calibrated scores")
+    raw_prob: float | None = Field(default=None, description="with a head or calibration: softmax of the raw scores")
+    head_score: float | None = Field(default=None, description="with a head or calibration: the head's logit "
+                                     "((score + bias) / temperature for a calibration)")
 
 
 class PromptOut(_Body):
@@ -60,8 +63,9 @@ class PromptOut(_Body):
     label: str = Field(description="the winner")
     prob: float | None
     labels: list[LabelOut] = Field(description="every label, in the prompt's label order")
-    raw_label: str | None = Field(default=None, description="with a calibration: the winner by raw score")
-    raw_prob: float | None = Field(default=None, description="with a calibration: the raw winner's probability")
+    raw_label: str | None = Field(default=None, description="with a head or calibration: the winner by raw score")
+    raw_prob: float | None = Field(default=None, description="with a head or calibration: the raw winner's "
+                                   "probability")
 
 
 class QueryOut(_Body):
@@ -90,8 +94,9 @@ class CompactPromptOut(_Body):
     prompt: str
     label: str = Field(description="the winner")
     prob: float | None
-    raw_label: str | None = Field(default=None, description="with a calibration: the winner by raw score")
-    raw_prob: float | None = Field(default=None, description="with a calibration: the raw winner's probability")
+    raw_label: str | None = Field(default=None, description="with a head or calibration: the winner by raw score")
+    raw_prob: float | None = Field(default=None, description="with a head or calibration: the raw winner's "
+                                   "probability")
 
 
 class CompactQueryOut(_Body):

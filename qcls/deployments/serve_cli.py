@@ -27,6 +27,7 @@ def serve_main(overrides: list[str], blocking: bool = True, log_to_driver: bool 
 
     cfg = compose(overrides)
     s = cfg.serve
+    app = app_for(cfg)  # refuses a config that cannot deploy (e.g. serve.autoscaling) before Ray starts
     connected_here = not ray.is_initialized()
     # a cluster named by RAY_ADDRESS is joined, and left running (with its Serve) when this stops
     started_ray = connected_here and not os.environ.get("RAY_ADDRESS")
@@ -40,7 +41,7 @@ def serve_main(overrides: list[str], blocking: bool = True, log_to_driver: bool 
     print(f"[qcls] deploying {cfg.model.name} ({s.num_replicas if not s.autoscaling else 'autoscaling'} "
           f"replica(s), {s.num_gpus:g} GPU each); ready once loaded and warmed …", file=sys.stderr, flush=True)
     try:
-        handle = serve.run(app_for(cfg), name=s.app_name, route_prefix=s.route_prefix, blocking=False)
+        handle = serve.run(app, name=s.app_name, route_prefix=s.route_prefix, blocking=False)
     except RuntimeError as e:  # a replica's start-up failed: its qcls message, not Serve's traceback text
         from qcls.errors import from_remote
         app = serve.status().applications.get(s.app_name)  # the replica's traceback is in its deployment's status

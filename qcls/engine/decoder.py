@@ -18,7 +18,6 @@ from torch import nn
 from qcls.engine.family import SUPPORTED, describe  # noqa: F401  (SUPPORTED: the engine's families)
 from qcls.engine.kernels import add_rmsnorm, gelu_tanh_mul, qkv_into, silu_mul
 
-ACT_MUL = {"silu": silu_mul, "gelu_tanh": gelu_tanh_mul}
 
 
 class Decoder:
@@ -46,7 +45,7 @@ class Decoder:
         self.windows = [None if lp.window is None or (reach is not None and lp.window >= reach) else lp.window
                         for lp in self.family.layers]
         self.scale = self.family.scale
-        self.act_mul = ACT_MUL[self.family.activation]
+        self.gelu = self.family.activation == "gelu_tanh"
         shape = (len(self.layers), self.n_kv, max_keys, self.head_dim)
         self.k = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.v = torch.zeros(shape, dtype=self.dtype, device=self.device)
@@ -82,17 +81,19 @@ class Decoder:
     def _eps(norm) -> float:
         return getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))
 
-    def _norm(self, x: torch.Tensor, res: torch.Tensor | None, norm) -> tuple[torch.Tensor, torch.Tensor]:
-        """(norm(x + res), x + res) with the family's RMSNorm kind."""
-        return add_rmsnorm(x, res, norm.weight, self._eps(norm), self.family.norm_offset)
+    def _norm(self, x: torch.Tensor, res: torch.Tensor | None, norm,
+              out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + res) in out_dtype (default the model's), x + res in float32) with the family's RMSNorm kind."""
+        return add_rmsnorm(x, res, norm.weight, self._eps(norm), out_dtype or self.dtype, self.family.norm_offset)
 
     def forward(self, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, attend,
-                read: torch.Tensor, embeds: torch.Tensor | None = None) -> torch.Tensor:
+                read: torch.Tensor, embeds: torch.Tensor | None = None, taps=None) -> torch.Tensor:
         """ids/pos [N]; K/V of these tokens go to buffer `slots` [N]; `attend(q [N, heads, d], k, v, window=,
         scale=)` with one layer's K/V buffers, its sliding window (None: global) and softmax scale (None:
         d^-1/2) returns [N, heads·d]; returns final-normed hidden states of tokens `read`. `embeds` [N, H],
         when given, replaces the embedding module's output (backends that keep the table off the device
-        gather it, scaled as the module scales it)."""
+        gather it, scaled as the module scales it). `taps` (engine/taps.py TapSink), when given, records the
+        residual stream after the layers it names (the state a learned head reads)."""
         n, nh, nkv, d = ids.shape[0], self.n_heads, self.n_kv, self.head_dim
         delta = self.embed(ids) if embeds is None else embeds
         res = None
@@ -101,6 +102,8 @@ class Decoder:
         for i, (layer, lp) in enumerate(zip(self.layers, self.family.layers)):
             a = layer.self_attn
             x, res = self._norm(delta, res, lp.attn_in)
+            if taps is not None and i in taps.layers:  # res = the residual stream after i layers
+                taps.record(i, res)
             if self.qkv[i] is not None:
                 qkv = F.linear(x, *self.qkv[i])
                 qp, kp, vp = qkv.split([nh * d, nkv * d, nkv * d], -1)
@@ -115,16 +118,18 @@ class Decoder:
             delta = a.o_proj(attend(q, self.k[i], self.v[i], window=self.windows[i], scale=self.scale))
             if i == len(self.layers) - 1:  # the last MLP and the final norm only for rows that are read
                 delta, res = delta[read], res[read]
-            if lp.attn_out is not None:
-                delta, _ = self._norm(delta, None, lp.attn_out)
+            if lp.attn_out is not None:  # Gemma3's norms after attention and MLP: their output joins the float32
+                delta, _ = self._norm(delta, None, lp.attn_out, torch.float32)  # residual unrounded
             x, res = self._norm(delta, res, lp.mlp_in)
             if self.gate_up[i] is not None:
-                delta = layer.mlp.down_proj(self.act_mul(F.linear(x, *self.gate_up[i])))
+                gu = F.linear(x, *self.gate_up[i])  # (module names looked up per call: benches swap them)
+                delta = layer.mlp.down_proj(gelu_tanh_mul(gu) if self.gelu else silu_mul(gu))
             else:
                 delta = layer.mlp(x)
             if lp.mlp_out is not None:
-                delta, _ = self._norm(delta, None, lp.mlp_out)
-        out, _ = self._norm(delta, res, self.norm)
+                delta, _ = self._norm(delta, None, lp.mlp_out, torch.float32)
+        # the read rows' final states stay float32: the tail multiplies them by float32 label rows
+        out, _ = self._norm(delta, res, self.norm, torch.float32)
         return out
 
 

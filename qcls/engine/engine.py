@@ -16,9 +16,12 @@ import torch
 
 from qcls.engine.attention import DenseAttention, TreeAttention, tree_available
 from qcls.engine.decoder import Decoder
-from qcls.engine.layout import Packer, PromptLayout, build_mask, key_positions, unpack
+from qcls.engine.layout import Packer, PromptLayout, build_mask, unpack
 from qcls.engine.prefix_cache import plan_prefixes
 from qcls.engine.tail import Tail
+from qcls.engine.taps import TapPlan, root_reads
+from qcls.engine.tree_plan import plan_tree, tuning_for
+from qcls.heads.head import FINAL, PromptHead, Tap
 
 
 Scores = list[list[list[float]]]  # per query, per prompt, per label
@@ -43,14 +46,18 @@ class Bucket:
     """Static buffers of one (b, L) bucket and the computation over them (captured as is on a GPU)."""
 
     def __init__(self, b: int, query_tokens: int, packer: Packer, dec: Decoder, tail: Tail, pool_len: int,
-                 embed_fn, tree: bool, longest_query: int):
+                 embed_fn, tree: bool, taps: TapPlan | None = None):
         dev = dec.device
         self.b, self.query_tokens = b, query_tokens
         self.n_tokens = n = packer.n_tokens(b, query_tokens)
         self.key_len = pool_len + n + (-(pool_len + n)) % 16  # mem-efficient SDPA wants aligned mask rows
         self.packer, self.dec, self.tail, self.pool_len, self.embed_fn = packer, dec, tail, pool_len, embed_fn
-        self.tree, self.n_reads = tree, packer.n_reads(b)
-        self.max_row = max(packer.max_row(b, query_tokens, longest_query), 16)
+        self.n_reads = packer.n_reads(b)
+        self.taps = taps  # shared by the buckets of batch size b: a forward writes it, its own tail reads it
+        # the tree kernels' work lists: fixed by the prompts and the bucket's shape
+        group = dec.n_heads // dec.n_kv
+        self.tree = plan_tree(packer, b, query_tokens, group, tuning_for(dec.head_dim, group, dev)).to(dev) \
+            if tree else None
         self.slots = torch.arange(pool_len, pool_len + n, device=dev)  # where this forward's K/V go
         size, pinned = packer.buffer_len(b, n), dev.type == "cuda"
         # One host buffer per in-flight slot (SLOTS): a batch is packed, and its scores land, while the batch
@@ -58,11 +65,7 @@ class Bucket:
         self.host = [torch.zeros(size, dtype=torch.long, pin_memory=pinned) for _ in range(SLOTS)]
         self.out = [torch.zeros(tail.table.shape[0], dtype=torch.float32, pin_memory=pinned) for _ in range(SLOTS)]
         self.buf = torch.zeros(size, dtype=torch.long, device=dev)
-        self.visible = packer.visible.to(dev)
-        self.pool_pos = packer.pool_pos.to(dev)
-        self.prefix_slots, self.prefix_len = packer.prefix_slots.to(dev), packer.prefix_len.to(dev)
-        self.zero = torch.zeros((), dtype=dec.dtype, device=dev)
-        self.neg = torch.full((), float("-inf"), dtype=dec.dtype, device=dev)
+        self.visible, self.slot_pos = packer.visible.to(dev), packer.slot_pos.to(dev)
         self.embeds = None
         if embed_fn is not None:  # the backend gathers embeddings itself (table off the device)
             self.embeds = torch.zeros(n, dec.embed.embedding_dim, dtype=dec.dtype, device=dev)
@@ -70,20 +73,19 @@ class Bucket:
         self.graphs: tuple[torch.cuda.CUDAGraph, torch.cuda.CUDAGraph] | None = None
 
     def forward(self) -> torch.Tensor:
-        d = unpack(self.buf, self.n_tokens, self.n_reads)
-        if self.tree:
-            out = torch.empty(self.n_tokens, self.dec.n_heads * self.dec.head_dim, dtype=self.dec.dtype,
-                              device=self.dec.device)
-            attend = TreeAttention(d["seq"], d["anc"], d["tslot"], d["tiles"], self.prefix_slots, self.prefix_len,
-                                   self.pool_len, self.max_row, out)
+        d = unpack(self.buf, self.n_tokens, self.n_reads, len(self.packer.prompts))
+        if self.tree is not None:
+            attend = TreeAttention(d, self.tree, self.pool_len, self.dec.n_heads, self.dec.head_dim, self.dec.dtype)
         else:
-            attend = DenseAttention(torch.where(build_mask(d, self.visible, self.key_len), self.zero, self.neg),
-                                    self.key_len, d["pos"], key_positions(d, self.pool_pos, self.key_len))
-        self.hidden = self.dec.forward(d["ids"], d["pos"], self.slots, attend, d["read"], self.embeds)
+            attend = DenseAttention(lambda w: build_mask(d, self.visible, self.key_len, w, self.slot_pos), self.key_len)
+        sink = self.taps.bind(d["read"], d["qrow"]) if self.taps is not None else None
+        self.hidden = self.dec.forward(d["ids"], d["pos"], self.slots, attend, d["read"], self.embeds, sink)
+        if self.taps is not None:
+            self.taps.record_final(self.hidden)
         return self.hidden
 
     def score(self) -> torch.Tensor:
-        self.scores = self.tail(self.hidden)
+        self.scores = self.tail(self.hidden, self.taps.buf if self.taps is not None else None)
         return self.scores
 
     def pack(self, batch: list[list[int]], slot: int) -> None:
@@ -135,9 +137,10 @@ class FastEngine:
     def __init__(self, model, prompts: list[PromptLayout], head_rows: torch.Tensor, head_tokens: list[int],
                  full_head: torch.Tensor | None, *, max_batch: int, query_buckets: list[int], block_size: int,
                  vocab_chunk: int, use_graphs: bool, embed_fn=None, attention: str = "auto",
-                 calibration: list[tuple[float, list[float]]] | None = None):
-        """`calibration`: per prompt (temperature, per-label bias), built into the tail's tables; None = the
-        identity (the same kernels and graphs either way)."""
+                 heads: list[PromptHead | None] | None = None, taps: list[Tap] = ()):
+        """`heads`: per prompt its head (a calibration or a learned head) or None, built into the tail's
+        tables; `taps`: hidden states to keep from every forward besides those the heads read (`states`,
+        for fitting heads)."""
         self.prompts = prompts
         self.embed_fn = embed_fn
         self.pool = plan_prefixes([p.tokens.prefix_ids for p in prompts], block_size)
@@ -152,12 +155,18 @@ class FastEngine:
         self.device = self.dec.device
         self.attention, self.notes = self._pick_attention(attention)
         self._check_positions()
+        wanted = [t for h in (heads or []) if h is not None and h.read is not None for t in h.read.taps]
+        self.taps = list(dict.fromkeys(wanted + list(taps)))
+        self._check_taps()
+        hidden = self.dec.norm.weight.shape[0]
         with torch.inference_mode():
             self._fill_prefix_pool()
             tails = {b: Tail([p.plan for p in prompts], b, head_rows, head_tokens, full_head, vocab_chunk, self.device,
-                             calibration) for b in range(1, max_batch + 1)}
+                             heads, self.taps, hidden) for b in range(1, max_batch + 1)}
+            plans = {b: TapPlan(self.taps, b, root_reads([len(p.plan.read_nodes) for p in prompts], b), hidden,
+                                self.device) if self.taps else None for b in range(1, max_batch + 1)}
             self.buckets = {(b, lt): Bucket(b, lt, self.packer, self.dec, tails[b], self.pool_len, embed_fn,
-                                          self.attention == "tree", self.query_buckets[-1])
+                                          self.attention == "tree", plans[b])
                             for b in range(1, max_batch + 1) for lt in token_buckets(self.query_buckets, b)}
         self.graphs = use_graphs and self.device.type == "cuda"
         self._free = list(range(SLOTS))
@@ -175,7 +184,7 @@ class FastEngine:
         the dense SDPA path runs and says so. An explicit 'tree' that cannot run is refused here."""
         if wanted not in ("auto", "tree", "sdpa"):
             raise ValueError(f"engine.attention must be auto, tree or sdpa, not {wanted!r}")
-        why = tree_available(self.device, self.dec.head_dim) or self._tree_lacks()
+        why = tree_available(self.device, self.dec.head_dim)
         if wanted == "tree" and why:
             raise ValueError(f"engine.attention=tree cannot run: {why}; use engine.attention=auto or sdpa")
         if wanted == "auto":
@@ -186,26 +195,23 @@ class FastEngine:
             return "sdpa", []
         return wanted, []
 
-    def _tree_lacks(self) -> str | None:
-        """Why the tree kernel cannot run this model's layers (a sliding window that hides keys here, or a
-        softmax scale other than d^-1/2), or None."""
-        windows = sorted({w for w in self.dec.windows if w is not None})
-        if windows and not TreeAttention.supports_window:
-            return (f"the kernel has no sliding window yet, and this model's window {windows} is shorter than "
-                    f"its prompt rows (up to {self.reach} positions)")
-        if self.dec.scale is not None and not TreeAttention.supports_scale:
-            return f"the kernel has no softmax scale other than head_dim^-1/2 yet (this model's: {self.dec.scale:.6g})"
-        return None
-
     def _check_positions(self) -> None:
         if self.reach > self.dec.max_positions:
             raise ValueError(f"a prompt row reaches position {self.reach}, over the model's max_position_embeddings="
                              f"{self.dec.max_positions}: shorten the prompt or the largest query bucket")
 
+    def _check_taps(self) -> None:
+        n = len(self.dec.layers)
+        bad = [t.name for t in self.taps if t.layer != FINAL and not 1 <= t.layer < n]
+        if bad:
+            raise ValueError(f"hidden-state taps {bad}: this model has {n} layers, a head reads the residual stream "
+                             f"after 1…{n - 1} layers or the final norm's output ({FINAL})")
+
     def _fill_prefix_pool(self) -> None:
         """Run each prompt's not-yet-cached prefix blocks through the decoder, writing their K/V into the
         pool slots; earlier blocks (possibly another prompt's) are read where they lie."""
         dev, key_len = self.device, self.pool_len
+        key_pos = self.packer.slot_pos.to(dev)  # a pool slot's position in every prefix that holds it
         for p, new in enumerate(self.pool.new_blocks):
             if not new:
                 continue
@@ -217,12 +223,12 @@ class FastEngine:
             allowed = torch.zeros(len(ids), key_len, dtype=torch.bool, device=dev)
             slot_pos = torch.arange(len(slots), device=dev)  # position of each of the prompt's slots
             allowed[:, slots] = slot_pos[None, :] <= pos[:, None]
-            mask = torch.zeros(allowed.shape, dtype=self.dec.dtype, device=dev).masked_fill(~allowed, float("-inf"))
-            attend = DenseAttention(mask, key_len, pos, self.packer.pool_pos.to(dev))
             embeds = None
             if self.embed_fn is not None:
                 embeds = torch.empty(len(ids), self.dec.embed.embedding_dim, dtype=self.dec.dtype, device=dev)
                 self.embed_fn(ids.cpu(), embeds)
+            attend = DenseAttention(lambda w: allowed & (pos[:, None] - key_pos[None, :] < w) if w > 0 else allowed,
+                                    key_len)
             self.dec.forward(ids, pos, write, attend, torch.tensor([0], device=dev), embeds)
 
     def bucket_for(self, batch: list[list[int]]) -> Bucket:
@@ -305,6 +311,13 @@ class FastEngine:
         # for the device (a batch ahead of this one, the launch latency)
         wait = max(0.0, (time.perf_counter() - job.started) * 1e3 - job.prepare_ms - fwd - score)
         return raw, cal, {"prepare": job.prepare_ms, "forward": fwd, "score": score, "device_wait": wait}, bk.n_tokens
+
+    def states(self, job: InFlight) -> torch.Tensor:
+        """[taps, rows, H] (rows = query-major × prompt) of a collected batch, on the host; read it before the
+        next batch of the same size is launched. For fitting heads (`taps`), not for the request path."""
+        if job.bucket.taps is None:
+            raise ValueError("this engine keeps no hidden states: build it with taps")
+        return job.bucket.taps.states()[:, :job.batch_size * len(self.prompts)]
 
     def stats(self) -> EngineStats:
         return EngineStats(self.pool.stats(), [(k[0], k[1], b.n_tokens) for k, b in sorted(self.buckets.items())],

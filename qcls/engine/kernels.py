@@ -3,10 +3,16 @@
 The unfused layer spends more time in ~30 small norm/rope/activation/copy kernels than in its GEMMs
 (facts.md). These kernels replace them: residual-add + RMSNorm, (q/k-norm +) RoPE of queries and keys with the
 K/V written straight into the KV buffer (one launch per layer), and the gated activation (SiLU·mul for
-Llama/Qwen, GELU-tanh·mul for Gemma3). The norms take `offset`: Gemma3's RMSNorm multiplies by (1 + w) in
-fp32 before rounding, Llama's by w after rounding; each follows transformers' module to the rounding. They are elementwise/reduction work,
+Llama/Qwen, GELU-tanh·mul for Gemma3). The norms take `offset`: Gemma3's RMSNorm multiplies by (1 + w), the
+others by w (both in float32 here). They are elementwise/reduction work,
 which Triton runs on sm_75 without tensor cores; the GEMMs stay on cuBLAS. The torch versions define the
 math and are what CPU runs use; GPU tests hold the Triton versions to them.
+
+Precision (issue 18): the residual stream is kept in float32 across layers, and every elementwise step
+(norm × weight, q/k norm, rotation, activation × up) is computed in float32 and rounded to the model's dtype
+once, where the next GEMM reads it. transformers' fp16 forward rounds the residual after every layer and each
+of those steps separately; those roundings compound over 36 layers. The extra bytes are [tokens, hidden]
+float32 per layer, nothing beside the weights.
 """
 from __future__ import annotations
 
@@ -24,14 +30,12 @@ def use_triton(x: torch.Tensor) -> bool:
 
 
 # ---- residual add + RMSNorm --------------------------------------------------------------------------
-def add_rmsnorm_torch(x, residual, weight, eps, offset: bool = False):
-    if residual is not None:
-        x = x + residual
-    xf = x.float()
-    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    if offset:
-        return (y * (1.0 + weight.float())).to(x.dtype), x
-    return weight * y.to(x.dtype), x
+def add_rmsnorm_torch(x, residual, weight, eps, out_dtype=None, offset: bool = False):
+    """(RMSNorm(x + residual) · weight (1 + weight with `offset`) in out_dtype (default x's), x + residual in
+    float32)."""
+    s = x.float() if residual is None else x.float() + residual.float()
+    y = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + eps) * (weight.float() + 1.0 if offset else weight.float())
+    return y.to(out_dtype or x.dtype), s
 
 
 if triton is not None:
@@ -41,61 +45,69 @@ if triton is not None:
         row = tl.program_id(0)
         cols = tl.arange(0, BLOCK)
         m = cols < H
-        x = tl.load(x_ptr + row * H + cols, mask=m, other=0.0)
+        x = tl.load(x_ptr + row * H + cols, mask=m, other=0.0).to(tl.float32)
         if HAS_RES:
             x = x + tl.load(r_ptr + row * H + cols, mask=m, other=0.0)
-            tl.store(s_ptr + row * H + cols, x, mask=m)
-        xf = x.to(tl.float32)
-        inv = 1.0 / tl.sqrt(tl.sum(xf * xf, 0) / H + eps)
-        w = tl.load(w_ptr + cols, mask=m, other=0.0)
+        tl.store(s_ptr + row * H + cols, x, mask=m)
+        inv = 1.0 / tl.sqrt(tl.sum(x * x, 0) / H + eps)
+        w = tl.load(w_ptr + cols, mask=m, other=0.0).to(tl.float32)
         if OFFSET:
-            y = (xf * inv * (1.0 + w.to(tl.float32))).to(x.dtype)
-        else:
-            y = w * (xf * inv).to(x.dtype)
-        tl.store(y_ptr + row * H + cols, y, mask=m)
+            w = w + 1.0
+        tl.store(y_ptr + row * H + cols, (x * inv * w).to(y_ptr.dtype.element_ty), mask=m)
+
+
+def norm_warps(h: int) -> int:
+    """Warps per row of the norm kernel: on an H100 (bench/norm.py, bench/RESULTS.md) 16 warps were the fastest
+    at hidden 2560 and 4096 (3-7 % over 4); Triton's default 4 below 1024."""
+    return 4 if h <= 1024 else 8 if h <= 2048 else 16
 
 
 def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
-                offset: bool = False):
-    """(RMSNorm(x + residual), x + residual), as transformers' Llama/Qwen RMSNorm (× w) or, with `offset`,
-    Gemma3's (× (1 + w) in fp32) computes it."""
+                out_dtype: torch.dtype | None = None, offset: bool = False):
+    """(RMSNorm(x + residual) · weight, x + residual): the residual stream (`residual`, and the sum returned)
+    in float32; the normed output in `out_dtype` (default x's: what the next GEMM reads). `offset`: Gemma3's
+    RMSNorm, × (1 + weight)."""
     if not use_triton(x):
-        return add_rmsnorm_torch(x, residual, weight, eps, offset)
+        return add_rmsnorm_torch(x, residual, weight, eps, out_dtype, offset)
     n, h = x.shape
-    y = torch.empty_like(x)
-    s = torch.empty_like(x) if residual is not None else x
-    _add_rmsnorm_kernel[(n,)](x, residual if residual is not None else x, weight, y, s, h, eps,
-                              HAS_RES=residual is not None, OFFSET=offset, BLOCK=triton.next_power_of_2(h))
+    y = torch.empty(n, h, dtype=out_dtype or x.dtype, device=x.device)
+    s = torch.empty(n, h, dtype=torch.float32, device=x.device)
+    _add_rmsnorm_kernel[(n,)](x, residual if residual is not None else s, weight, y, s, h, eps,
+                              HAS_RES=residual is not None, OFFSET=offset, BLOCK=triton.next_power_of_2(h),
+                              num_warps=norm_warps(h))
     return y, s
 
 
 # ---- (q/k norm +) RoPE into the attention layouts -----------------------------------------------------
 def rope_torch(x, cos, sin, norm_w, eps, offset: bool = False):
-    """x [N, heads, d]; cos/sin [N, d]; optional per-head RMSNorm (Qwen3, Gemma3) before the rotation."""
+    """x [N, heads, d]; cos/sin [N, d]; optional per-head RMSNorm (Qwen3; Gemma3's × (1 + w) with `offset`)
+    before the rotation; float32 throughout, rounded to x's dtype once."""
+    f = x.float()
     if norm_w is not None:
-        x, _ = add_rmsnorm_torch(x, None, norm_w, eps, offset)
-    h = x.shape[-1] // 2
-    c, s = cos[:, None], sin[:, None]
-    return x * c + torch.cat([-x[..., h:], x[..., :h]], -1) * s
+        f = f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + eps) * (norm_w.float() + 1.0 if offset else norm_w.float())
+    h = f.shape[-1] // 2
+    c, s = cos.float()[:, None], sin.float()[:, None]
+    return (f * c + torch.cat([-f[..., h:], f[..., :h]], -1) * s).to(x.dtype)
 
 
 if triton is not None:
     @triton.jit
     def _load_head(src, w_ptr, eps, D: tl.constexpr, HAS_NORM: tl.constexpr, OFFSET: tl.constexpr):
-        """One head's two halves, RMS-normed by w (Qwen3's q/k norm; Gemma3's with OFFSET) when HAS_NORM."""
+        """One head's two halves in float32, RMS-normed by w (Qwen3's q/k norm; Gemma3's by 1 + w with OFFSET)
+        when HAS_NORM."""
         half: tl.constexpr = D // 2
         i = tl.arange(0, half)
-        x1 = tl.load(src + i)
-        x2 = tl.load(src + half + i)
+        x1 = tl.load(src + i).to(tl.float32)
+        x2 = tl.load(src + half + i).to(tl.float32)
         if HAS_NORM:
-            f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
-            inv = 1.0 / tl.sqrt((tl.sum(f1 * f1, 0) + tl.sum(f2 * f2, 0)) / D + eps)
+            inv = 1.0 / tl.sqrt((tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / D + eps)
+            w1 = tl.load(w_ptr + i).to(tl.float32)
+            w2 = tl.load(w_ptr + half + i).to(tl.float32)
             if OFFSET:
-                x1 = (f1 * inv * (1.0 + tl.load(w_ptr + i).to(tl.float32))).to(x1.dtype)
-                x2 = (f2 * inv * (1.0 + tl.load(w_ptr + half + i).to(tl.float32))).to(x2.dtype)
-            else:
-                x1 = tl.load(w_ptr + i) * (f1 * inv).to(x1.dtype)
-                x2 = tl.load(w_ptr + half + i) * (f2 * inv).to(x2.dtype)
+                w1 = w1 + 1.0
+                w2 = w2 + 1.0
+            x1 = w1 * x1 * inv
+            x2 = w2 * x2 * inv
         return x1, x2
 
     @triton.jit
@@ -108,21 +120,22 @@ if triton is not None:
         hd = tl.program_id(1)
         half: tl.constexpr = D // 2
         i = tl.arange(0, half)
-        c1 = tl.load(cos_ptr + t * D + i)
-        c2 = tl.load(cos_ptr + t * D + half + i)
-        s1 = tl.load(sin_ptr + t * D + i)
-        s2 = tl.load(sin_ptr + t * D + half + i)
+        c1 = tl.load(cos_ptr + t * D + i).to(tl.float32)
+        c2 = tl.load(cos_ptr + t * D + half + i).to(tl.float32)
+        s1 = tl.load(sin_ptr + t * D + i).to(tl.float32)
+        s2 = tl.load(sin_ptr + t * D + half + i).to(tl.float32)
+        # (dtypes are written inline: a non-tensor assigned in both branches of a runtime `if` does not compile)
         if hd < NH:
             x1, x2 = _load_head(q_ptr + t * q_s0 + hd * D, qw_ptr, eps, D, HAS_NORM, OFFSET)
-            tl.store(qo_ptr + t * qo_s0 + hd * D + i, x1 * c1 - x2 * s1)
-            tl.store(qo_ptr + t * qo_s0 + hd * D + half + i, x2 * c2 + x1 * s2)
+            tl.store(qo_ptr + t * qo_s0 + hd * D + i, (x1 * c1 - x2 * s1).to(qo_ptr.dtype.element_ty))
+            tl.store(qo_ptr + t * qo_s0 + hd * D + half + i, (x2 * c2 + x1 * s2).to(qo_ptr.dtype.element_ty))
         else:
             kh = hd - NH
             slot = tl.load(slot_ptr + t)
             x1, x2 = _load_head(k_ptr + t * k_s0 + kh * D, kw_ptr, eps, D, HAS_NORM, OFFSET)
             kd = kb_ptr + kh * kb_s_head + slot * D
-            tl.store(kd + i, x1 * c1 - x2 * s1)
-            tl.store(kd + half + i, x2 * c2 + x1 * s2)
+            tl.store(kd + i, (x1 * c1 - x2 * s1).to(kb_ptr.dtype.element_ty))
+            tl.store(kd + half + i, (x2 * c2 + x1 * s2).to(kb_ptr.dtype.element_ty))
             vd = vb_ptr + kh * kb_s_head + slot * D
             tl.store(vd + i, tl.load(v_ptr + t * v_s0 + kh * D + i))
             tl.store(vd + half + i, tl.load(v_ptr + t * v_s0 + kh * D + half + i))
@@ -135,7 +148,7 @@ def qkv_into(qp: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, cos: torch.Te
     """One launch per layer for everything between the QKV GEMM and attention: (q/k norm +) RoPE of the
     queries into `q_out` [N, heads, d], of the keys into the K buffer [kv_heads, slots, d] at `slots`, and
     the values copied beside them. qp/kp/vp are [N, heads, d] views (e.g. splits of the fused GEMM).
-    impl: auto (Triton on CUDA), or torch / triton to pick one (tests); offset: the q/k norms are Gemma3's."""
+    impl: auto (Triton on CUDA), or torch / triton to pick one (tests). `offset`: Gemma3's q/k norms."""
     if impl == "torch" or (impl == "auto" and not use_triton(qp)):
         q_out.copy_(rope_torch(qp, cos, sin, qw, eps, offset))
         kbuf[:, slots] = rope_torch(kp, cos, sin, kw, eps, offset).transpose(0, 1)
@@ -151,7 +164,7 @@ def qkv_into(qp: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, cos: torch.Te
                                OFFSET=offset)
 
 
-# ---- gated activations: SwiGLU (Llama/Qwen), GeGLU with tanh-approximate GELU (Gemma3) ------------------
+# ---- gated activation: SiLU·mul (Llama/Qwen), GELU-tanh·mul (Gemma3) ------------------------------------
 if triton is not None:
     @triton.jit
     def _act_mul_kernel(gu_ptr, out_ptr, I, GELU: tl.constexpr, BLOCK: tl.constexpr):
@@ -159,21 +172,22 @@ if triton is not None:
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         m = cols < I
         g = tl.load(gu_ptr + row * 2 * I + cols, mask=m, other=0.0).to(tl.float32)
-        u = tl.load(gu_ptr + row * 2 * I + I + cols, mask=m, other=0.0)
+        u = tl.load(gu_ptr + row * 2 * I + I + cols, mask=m, other=0.0).to(tl.float32)
         if GELU:  # 0.5·g·(1 + tanh(z)) = g·sigmoid(2z), z = √(2/π)·(g + 0.044715·g³)
             z = 0.7978845608028654 * (g + 0.044715 * g * g * g)
-            a = (g / (1.0 + tl.exp(-2.0 * z))).to(u.dtype)
+            a = g / (1.0 + tl.exp(-2.0 * z))
         else:
-            a = (g / (1.0 + tl.exp(-g))).to(u.dtype)
-        tl.store(out_ptr + row * I + cols, a * u, mask=m)
+            a = g / (1.0 + tl.exp(-g))
+        tl.store(out_ptr + row * I + cols, (a * u).to(out_ptr.dtype.element_ty), mask=m)
 
 
 def _act_mul(gu: torch.Tensor, gelu: bool) -> torch.Tensor:
     i = gu.shape[-1] // 2
     if not use_triton(gu):
-        g = gu[..., :i]
+        f = gu.float()
+        g = f[..., :i]
         a = torch.nn.functional.gelu(g, approximate="tanh") if gelu else torch.nn.functional.silu(g)
-        return a * gu[..., i:]
+        return (a * f[..., i:]).to(gu.dtype)
     out = torch.empty(gu.shape[0], i, dtype=gu.dtype, device=gu.device)
     block = 1024
     _act_mul_kernel[(gu.shape[0], triton.cdiv(i, block))](gu, out, i, GELU=gelu, BLOCK=block)
@@ -181,10 +195,10 @@ def _act_mul(gu: torch.Tensor, gelu: bool) -> torch.Tensor:
 
 
 def silu_mul(gu: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up for gu = [gate | up] along the last dim."""
+    """silu(gate) * up for gu = [gate | up] along the last dim (float32 inside, one rounding)."""
     return _act_mul(gu, gelu=False)
 
 
 def gelu_tanh_mul(gu: torch.Tensor) -> torch.Tensor:
-    """gelu_tanh(gate) * up for gu = [gate | up] (transformers' gelu_pytorch_tanh: GELU, tanh approximation)."""
+    """gelu_tanh(gate) * up for gu = [gate | up] (transformers' gelu_pytorch_tanh), float32 inside."""
     return _act_mul(gu, gelu=True)

@@ -8,20 +8,21 @@ All rows lie back to back after the prefix pool, each exactly as long as it need
 A batch of b queries with L query tokens in all needs N = P·L + b·C tokens (C = Σ suffix + trie tokens
 over the P prompts), so a CUDA graph is captured per (b, L-bucket) and only the tail of the sequence is
 padded. Per request the host writes one int64 buffer of per-token descriptors (id, position, row, index
-in the row's sequence, trie ancestry bits, trie slot, prompt), the read indices and the attention tiles
-(≤ TILE tokens of one row: where the row starts, how long it is, which prompt's prefix it sees). Which
-keys a token sees:
+in the row's sequence, trie ancestry bits, trie slot, prompt, and the row again for query tokens, -1 for the
+others: what a head's query mean averages), the tokens of every row listed prompt by prompt in the prefix
+order of PrefixPlan.prompt_order (`qtok`, with each prompt's start in `qstart`: the query blocks of the tree
+kernel's prefix chunks), the read indices and the attention tiles (≤ TILE tokens of one row: where the row
+starts, how long it is, which prompt's prefix it sees). Which keys a token sees:
 
     key in the pool      → visible iff it belongs to the token's prompt's prefix
     key in the same row  → a sequence key: visible iff not after the token (trie tokens see all of them);
                            a trie key: visible iff it is an ancestor-or-self of the token
     anything else        → hidden (pads see only pads)
+    and, in a layer with a sliding window w > 0, only keys with pos(token) - pos(key) < w, where a pool
+    slot's position is its index in its prompt's prefix (the same for every prompt sharing the slot)
 
-The tree-attention kernel applies this rule per tile (qcls/engine/attention.py); `build_mask` turns it
-into the dense [N, keys] mask of the SDPA path. A layer with a sliding window also hides keys at positions
-pos(query) - window or earlier; `key_positions` gives every key slot its position for that test (a pool
-slot's position within its prefix is the same for every prompt sharing it: shared blocks are shared
-chains from the start).
+The tree-attention kernels apply this rule per tile (qcls/engine/attention.py); `build_mask` turns it
+into the dense [N, keys] mask of the SDPA path.
 """
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ from qcls.scoring.strategies import ScorePlan
 from qcls.scoring.tokenization import PromptTokens, check_first_tokens, encode_prompt
 from qcls.scoring.trie import LabelTrie
 
-FIELDS = ("ids", "pos", "row", "seq", "anc", "tslot", "prompt")
+FIELDS = ("ids", "pos", "row", "seq", "anc", "tslot", "prompt", "qrow")
+QROW = FIELDS.index("qrow")
 TRIE_SEQ = 1 << 30  # a trie token's "sequence index": after every sequence token of its row
 MAX_TRIE_TOKENS = 62  # ancestry is an int64 bitmask over a row's trie slots
 
@@ -96,21 +98,21 @@ class Packer:
 
     def __init__(self, prompts: list[PromptLayout], pool: PrefixPlan, pool_len: int, max_query: int = 64):
         self.prompts = prompts
-        self.pool_len = pool_len
+        self.pool, self.pool_len = pool, pool_len
         # Which pool slots each prompt sees; the extra last row (seen by pads) sees none.
         self.visible = torch.zeros(len(prompts) + 1, pool_len, dtype=torch.bool)
         width = max([len(pool.prompt_slots(p)) for p in range(len(prompts))] + [1])
         self.prefix_slots = torch.zeros(len(prompts) + 1, width, dtype=torch.long)
         self.prefix_len = torch.zeros(len(prompts) + 1, dtype=torch.long)
-        self.pool_pos = torch.zeros(pool_len, dtype=torch.long)  # position of each pool slot in its prefix
-        for b in pool.blocks:
-            self.pool_pos[b.start:b.start + len(b.tokens)] = torch.arange(b.position, b.position + len(b.tokens))
+        self.slot_pos = torch.zeros(pool_len, dtype=torch.long)  # a pool slot's position in its prefix
         for p in range(len(prompts)):
             slots = pool.prompt_slots(p)
             if slots:
                 self.visible[p, torch.tensor(slots)] = True
                 self.prefix_slots[p, :len(slots)] = torch.tensor(slots)
                 self.prefix_len[p] = len(slots)
+                self.slot_pos[torch.tensor(slots)] = torch.arange(len(slots))
+        self.order = pool.prompt_order()
         self.const = sum(p.const_len for p in prompts)
         self.reads_per_query = sum(len(p.read_slots) for p in prompts)
         # every query length, at start-up: nothing is built on a first request
@@ -126,16 +128,17 @@ class Packer:
         """Attention tiles (≤ TILE tokens of one row) any batch of b queries in n tokens can need."""
         return n // TILE + b * len(self.prompts) + 2
 
-    def max_row(self, b: int, query_tokens: int, longest_query: int) -> int:
-        """Tokens in the longest row a batch of b queries with `query_tokens` in all can have."""
-        return min(query_tokens - (b - 1), longest_query) + max(p.const_len for p in self.prompts)
+    def prompt_tokens(self, b: int, query_tokens: int) -> list[int]:
+        """Per prompt: the most tokens its b rows can hold in a batch with `query_tokens` query tokens in all."""
+        return [query_tokens + b * p.const_len for p in self.prompts]
 
     def buffer_len(self, b: int, n: int) -> int:
-        return len(FIELDS) * n + self.n_reads(b) + TILE_FIELDS * self.max_tiles(b, n)
+        return (len(FIELDS) + 1) * n + len(self.prompts) + 1 + self.n_reads(b) + TILE_FIELDS * self.max_tiles(b, n)
 
     def pack(self, batch: list[list[int]], n: int, out: torch.Tensor) -> None:
-        """Write descriptors for `batch` into `out` (int64, buffer_len): FIELDS × n, read indices, tiles."""
-        cols, reads, tiles, off = [], [], [], 0
+        """Write descriptors for `batch` into `out` (int64, buffer_len): FIELDS × n, qtok (n), qstart (P + 1),
+        read indices, tiles."""
+        cols, reads, tiles, row_start, row_len, off = [], [], [], [], [], 0
         for qi, q in enumerate(batch):
             t = self._templates.get(len(q))
             if t is None:
@@ -143,12 +146,15 @@ class Packer:
             c = t.cols.copy()
             c[0, t.query_at] = np.tile(np.asarray(q, dtype=np.int64), len(self.prompts))
             c[2] += qi * len(self.prompts)
+            c[QROW, t.query_at] += qi * len(self.prompts)
             cols.append(c)
             reads.append(t.reads + off)
             tl = t.tiles.copy()
             tl[:, 0] += off
             tl[:, 2] += off
             tiles.append(tl)
+            row_start.append(t.row_start + off)
+            row_len.append(t.row_len)
             off += c.shape[1]
         if off > n:
             raise ValueError(f"batch needs {off} tokens, bucket holds {n}")
@@ -157,6 +163,7 @@ class Packer:
         pads[2] = -1 - np.arange(pad)  # unique: a pad shares a row with nothing
         pads[5] = -1
         pads[6] = len(self.prompts)
+        pads[QROW] = -1
         cols.append(pads)
         starts = np.arange(off, n, TILE, dtype=np.int64)  # pad tiles: rows of their own, no prefix
         cnt = np.minimum(TILE, n - starts)
@@ -166,8 +173,18 @@ class Packer:
         if len(tiles_all) > room:  # cannot happen by max_tiles' bound; checked because the kernel trusts it
             raise AssertionError(f"{len(tiles_all)} attention tiles, room for {room}")
         tiles_all = np.concatenate([tiles_all, np.zeros((room - len(tiles_all), TILE_FIELDS), dtype=np.int64)])
-        flat = np.concatenate([np.concatenate(cols, 1).ravel(), *reads, tiles_all.ravel()])
+        qtok, qstart = self._tokens_by_prompt(np.stack(row_start), np.stack(row_len), n)
+        flat = np.concatenate([np.concatenate(cols, 1).ravel(), qtok, qstart, *reads, tiles_all.ravel()])
         out.numpy()[:len(flat)] = flat
+
+    def _tokens_by_prompt(self, starts: np.ndarray, lens: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Every row's token indices, prompt after prompt in `order` (rows [b, P] start/length), padded to n;
+        and where each prompt's tokens start (P + 1 entries)."""
+        s, ln = starts[:, self.order].T.ravel(), lens[:, self.order].T.ravel()
+        ends = np.cumsum(ln)
+        qtok = np.zeros(n, dtype=np.int64)
+        qtok[:ends[-1]] = np.arange(ends[-1]) + np.repeat(s - (ends - ln), ln)
+        return qtok, np.concatenate([[0], ends[len(starts) - 1::len(starts)]])
 
 
 @dataclass
@@ -177,16 +194,20 @@ class _QueryTemplate:
     query_at: np.ndarray  # token indices where the query's ids go, prompt after prompt
     reads: np.ndarray  # read token indices
     tiles: np.ndarray  # [tiles, TILE_FIELDS]
+    row_start: np.ndarray  # per prompt: its row's first token
+    row_len: np.ndarray
 
     @staticmethod
     def build(prompts: list[PromptLayout], lq: int) -> "_QueryTemplate":
         cols: dict[str, list[int]] = {f: [] for f in FIELDS}
-        query_at, reads, tiles = [], [], []
+        query_at, reads, tiles, row_start, row_lens = [], [], [], [], []
         for p, pl in enumerate(prompts):
             start = len(cols["ids"])
             lp, suf = len(pl.tokens.prefix_ids), pl.tokens.suffix_ids
             seq_len = lq + len(suf)
             row_len = seq_len + len(pl.trie_ids)
+            row_start.append(start)
+            row_lens.append(row_len)
             query_at += range(start, start + lq)
             cols["ids"] += [0] * lq + list(suf) + pl.trie_ids
             cols["pos"] += list(range(lp, lp + seq_len)) + [lp + seq_len - 1 + d for d in pl.trie_depth]
@@ -195,23 +216,31 @@ class _QueryTemplate:
             cols["anc"] += [0] * seq_len + pl.trie_anc
             cols["tslot"] += [-1] * seq_len + list(range(len(pl.trie_ids)))
             cols["prompt"] += [p] * row_len
+            cols["qrow"] += [p] * lq + [-1] * (row_len - lq)
             reads += [start + seq_len - 1 if s < 0 else start + seq_len + s for s in pl.read_slots]
             tiles += [[start + t, min(TILE, row_len - t), start, row_len, p] for t in range(0, row_len, TILE)]
         arr = np.array([cols[f] for f in FIELDS], dtype=np.int64)
         return _QueryTemplate(arr, np.array(query_at, dtype=np.int64), np.array(reads, dtype=np.int64),
-                              np.array(tiles, dtype=np.int64).reshape(-1, TILE_FIELDS))
+                              np.array(tiles, dtype=np.int64).reshape(-1, TILE_FIELDS),
+                              np.array(row_start, dtype=np.int64), np.array(row_lens, dtype=np.int64))
 
 
-def unpack(buf: torch.Tensor, n: int, n_reads: int) -> dict[str, torch.Tensor]:
+def unpack(buf: torch.Tensor, n: int, n_reads: int, n_prompts: int) -> dict[str, torch.Tensor]:
     """Views of the descriptor buffer (host or device)."""
     views = {f: buf[i * n:(i + 1) * n] for i, f in enumerate(FIELDS)}
-    views["read"] = buf[len(FIELDS) * n:len(FIELDS) * n + n_reads]
-    views["tiles"] = buf[len(FIELDS) * n + n_reads:]
+    at = len(FIELDS) * n
+    views["qtok"] = buf[at:at + n]
+    views["qstart"] = buf[at + n:at + n + n_prompts + 1]
+    at += n + n_prompts + 1
+    views["read"] = buf[at:at + n_reads]
+    views["tiles"] = buf[at + n_reads:]
     return views
 
 
-def build_mask(d: dict[str, torch.Tensor], visible: torch.Tensor, key_len: int) -> torch.Tensor:
-    """[N, key_len] bool attention mask from the descriptors (see the module docstring)."""
+def build_mask(d: dict[str, torch.Tensor], visible: torch.Tensor, key_len: int, window: int = 0,
+               slot_pos: torch.Tensor | None = None) -> torch.Tensor:
+    """[N, key_len] bool attention mask from the descriptors (see the module docstring); with window > 0
+    the sliding-window rule too, for which `slot_pos` (Packer.slot_pos) gives the pool slots' positions."""
     n = d["ids"].shape[0]
     same_row = d["row"][:, None] == d["row"][None, :]
     seq_ok = d["seq"][None, :] <= d["seq"][:, None]
@@ -219,11 +248,10 @@ def build_mask(d: dict[str, torch.Tensor], visible: torch.Tensor, key_len: int) 
     own = same_row & torch.where((d["tslot"] < 0)[None, :], seq_ok, tree_ok)
     pool = visible[d["prompt"]]
     tail = own.new_zeros(n, key_len - pool.shape[1] - n)
-    return torch.cat([pool, own, tail], 1)
-
-
-def key_positions(d: dict[str, torch.Tensor], pool_pos: torch.Tensor, key_len: int) -> torch.Tensor:
-    """[key_len] position of every key slot: pool slots, then this forward's tokens, then unused slots (0;
-    hidden by the mask anyway)."""
-    n = d["pos"].shape[0]
-    return torch.cat([pool_pos, d["pos"], pool_pos.new_zeros(key_len - pool_pos.shape[0] - n)])
+    mask = torch.cat([pool, own, tail], 1)
+    if window > 0:
+        if slot_pos is None:
+            raise ValueError("a sliding window needs the pool slots' positions (slot_pos)")
+        key_pos = torch.cat([slot_pos, d["pos"], d["pos"].new_zeros(tail.shape[1])])
+        mask &= (d["pos"][:, None] - key_pos[None, :]) < window
+    return mask

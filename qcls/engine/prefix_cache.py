@@ -37,6 +37,11 @@ class PrefixPlan:
         """Pool slot of every prefix token of prompt p, in order."""
         return [self.blocks[b].start + i for b in self.prompt_blocks[p] for i in range(len(self.blocks[b].tokens))]
 
+    def prompt_order(self) -> list[int]:
+        """Prompts sorted by their block chains: prompts that share leading blocks become neighbours, so
+        the prompts sharing any block form a contiguous range of this order."""
+        return sorted(range(len(self.prompt_blocks)), key=lambda p: self.prompt_blocks[p])
+
     def _uses(self) -> dict[int, int]:
         uses: dict[int, int] = {}
         for bl in self.prompt_blocks:

@@ -1,29 +1,34 @@
-"""The tail (design.md §4): read hidden states × label rows of the LM head → every label's score.
+"""The tail (design.md §4, §10): read hidden states × label rows of the LM head → every label's score, and
+the prompts' heads on top.
 
-For one batch size, every prompt's ScorePlan is stacked into flat tables once at start-up, so the tail is
-a fixed handful of kernels (capturable in the same CUDA graph as the forward):
+For one batch size, every prompt's ScorePlan and head are stacked into flat tables once at start-up, so the
+tail is a fixed handful of kernels (capturable in the same CUDA graph as the forward):
 
     logits  = h_read @ rows.T                  [R, K]   (K = distinct label tokens of all prompts)
     x       = logits[entry_read, entry_col]    [E]
     x      -= normaliser (sibling-group LSE | full-vocabulary LSE | 0)
-    scores  = table @ [x, 1]                   [2 × labels of all prompts × b]: raw, then calibrated
+    out     = table @ [x, 1]                   [2 × labels of all prompts × b]: raw, then head logits
+    out[n:] += W_f · read states               (only when a head reads hidden states)
 
-`table` = [[W, 0], [W / T, b / T]] per label row (design.md §9): calibration is one more block of the same
-product, built at start-up, so it adds no kernel. Without a calibration the second block is the identity
-(T = 1, b = 0): the kernel sequence, the tensor shapes and the number of CUDA graphs do not depend on it.
+`table` = [[W, 0], [W_s · W, c]] per (query, prompt) (design.md §9–10): a head's score weights and bias are
+one more block of the same product, built at start-up. Without a head that block is the identity
+(W_s = I, c = 0), so a temperature/bias calibration adds no kernel. A head that reads hidden states adds one
+gather and one batched product over the taps the forward recorded (engine/taps.py).
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
+from qcls.heads.head import PromptHead, Tap
 from qcls.scoring.strategies import ScorePlan
 
 
 class Tail:
     def __init__(self, plans: list[ScorePlan], b: int, head_rows: torch.Tensor, head_tokens: list[int],
                  full_head: torch.Tensor | None, vocab_chunk: int, device: torch.device,
-                 affine: list[tuple[float, list[float]]] | None = None):
-        """`affine`: per prompt (temperature, per-label bias) of the calibration; None = the identity."""
+                 heads: list[PromptHead | None] | None = None, taps: list[Tap] = (), hidden: int = 0):
+        """`heads`: per prompt its head or None (raw scores); `taps`: the order of the forward's tap buffer."""
         col = {t: i for i, t in enumerate(head_tokens)}
         normaliser = plans[0].normaliser
         if normaliser == "vocab" and full_head is None:
@@ -55,26 +60,42 @@ class Tail:
         self.e_group = torch.tensor([g if g >= 0 else n_g for g in e_group], dtype=torch.long, device=device)
         self.gidx = gidx.to(device)
         self.label_counts = [p.weights.shape[0] for p in plans]
-        self.table = self._table(torch.block_diag(*blocks), b, affine).to(device)  # [2 × labels × b, E + 1]
+        heads = list(heads) if heads is not None else [None] * len(plans)
+        if len(heads) != len(plans) or any(h is not None and len(h.labels) != n
+                                           for h, n in zip(heads, self.label_counts)):
+            raise ValueError(f"heads cover {[None if h is None else len(h.labels) for h in heads]} labels per "
+                             f"prompt, the prompts have {self.label_counts}")
+        self.table = self._table(plans, b, heads).to(device)  # [2 × labels × b, E + 1]
         self.n_e = n_e
+        self.n = sum(self.label_counts) * b
         # x lives in a static buffer whose last entry is a constant 1 (the bias column's input); each path's
         # last op writes x straight into it (out=), so the product reads it with no extra copy.
         self.x1 = torch.zeros(n_e + 1, dtype=torch.float32, device=device)
         self.x1[n_e] = 1.0
         self.e_flat = self.e_read * self.rows.shape[0] + self.e_col  # into logits.view(-1)
+        self.features = _FeatureProduct(heads, list(taps), b, hidden, self.label_counts, device) \
+            if any(h is not None and h.read is not None for h in heads) else None
 
-    def _table(self, weights: torch.Tensor, b: int, affine) -> torch.Tensor:
-        affine = affine or [(1.0, [0.0] * n) for n in self.label_counts]
-        if [len(bias) for _, bias in affine] != self.label_counts:
-            raise ValueError(f"calibration tables cover {[len(x) for _, x in affine]} labels per prompt, "
-                             f"the prompts have {self.label_counts}")
-        inv_t = torch.tensor([1.0 / t for t, bias in affine for _ in bias] * b, dtype=torch.float64)
-        bias = torch.tensor([x for _, bias in affine for x in bias] * b, dtype=torch.float64)
-        n, e = weights.shape
+    def _table(self, plans: list[ScorePlan], b: int, heads: list[PromptHead | None]) -> torch.Tensor:
+        raw, head_w, head_c = [], [], []
+        for plan, h in zip(plans, heads):
+            w = plan.weights.double()
+            raw.append(w)
+            if h is None:  # identity: the head block repeats the raw scores
+                head_w.append(w)
+                head_c.append(torch.zeros(w.shape[0], dtype=torch.float64))
+                continue
+            sw = torch.zeros(w.shape[0], w.shape[0], dtype=torch.float64) if h.score_weights is None \
+                else torch.from_numpy(h.score_weights)
+            head_w.append(sw @ w)
+            head_c.append(torch.from_numpy(h.bias))
+        top = torch.block_diag(*raw * b)
+        low = torch.block_diag(*head_w * b)
+        n, e = top.shape
         table = torch.zeros(2 * n, e + 1, dtype=torch.float64)
-        table[:n, :e] = weights
-        table[n:, :e] = weights.double() * inv_t[:, None]
-        table[n:, e] = bias * inv_t
+        table[:n, :e] = top
+        table[n:, :e] = low
+        table[n:, e] = torch.cat(head_c * b)
         return table.float()
 
     def vocab_lse(self, h: torch.Tensor) -> torch.Tensor:
@@ -87,8 +108,9 @@ class Tail:
                  for i in range(0, self.full_head.shape[0], self.vocab_chunk)]
         return torch.logsumexp(torch.stack(parts, -1), -1)
 
-    def __call__(self, h_read: torch.Tensor) -> torch.Tensor:
-        """[2 × labels × b] scores: every prompt's raw scores for each query, then the calibrated ones."""
+    def __call__(self, h_read: torch.Tensor, taps: torch.Tensor | None = None) -> torch.Tensor:
+        """[2 × labels × b] scores: every prompt's raw scores for each query, then the head logits. `taps` is
+        the forward's tap buffer when a head reads hidden states."""
         logits = h_read.float() @ self.rows.T
         out = self.x1[:self.n_e]
         if self.normaliser == "none":
@@ -101,4 +123,55 @@ class Tail:
                 torch.sub(x, torch.cat([lse, lse.new_zeros(1)])[self.e_group], out=out)
             else:
                 torch.sub(x, self.vocab_lse(h_read)[self.e_read], out=out)
-        return self.table @ self.x1
+        scores = self.table @ self.x1
+        if self.features is not None:
+            scores[self.n:] += self.features(taps)
+        return scores
+
+
+class _FeatureProduct:
+    """W_f · read state for every (query, prompt) as one gather and one batched product over prompts:
+
+        feats  [P, S, b, k] = taps[tap(p, j), row(q, p)] cut in slices of k   (J·H = S·k; J = most taps a
+                                                                              prompt reads; missing → zeros)
+        logits [P, Lmax, b] = Σ_s W [P, s, Lmax, k] @ feats[:, s]^T
+        out    [labels × b] = logits in the tail's flat (query, prompt, label) order
+    """
+
+    def __init__(self, heads: list[PromptHead | None], taps: list[Tap], b: int, hidden: int,
+                 label_counts: list[int], device: torch.device):
+        n_p, lmax = len(heads), max(label_counts)
+        parts = [[taps.index(t) for t in h.read.taps] if h is not None and h.read is not None else [] for h in heads]
+        j = max(len(x) for x in parts)
+        rows = b * n_p + 2  # the tap buffer's rows per tap (engine/taps.py): rows, then two of zeros
+        zero = rows - 1
+        idx = np.full((n_p, b, j), zero, dtype=np.int64)
+        w = np.zeros((n_p, lmax, j * hidden), dtype=np.float32)
+        for p, (h, ps) in enumerate(zip(heads, parts)):
+            for q in range(b):
+                idx[p, q, :len(ps)] = [t * rows + q * n_p + p for t in ps]
+            if ps:
+                if h.feature_weights.shape[1] != len(ps) * hidden:
+                    raise ValueError(f"a head reads {len(ps)} tap(s) of {hidden}, its weights have "
+                                     f"{h.feature_weights.shape[1]} columns")
+                w[p, :len(h.labels), :len(ps) * hidden] = h.feature_weights
+        sel = [p * lmax * b + lab * b + q for q in range(b) for p in range(n_p) for lab in range(label_counts[p])]
+        # Split-K: a product of [Lmax, J·H] by [J·H, b] per prompt is a long, thin reduction that one thread
+        # block would walk alone (the suspect of a head's +0.15 ms tail at b=4 on an H100, J·H=5120). Each state is read as d chunks of k = H/d values,
+        # so the gather already yields the S = J·d slices as [P·S, b, k], and the S·P partial products are
+        # summed after one batched product.
+        d = max((n for n in range(1, 17) if hidden % n == 0 and hidden // n >= 128), default=1)
+        k, n_s = hidden // d, j * d
+        chunk = (idx[:, :, :, None] * d + np.arange(d)).transpose(0, 2, 3, 1)  # [P, J, d, b]
+        self.k = k
+        self.idx = torch.from_numpy(chunk.reshape(-1)).to(device)
+        self.w = torch.from_numpy(w.reshape(n_p, lmax, n_s, k).transpose(0, 2, 1, 3).reshape(n_p * n_s, lmax, k)
+                                  .copy()).to(device)
+        self.feat_shape = (n_p * n_s, b, k)
+        self.out_shape = (n_p, n_s, lmax, b)
+        self.sel = torch.tensor(sel, dtype=torch.long, device=device)
+
+    def __call__(self, taps: torch.Tensor) -> torch.Tensor:
+        feats = taps.view(-1, self.k).index_select(0, self.idx).view(self.feat_shape)  # [P·S, b, k]
+        part = torch.bmm(self.w, feats.transpose(1, 2)).view(self.out_shape)  # [P, S, Lmax, b]
+        return part.sum(1).view(-1).index_select(0, self.sel)

@@ -1,5 +1,6 @@
-"""`qcls calibrate`: fit a per-prompt calibration on a labelled split and write the YAML file that the
-`calibration` config option loads (design.md §9; qcls/eval/calibration.py does the math)."""
+"""`qcls calibrate`: fit a per-prompt calibration or learned head on a labelled split and write the file that
+the `calibration` config option loads (design.md §9–10; qcls/eval/calibration.py and qcls/eval/heads.py do
+the math)."""
 from __future__ import annotations
 
 import argparse
@@ -8,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from qcls.compose import ConfigError
 
 EPILOG = """examples:
@@ -15,18 +18,26 @@ EPILOG = """examples:
   qcls calibrate prompts=ecommerce8 scoring=exact --method temperature
   qcls calibrate --eval /data/my_dev.jsonl --out calibration/mine.yaml model=qwen3_4b model.source=local model.path=/m
   qcls calibrate --method contextual               # bias = -log p(label | "N/A", "[MASK]"), T = 1
+  qcls calibrate --method head                     # a learned head on the hidden state (layer/read by CV)
+  qcls calibrate --method head --layer 12 --read both --with-scores prompts=ecommerce8
 
 Methods: temperature_bias (default: per prompt a temperature T and per-label biases b minimising the NLL
 of the gold labels; calibrated score = (score + b) / T), temperature (T only), bias (b only), contextual
 (Zhao et al. 2021: b = -log p_cf measured on content-free inputs, T = 1; the split is only used to print
-the before/after metrics). A calibration holds for the model, prompts and scoring strategy it was fitted
-under; a file fitted under another strategy is refused at start-up. The metrics printed are on the split
-the calibration was fitted on (optimistic for fitted methods); `qcls sweep -m ... eval=test` reports
-held-out numbers. Load the file with the override calibration=FILE. See docs/evaluation.md."""
+the before/after metrics), head (per prompt a multinomial logistic regression on the hidden state the engine
+reads: --layer final or N = the residual stream after N layers, --read position | query_mean | both; auto
+(the default) tries ~15 layers and final / every kind and keeps per prompt the one with the lowest
+cross-validated log-loss; the L2
+strength is chosen by --cv-folds-fold cross-validation on the split; --with-scores appends the raw label
+scores as features; the weights go into FILE.safetensors beside FILE.yaml). A calibration holds for the model,
+prompts and scoring strategy it was fitted under; a head for the model's weights, prompt templates and label
+sets (refused at start-up otherwise). The metrics printed are on the split it was fitted on (optimistic;
+a head's CV accuracy is held out within the split); `qcls sweep -m ... eval=test` reports held-out numbers.
+Load the file with the override calibration=FILE. See docs/evaluation.md."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from qcls.scoring.calibration import METHODS
+    from qcls.heads.files import METHODS
     ap = argparse.ArgumentParser(prog="qcls calibrate", epilog=EPILOG,
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  description="Fit per-prompt calibration on a gold-labelled split and write it "
@@ -37,6 +48,17 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", metavar="FILE.yaml",
                     help="default: calibration/<model>_<prompts>_<strategy>.yaml under the current directory")
     ap.add_argument("--limit", type=int, metavar="N", help="use the first N queries of the split")
+    ap.add_argument("--layer", default="auto", metavar="auto|final|N",
+                    help="head: the layer read: the final norm's output, the residual stream after N layers, or "
+                         "auto (default: ~15 layers and final tried, chosen per prompt by cross-validation)")
+    ap.add_argument("--read", default="auto", choices=["position", "query_mean", "both", "auto"],
+                    help="head: the read position, the mean over the query's tokens, both, or auto (default: "
+                         "chosen per prompt by cross-validation)")
+    ap.add_argument("--with-scores", action="store_true", help="head: the raw label scores as features too")
+    ap.add_argument("--append", action="store_true", help="head: add the heads to --out's (a file for several "
+                    "prompt sets of one model), replacing heads fitted under the same templates")
+    ap.add_argument("--cv-folds", type=int, default=3, metavar="K", help="head: folds of the cross-validation "
+                    "that chooses the L2 strength (default 3; every label needs K examples)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     ap.add_argument("items", nargs="*", metavar="OVERRIDE")
     return ap
@@ -69,6 +91,8 @@ def prompts_group(cfg) -> str | None:
 
 def default_out(cfg, method: str) -> Path:
     prompts = prompts_group(cfg) or "-".join(p.name for p in cfg.prompts)[:60]
+    if method == "head":  # a head on the state alone does not depend on the scoring strategy
+        return Path("calibration") / f"{cfg.model.name}_{prompts}_head.yaml"
     tail = "" if method == "temperature_bias" else f"_{method}"
     return Path("calibration") / f"{cfg.model.name}_{prompts}_{cfg.strategy}{tail}.yaml"
 
@@ -84,6 +108,8 @@ def run(args: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
     cfg = compose(overrides)
     data = load_eval_set(split_path(args.eval), cfg.prompts, args.limit)  # refused before the model loads
     out = Path(args.out) if args.out else default_out(cfg, args.method)
+    if args.method == "head":
+        return fit_head(args, cfg, data, out)
     clf = Classifier(cfg)
     results, _ = classify_set(clf, data)
     per = by_prompt(results, data)
@@ -106,11 +132,59 @@ def run(args: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
                             for p, pc in cal.prompts.items()}}
 
 
+def fit_head(args: argparse.Namespace, cfg, data, out: Path) -> dict[str, Any]:
+    from qcls.backends import sources
+    from qcls.backends.registry import get_backend
+    from qcls.classifier import Classifier
+    from qcls.eval import calibrated_metrics, head_fitting
+    from qcls.eval import heads as H
+    from qcls.eval.scores import PromptScores
+    from qcls.heads import files
+    from qcls.heads.fingerprint import num_layers
+
+    if args.cv_folds < 2:
+        raise ValueError(f"--cv-folds {args.cv_folds}: cross-validation needs at least 2 folds")
+    notes = head_fitting.check_fit_split(data, cfg.prompts, args.cv_folds)  # before the model loads
+    cfg = cfg.model_copy(update={"calibration": None})  # the states and raw scores, not another head's
+    layers = num_layers(sources.load_config(get_backend(cfg.backend.name).source(cfg)))
+    reads = H.candidate_reads(args.layer, args.read, layers)
+    taps = H.taps_of(reads)
+    clf = Classifier(cfg, taps=taps)
+    sets = head_fitting.read_set(clf, data)
+    head = head_fitting.fit(clf, sets, taps, reads, args.with_scores, args.cv_folds, str(data.path))
+    if args.append and out.is_file():
+        old = files.load(out)
+        if (old.meta.get("fingerprint") or {}) != head.meta["fingerprint"]:
+            raise files.CalibrationError(f"--append: {out} holds heads of another model or weights "
+                                         f"({old.meta.get('model')!r}); write to another --out")
+        head = old.merged_with(head)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    files.save(head, out)
+    per = {name: PromptScores(name, ss.labels, ss.scores, np.zeros(len(ss.labels)), ss.gold)
+           for name, ss in sets.items()}
+    logits = head_fitting.head_scores(head, sets, taps)
+    cols = calibrated_metrics.columns(per, logits, f"head on {data.path}", "head")
+    try:
+        shown = out.resolve().relative_to(Path.cwd())
+    except ValueError:
+        shown = out.resolve()
+    return {"file": str(out.resolve()), "weights": str(out.with_suffix(".safetensors").resolve()),
+            "override": f"calibration={shown}", "method": "head", "split": str(data.path),
+            "n_queries": len(data.examples), "strategy": cfg.strategy, "model": cfg.model.name,
+            "per_prompt": cols["per_prompt"], "mean": cols["mean"], "notes": notes,
+            "heads": {p: {"read": ph.read.as_dict() if ph.read else None, "scores": ph.score_weights is not None,
+                          **{k: v for k, v in ph.info.items() if k in ("n", "C", "cv_folds", "cv_accuracy",
+                                                                        "cv_log_loss")}}
+                      for p, ph in head.prompts.items()}}
+
+
 def format_table(res: dict[str, Any]) -> str:
     def pair(before: dict, after: dict, key: str) -> str:
         if before.get(key) is None:
             return "-"
         return f"{before[key]:.3f} → {after[key]:.3f}"
+    if res["method"] == "head":
+        return _head_table(res)
     rows = [(p, str(v["raw"].get("n", 0)), pair(v["raw"], v["calibrated"], "nll"),
              pair(v["raw"], v["calibrated"], "accuracy"), pair(v["raw"], v["calibrated"], "ece"))
             for p, v in res["per_prompt"].items()]
@@ -123,6 +197,25 @@ def format_table(res: dict[str, Any]) -> str:
              f"({res['n_queries']} queries; metrics on this same split):"]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [head] + rows]
     lines += [f"wrote {res['file']}", f"use it with the override: {res['override']}"]
+    return "\n".join(lines)
+
+
+def _head_table(res: dict[str, Any]) -> str:
+    """Per prompt the read chosen, the L2 strength and the cross-validated accuracy (held out within the split),
+    beside the raw scores' accuracy on the split."""
+    head = ("prompt", "n", "read", "C", "accuracy: raw scores", "head (cross-validated)")
+    rows = []
+    for p, h in res["heads"].items():
+        read = "raw scores only" if h["read"] is None else f"{h['read']['kind']} @ layer {h['read']['layer']}"
+        rows.append((p, str(h["n"]), read + (" + raw scores" if h["scores"] else ""), f"{h['C']:.3g}",
+                     f"{res['per_prompt'][p]['raw']['accuracy']:.3f}", f"{h['cv_accuracy']:.3f}"))
+    widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
+    lines = [f"head of {res['model']} on {res['split']} ({res['n_queries']} queries; the head's accuracy is "
+             f"{res['heads'][next(iter(res['heads']))]['cv_folds'] if res['heads'] else 3}-fold cross-validated "
+             "within this split; `qcls sweep … eval=test eval.fit_method=head` measures it on held-out queries):"]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [head] + rows]
+    lines += [f"note: {n}" for n in res.get("notes", [])]
+    lines += [f"wrote {res['file']} and {res['weights']}", f"use it with the override: {res['override']}"]
     return "\n".join(lines)
 
 

@@ -1,5 +1,5 @@
 """The "with calibration" columns of a sweep job: accuracy / NLL / ECE / Brier on the eval split before and
-after a per-prompt calibration, computed in Python from the raw scores with `Calibration.apply`.
+after a per-prompt calibration, computed in Python from the raw scores with `Head.apply`.
 
 The calibration is either fitted inside the job on `eval.fit_on` (the dev split when the job scores the
 test split), or, without `fit_on`, the file the config loads (`calibration=FILE`; its calibrated scores
@@ -12,13 +12,13 @@ import numpy as np
 
 from qcls.eval import metrics
 from qcls.eval.calibration import fit
-from qcls.scoring.calibration import Calibration
+from qcls.heads.head import Head
 from qcls.eval.scores import PromptScores
 
-KEYS = ("accuracy", "nll", "ece", "brier")
+KEYS = ("accuracy", "macro_f1", "nll", "ece", "brier")
 
 
-def fit_on_split(fit_per: dict[str, PromptScores], method: str, meta: dict[str, Any]) -> Calibration:
+def fit_on_split(fit_per: dict[str, PromptScores], method: str, meta: dict[str, Any]) -> Head:
     scores, gold, labels = {}, {}, {}
     for p, ps in fit_per.items():
         scores[p], gold[p] = ps.labelled()
@@ -26,7 +26,7 @@ def fit_on_split(fit_per: dict[str, PromptScores], method: str, meta: dict[str, 
     return fit(scores, gold, labels, method, meta=meta)
 
 
-def apply(cal: Calibration, prompt: str, scores: np.ndarray) -> np.ndarray:
+def apply(cal: Head, prompt: str, scores: np.ndarray) -> np.ndarray:
     return np.array([cal.apply(prompt, row) for row in scores], dtype=np.float64).reshape(scores.shape)
 
 
@@ -43,12 +43,12 @@ def columns(per: dict[str, PromptScores], calibrated: dict[str, np.ndarray], sou
     return out
 
 
-def fitted_columns(per: dict[str, PromptScores], cal: Calibration, source: str) -> dict[str, Any]:
+def fitted_columns(per: dict[str, PromptScores], cal: Head, source: str) -> dict[str, Any]:
     n = cal.meta.get("n")  # per prompt for a fitted calibration, the number of content-free inputs otherwise
     n_fit = {p: int(v) for p, v in n.items()} if isinstance(n, dict) else None
     return columns(per, {p: apply(cal, p, ps.scores) for p, ps in per.items()}, source, cal.method, n_fit)
 
 
 def file_columns(per: dict[str, PromptScores], path: str, method: str) -> dict[str, Any]:
-    """From the engine's calibrated scores (LabelScore.calibrated_score) under `calibration=FILE`."""
+    """From the engine's head logits (LabelScore.head_score) under `calibration=FILE`."""
     return columns(per, {p: ps.calibrated for p, ps in per.items()}, f"file {path}", method)

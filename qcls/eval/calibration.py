@@ -1,7 +1,8 @@
-"""Fitting per-prompt calibrations (design.md §9) into the tables of qcls/scoring/calibration.py.
+"""Fitting per-prompt temperature/bias calibrations (design.md §9): affine heads on the raw scores alone
+(qcls/heads/head.py; learned heads on hidden states are fitted in qcls/eval/heads.py).
 
 `fit` minimises the NLL of the gold labels on dev scores; `contextual` measures the bias on content-free
-queries (Zhao et al., 2021). Both give a `Calibration` whose YAML file the `calibration` config option loads.
+queries (Zhao et al., 2021). Both give a `Head` whose YAML file the `calibration` config option loads.
 """
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from qcls.scoring.calibration import FIT_METHODS, Calibration, PromptCalibration, now
+from qcls.heads.files import now
+from qcls.heads.head import Head, PromptHead
+
+FIT_METHODS = ("temperature_bias", "temperature", "bias")
 
 # ---- fitting on dev scores ---------------------------------------------------------------------------
 def _nll(s: torch.Tensor, y: torch.Tensor, log_t: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -51,7 +55,7 @@ def _fit_prompt(s: np.ndarray, y: np.ndarray, method: str, l2: float) -> tuple[f
 
 
 def fit(scores: dict[str, np.ndarray], gold: dict[str, np.ndarray], labels: dict[str, list[str]],
-        method: str = "temperature_bias", *, l2: float = 1e-2, meta: dict | None = None) -> Calibration:
+        method: str = "temperature_bias", *, l2: float = 1e-2, meta: dict | None = None) -> Head:
     """Per prompt: scores[p] [n, L] raw scores, gold[p] [n] label indices, labels[p] the L labels. A prompt
     with no examples is left out (the identity). `meta` (strategy, model, fitted_on …) goes into the file."""
     if method not in FIT_METHODS:
@@ -71,18 +75,18 @@ def fit(scores: dict[str, np.ndarray], gold: dict[str, np.ndarray], labels: dict
             raise ValueError(f"prompt {name!r}: scores must be finite and gold indices in [0, {len(labs)})")
         with torch.inference_mode(False), torch.enable_grad():  # callable from inside a no-grad request path
             t, b, st = _fit_prompt(s, y, method, l2)
-        prompts[name] = PromptCalibration(list(labs), t, b)
+        prompts[name] = PromptHead.temperature_bias(list(labs), t, b)
         stats[name] = {"n": int(len(y)), **st}
     info = {"strategy": None, "model": None, "prompts": list(prompts), "fitted_on": None,
             "n": {k: v["n"] for k, v in stats.items()}, "date": now(), "l2": l2,
             "fit": {k: {x: v[x] for x in ("nll_before", "nll_after")} for k, v in stats.items()}}
     if skipped:
         info["skipped (no examples)"] = skipped
-    return Calibration(prompts, method, {**info, **(meta or {})})
+    return Head(prompts, method, {**info, **(meta or {})})
 
 
 # ---- contextual calibration --------------------------------------------------------------------------
-def contextual(clf, inputs: Sequence[str] = ("N/A", "[MASK]")) -> Calibration:
+def contextual(clf, inputs: Sequence[str] = ("N/A", "[MASK]")) -> Head:
     """Zhao et al. 2021: p_cf = the Classifier's raw label probabilities averaged over content-free inputs;
     b = −log p_cf, T = 1, so calibrated probabilities ∝ p / p_cf."""
     results = clf.classify(list(inputs))
@@ -93,10 +97,15 @@ def contextual(clf, inputs: Sequence[str] = ("N/A", "[MASK]")) -> Calibration:
     for i, name in enumerate(clf.prompt_names):
         per = [r.prompts[i] for r in results]
         labs = [ls.label for ls in per[0].labels]
-        p_cf = [math.fsum(pr.labels[j].prob for pr in per) / len(per) for j in range(len(labs))]
-        prompts[name] = PromptCalibration(labs, 1.0, [-math.log(max(p, 1e-300)) for p in p_cf])
+        p_cf = [math.fsum(_raw_prob(pr.labels[j]) for pr in per) / len(per) for j in range(len(labs))]
+        prompts[name] = PromptHead.temperature_bias(labs, 1.0, [-math.log(max(p, 1e-300)) for p in p_cf])
     meta = {"strategy": clf.cfg.strategy, "model": clf.cfg.model.name, "prompts": list(prompts),
             "fitted_on": f"content-free inputs {list(inputs)}", "n": len(inputs), "date": now()}
-    return Calibration(prompts, "contextual", meta)
+    return Head(prompts, "contextual", meta)
+
+
+def _raw_prob(ls) -> float:
+    """The raw scores' probability of a label, whether or not the classifier loads a head."""
+    return ls.prob if ls.raw_prob is None else ls.raw_prob
 
 

@@ -18,7 +18,7 @@ from qcls.eval.scores import PromptScores, by_prompt, classify_set
 from qcls.eval.spec import EvalSpec, resolve_path, split_config
 from qcls.progress import step_note
 
-MEAN_KEYS = ("accuracy", "macro_f1", "nll", "brier", "ece")
+MEAN_KEYS = ("accuracy", "macro_f1", "majority_accuracy", "nll", "brier", "ece")
 
 
 def run(cfg_node, out_dir: Path, overrides: list[str], job: dict[str, Any]) -> dict[str, Any]:
@@ -85,7 +85,11 @@ def evaluate(spec: EvalSpec, cfg: QclsConfig, out_dir: Path) -> tuple[dict[str, 
     }
     body["per_prompt"] = {p: metrics.prompt_metrics(*ps.labelled(), ps.labels) for p, ps in per.items()}
     body["mean"] = metrics.mean_over_prompts(body["per_prompt"], MEAN_KEYS)
-    body["calibration"], cal_probs = _calibration(spec, cfg, clf, per, fit_data, data, out_dir)
+    if fit_data is not None and spec.fit_method == "head":
+        from qcls.eval.head_fitting import sweep_block
+        body["calibration"], cal_probs = sweep_block(spec, cfg, loaded, per, fit_data, data, out_dir)
+    else:
+        body["calibration"], cal_probs = _calibration(spec, cfg, clf, per, fit_data, data, out_dir)
     full_head = loaded.full_head() is not None
     del clf, results  # the job's engine goes before the exact pass builds another on the same weights
     models.free_memory()
@@ -107,10 +111,22 @@ def _calibration(spec, cfg, clf, per, fit_data: EvalSet | None, data: EvalSet, o
         if overlap:
             block["warning"] = f"{overlap} queries are in both the fit split and the eval split"
         return block, {p: metrics.softmax(calibrated_metrics.apply(cal, p, ps.scores)) for p, ps in per.items()}
-    if cfg.calibration is not None and clf.calibration is not None:
-        block = calibrated_metrics.file_columns(per, clf.calibration_path, clf.calibration.method)
+    if cfg.calibration is not None and clf.head is not None:
+        block = calibrated_metrics.file_columns(per, clf.head_path, clf.head.method)
+        fitted_on = clf.head.meta.get("fitted_on")
+        if fitted_on and _same_file(fitted_on, data.path):
+            block["warning"] = (f"the file was fitted on this split ({fitted_on}): its columns are not held out "
+                                "(eval=test scores the held-out split)")
         return block, {p: metrics.softmax(ps.calibrated) for p, ps in per.items()}
     return None, None
+
+
+def _same_file(recorded: str, path: Path) -> bool:
+    """Whether a head file's `fitted_on` (absolute, or relative to the repository) names `path`."""
+    try:
+        return resolve_path(recorded, "fitted_on") == Path(path).resolve()
+    except Exception:  # a file that is not here is not this split
+        return False
 
 
 def _exact_pass(cfg: QclsConfig, loaded, data: EvalSet) -> dict[str, np.ndarray]:

@@ -115,21 +115,28 @@ def prompt_metrics(scores: np.ndarray, gold: np.ndarray, labels: Sequence[str]) 
     probs = softmax(s)
     f1 = per_label_f1(pred, y, len(labels))
     return {"n": int(len(y)), "accuracy": accuracy(pred, y), "macro_f1": float(np.nanmean(f1)),
-            "nll": nll(s, y), "brier": brier(probs, y), "ece": ece(probs, y),
+            "majority_accuracy": majority_accuracy(y), "nll": nll(s, y), "brier": brier(probs, y), "ece": ece(probs, y),
             "f1": {lab: (None if np.isnan(v) else float(v)) for lab, v in zip(labels, f1)},
             "confusion": {"labels": list(labels), "rows": "gold", "columns": "predicted",
                           "matrix": confusion(pred, y, len(labels)).tolist()}}
 
 
+def majority_accuracy(gold: np.ndarray) -> float:
+    """Accuracy of always answering the most frequent gold label (the baseline a classifier must beat)."""
+    y = np.asarray(gold, dtype=np.int64)
+    return float(np.bincount(y).max() / len(y)) if len(y) else float("nan")
+
+
 def calibration_metrics(scores: np.ndarray, gold: np.ndarray) -> dict[str, Any]:
-    """The metrics that calibration moves (accuracy can move too: biases change winners)."""
+    """The metrics that calibration or a head moves (accuracy can move too: biases change winners)."""
     s = np.asarray(scores, dtype=np.float64)
     y = np.asarray(gold, dtype=np.int64)
     if len(y) == 0:
         return {"n": 0}
     probs = softmax(s)
-    return {"n": int(len(y)), "accuracy": accuracy(s.argmax(axis=1), y), "nll": nll(s, y),
-            "brier": brier(probs, y), "ece": ece(probs, y)}
+    pred = s.argmax(axis=1)
+    return {"n": int(len(y)), "accuracy": accuracy(pred, y), "macro_f1": macro_f1(pred, y, s.shape[1]),
+            "nll": nll(s, y), "brier": brier(probs, y), "ece": ece(probs, y)}
 
 
 def mean_over_prompts(per_prompt: dict[str, dict[str, Any]], keys: Sequence[str]) -> dict[str, float | None]:

@@ -56,6 +56,37 @@ def accuracy_latency(rows: list[dict[str, Any]], path: Path) -> Path:
     return path
 
 
+def learning_curve(rows: list[dict[str, Any]], path: Path) -> Path:
+    """Held-out mean accuracy against the number of fitting queries, one line per job with a curve; `all` is
+    drawn at the largest size's double (its own count differs by prompt) and labelled."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    ticks: dict[float, str] = {}
+    for r in rows:
+        pts = {k[6:-1]: v for k, v in r.items() if k.startswith("curve[") and v is not None}
+        if not pts:
+            continue
+        sizes = sorted(int(k) for k in pts if k != "all")
+        xs = [float(n) for n in sizes] + ([2.0 * (sizes[-1] if sizes else 1)] if "all" in pts else [])
+        ys = [pts[str(n)] for n in sizes] + ([pts["all"]] if "all" in pts else [])
+        ax.plot(xs, ys, marker="o", label=r["label"])
+        ticks.update({float(n): str(n) for n in sizes})
+        if "all" in pts:
+            ticks[xs[-1]] = "all"
+    ax.set_xscale("log")
+    ax.set_xticks(list(ticks), list(ticks.values()))
+    ax.minorticks_off()
+    ax.set_xlabel("labelled fitting queries per prompt")
+    ax.set_ylabel("held-out mean accuracy over prompts")
+    ax.set_title("learning curve of the head")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def pooled(predictions: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
     """(winner probability, correct) of every (query, prompt) with a gold label in predictions.jsonl rows."""
     conf, correct = [], []

@@ -89,6 +89,8 @@ def row(job: Job, out_dir: Path, vary: list[str]) -> dict[str, Any]:
         out[k] = r.get(k)
     for p, m in (r.get("per_prompt") or {}).items():
         out[f"accuracy[{p}]"] = m.get("accuracy")
+    for size, acc in (_get(r, "calibration", "learning_curve", "mean_accuracy") or {}).items():
+        out[f"curve[{size}]"] = acc
     return out
 
 
@@ -116,6 +118,8 @@ def build(dirs: list[Path], out_dir: Path | None = None) -> dict[str, Any]:
     ok = [x for x in rows if x["status"] == "ok"]
     if any(x["b1_p50_ms"] is not None for x in ok):
         images["accuracy_latency"] = plots.accuracy_latency(ok, out_dir / "accuracy_latency.png")
+    if any(k.startswith("curve[") for x in ok for k in x):
+        images["learning_curve"] = plots.learning_curve(ok, out_dir / "learning_curve.png")
     if ok:
         best = by_rel[ok[0]["job"]]
         pred = best.dir / "predictions.jsonl"
@@ -123,7 +127,7 @@ def build(dirs: list[Path], out_dir: Path | None = None) -> dict[str, Any]:
             images["reliability"] = plots.reliability(_read_jsonl(pred), out_dir / "reliability.png",
                                                       f"best job: {ok[0]['label']}")
     (out_dir / "summary.csv").write_text(_csv(rows), encoding="utf-8")
-    (out_dir / "summary.md").write_text(_markdown(rows, fixed, jobs, images), encoding="utf-8")
+    (out_dir / "summary.md").write_text(_markdown(rows, fixed, jobs, images, by_rel), encoding="utf-8")
     return {"dir": out_dir, "rows": rows, "jobs": len(rows), "failed": sum(x["status"] != "ok" for x in rows),
             "images": images}
 
@@ -155,8 +159,8 @@ def _csv(rows: list[dict[str, Any]]) -> str:
 
 
 TABLE = [("job", "job"), ("label", "configuration"), ("mean_accuracy", "accuracy"), ("mean_macro_f1", "macro-F1"),
-         ("mean_nll", "NLL"), ("mean_brier", "Brier"), ("mean_ece", "ECE"), ("cal_accuracy", "acc (cal)"),
-         ("cal_nll", "NLL (cal)"), ("cal_ece", "ECE (cal)"), ("agreement_exact", "agree exact"),
+         ("mean_nll", "NLL"), ("mean_brier", "Brier"), ("mean_ece", "ECE"), ("cal_accuracy", "acc (cal/head)"),
+         ("cal_nll", "NLL (cal/head)"), ("cal_ece", "ECE (cal/head)"), ("agreement_exact", "agree exact"),
          ("b1_p50_ms", "p50 ms b=1"), ("b1_p90_ms", "p90 ms b=1"), ("batch_p50_ms", "p50 ms full batch"),
          ("batch_p90_ms", "p90 ms full batch"), ("batch_size", "batch"), ("b1_tokens_per_forward", "tokens/fwd b=1"),
          ("batch_tokens_per_forward", "tokens/fwd batch"), ("startup_s", "start-up s"), ("load_s", "load s"),
@@ -173,7 +177,8 @@ def _span(values: list[str]) -> str:
     return "n/a" if not values else values[0] if len(values) == 1 else f"{values[0]} … {values[-1]}"
 
 
-def _markdown(rows: list[dict[str, Any]], fixed: list[str], jobs: list[Job], images: dict[str, Path]) -> str:
+def _markdown(rows: list[dict[str, Any]], fixed: list[str], jobs: list[Job], images: dict[str, Path],
+              by_job: dict[str, Job]) -> str:
     ok = [x for x in rows if x["status"] == "ok"]
     failed = [x for x in rows if x["status"] != "ok"]
     sets = sorted({f"{_get(j.result, 'eval', 'path')} ({_get(j.result, 'eval', 'n_queries')} queries)"
@@ -195,6 +200,19 @@ def _markdown(rows: list[dict[str, Any]], fixed: list[str], jobs: list[Job], ima
         lines += ["", "## Accuracy per prompt", ""]
         lines += _md_table(["job", "configuration"] + [p[9:-1] for p in prompts],
                            [[x["job"], x["label"]] + [_fmt(x.get(p), 3) for p in prompts] for x in ok])
+    curve = list(dict.fromkeys(k for x in ok for k in x if k.startswith("curve[")))
+    if curve:
+        lines += ["", "## Learning curve", "",
+                  "Held-out mean accuracy of heads fitted on random subsets of the fitting split's labelled queries "
+                  "(mean over draws and prompts; the same subsets for every job; `all` = every fitting query).", ""]
+        lines += _md_table(["job", "configuration"] + [f"n={k[6:-1]}" for k in curve],
+                           [[x["job"], x["label"]] + [_fmt(x.get(k), 3) for k in curve] for x in ok
+                            if any(x.get(k) is not None for k in curve)])
+    warned = [(x, _get(by_job[x["job"]].result, "calibration", "warning")) for x in ok]
+    warned = [(x, w) for x, w in warned if w]
+    if warned:
+        lines += ["", "## Warnings", ""]
+        lines += [f"- `{x['job']}` ({x['label']}): {w}" for x, w in warned]
     if failed:
         lines += ["", "## Failed jobs", ""]
         lines += [f"- `{x['job']}` ({x['label']}): {x['reason']}" for x in failed]
@@ -204,8 +222,9 @@ def _markdown(rows: list[dict[str, Any]], fixed: list[str], jobs: list[Job], ima
     lines += ["", "## Columns", "",
               "Metrics are means over prompts of per-prompt values on the queries with a gold label for that "
               "prompt (design.md §9): accuracy, macro-F1, NLL = mean −log p(gold), Brier, ECE over 15 "
-              "equal-width bins of the winner's probability. `(cal)`: on the same split after a per-prompt "
-              "temperature/bias calibration (fitted on `eval.fit_on`, or the config's `calibration` file). "
+              "equal-width bins of the winner's probability. `(cal/head)`: on the same split after a per-prompt "
+              "temperature/bias calibration or learned head (fitted on `eval.fit_on` with `eval.fit_method`, or "
+              "the config's `calibration` file). "
               "`agree exact`: share of queries whose winner equals the `exact` strategy's (how: result.json "
               "`agreement_with_exact.method`). Latency: p50/p90 ms of requests of one query and of full "
               "batches (`engine.max_batch_size`), from the results' stage timings. Per-job details: "

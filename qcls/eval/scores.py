@@ -21,7 +21,7 @@ class PromptScores:
     scores: np.ndarray  # [n, L] raw scores (LabelScore.score)
     tokens: np.ndarray  # [L] label token counts (LabelScore.tokens)
     gold: np.ndarray  # [n] gold label index, −1 where the query has no gold label for this prompt
-    calibrated: np.ndarray | None = None  # [n, L] calibrated scores when the config loads a calibration file
+    calibrated: np.ndarray | None = None  # [n, L] head logits when the config loads a head or calibration file
 
     @property
     def has_gold(self) -> np.ndarray:
@@ -82,8 +82,8 @@ def by_prompt(results: list[QueryResult], data: EvalSet) -> dict[str, PromptScor
         gold = np.array([index[e.labels[pr.prompt]] if pr.prompt in e.labels else -1 for e in data.examples],
                         dtype=np.int64)
         cal = None
-        if pr.labels[0].calibrated_score is not None:
-            cal = np.array([[ls.calibrated_score for ls in r.prompts[j].labels] for r in results], dtype=np.float64)
+        if pr.labels[0].head_score is not None:
+            cal = np.array([[ls.head_score for ls in r.prompts[j].labels] for r in results], dtype=np.float64)
         out[pr.prompt] = PromptScores(pr.prompt, labels, scores, np.array([ls.tokens for ls in pr.labels]), gold,
                                       cal)
     return out

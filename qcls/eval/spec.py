@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from omegaconf import DictConfig, OmegaConf
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -10,6 +10,19 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from qcls.compose import ConfigError, conf_dir, validate
 from qcls.config import QclsConfig
 from qcls.eval.dataset import DatasetError
+
+
+class HeadSpec(BaseModel):
+    """How a sweep job fits a learned head (eval.fit_method=head); every key is a sweep axis."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    layer: int | Literal["final", "auto"] = "auto"  # the residual stream after N layers, the final norm, or auto
+    read: Literal["position", "query_mean", "both", "auto"] = "auto"
+    scores: bool = False  # the raw label scores as features too
+    cv_folds: int = Field(default=3, ge=2)
+    # the learning curve: held-out accuracy of heads fitted on this many fitting queries (and on all of them)
+    curve_sizes: list[int] = Field(default_factory=lambda: [25, 50, 100])
+    curve_draws: int = Field(default=5, ge=1)  # random subsets per size (the same for every job)
 
 
 class EvalSpec(BaseModel):
@@ -20,7 +33,8 @@ class EvalSpec(BaseModel):
     limit: int | None = Field(default=None, ge=1)  # at most this many queries of each split (eval and fit_on)
     # a second split to fit calibration on inside the job (the "with calibration" columns); null = none
     fit_on: str | None = None
-    fit_method: str = "temperature_bias"  # temperature_bias | temperature | bias (qcls.scoring.calibration)
+    fit_method: str = "temperature_bias"  # temperature_bias | temperature | bias | head (qcls/eval/calibration.py, heads.py)
+    head: HeadSpec = HeadSpec()  # with fit_method=head
     batch1_queries: int = Field(default=32, ge=0)  # queries also timed alone (batch 1)
     # winner agreement with scoring=exact; trie / first_token jobs need an extra exact pass for it
     agreement_with_exact: bool = True
@@ -49,9 +63,9 @@ def split_config(cfg: DictConfig | dict[str, Any]) -> tuple[EvalSpec, QclsConfig
     except ValidationError as e:
         lines = [f"  eval.{'.'.join(str(p) for p in err['loc']) or ''}: {err['msg']}" for err in e.errors()]
         raise ConfigError("invalid eval config:\n" + "\n".join(lines)) from None
-    from qcls.scoring.calibration import FIT_METHODS
-    if spec.fit_method not in FIT_METHODS:
-        raise ConfigError(f"eval.fit_method={spec.fit_method!r}: use one of {list(FIT_METHODS)}")
+    from qcls.eval.calibration import FIT_METHODS
+    if spec.fit_method not in (*FIT_METHODS, "head"):
+        raise ConfigError(f"eval.fit_method={spec.fit_method!r}: use one of {[*FIT_METHODS, 'head']}")
     return spec, validate(data)
 
 

@@ -29,6 +29,8 @@ that is not a JSON object with a non-empty string `query` and an object `labels`
   eval.path=FILE     absolute, or relative to the current directory, then to the repository root
   eval.limit=N       score the first N queries (of each split)
   eval.fit_on=FILE   also fit a per-prompt calibration on FILE and report metrics with and without it
+  eval.fit_method=head   …a learned head instead (eval.head.layer / read / scores / cv_folds are axes too),
+                     with a learning curve (eval.head.curve_sizes, curve_draws)
   eval.batch1_queries=N   queries also timed alone (batch 1); eval.agreement_with_exact=false skips the
                      extra exact pass that trie / first_token jobs need for winner agreement
 
@@ -46,13 +48,15 @@ mean accuracy, failed jobs with reasons), accuracy_latency.png (Pareto front mar
 (best job) into the sweep folder. `--report DIR ...` rebuilds it from jobs' result.json files (several
 folders are merged; written into --out, default the first DIR).
 
-Calibration: `qcls calibrate` fits a per-prompt temperature and label biases on the dev split and writes a
-YAML file; load it with calibration=FILE (the tail applies it at no request cost). With eval=test each
-job fits one on the dev split (eval.fit_on) and reports accuracy / NLL / ECE / Brier with and without it.
+Calibration and heads: `qcls calibrate` fits a per-prompt temperature and label biases (or, with --method
+head, a learned head on the hidden state) on the dev split and writes a file; load it with calibration=FILE
+(the tail applies it at no request cost). With eval=test each job fits one on the dev split (eval.fit_on,
+eval.fit_method) and reports accuracy / macro-F1 / NLL / ECE / Brier with and without it.
 
 Launchers: the default (basic) launcher runs jobs one after another in this process, which allows the
 model reuse. hydra/launcher=joblib (pip install 'qcls[sweep]') runs jobs in parallel processes (CPU).
-Several GPUs: one sweep per GPU with CUDA_VISIBLE_DEVICES=i, then `qcls sweep --report DIR1 DIR2 --out D`.
+Several GPUs: python bench/sweep_gpus.py --devices 0,1,2,3 -- -m … (from a checkout) splits the jobs, runs one
+sweep per GPU (CUDA_VISIBLE_DEVICES=i) and merges them (`qcls sweep --report DIR1 DIR2 --out D`).
 Details: docs/evaluation.md. Hydra's own options: qcls sweep --hydra-help."""
 
 

@@ -2,7 +2,9 @@
 
 One plain forward of the unmodified transformers model per (prompt, label) over the canonical ids
 (prefix + query + suffix + label tokens [+ end token]), a full-vocabulary log-softmax, and every
-strategy's score read off it directly, without the engine's plans or packing.
+strategy's score read off it directly, without the engine's plans or packing. A head that reads hidden
+states gets them from one more plain forward of prefix + query + suffix, caught by hooks on the decoder's
+layers and final norm, and is applied in float64.
 """
 from __future__ import annotations
 
@@ -54,20 +56,53 @@ def reference_scores(model, pt: PromptTokens, trie: LabelTrie, query_ids: list[i
     return scores
 
 
+@torch.inference_mode()
+def reference_states(model, pt: PromptTokens, query_ids: list[int], taps) -> torch.Tensor:
+    """[len(taps), H] float32: each tap (qcls.heads.head.Tap) of one prompt and query from a plain forward of
+    prefix + query + suffix: the residual stream entering decoder layer `layer` (= after `layer` layers) or
+    the final norm's output, at the last token (the read position) or averaged over the query's tokens."""
+    base = list(pt.prefix_ids) + list(query_ids) + list(pt.suffix_ids)
+    inner = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    seen: dict = {}
+    hooks = [inner.norm.register_forward_hook(lambda m, a, out: seen.__setitem__("final", out[0]))]
+    for layer in sorted({t.layer for t in taps if t.layer != "final"}):
+        def grab(m, args, kwargs, layer=layer):
+            seen[layer] = (args[0] if args else kwargs["hidden_states"])[0]
+        hooks.append(inner.layers[layer].register_forward_pre_hook(grab, with_kwargs=True))
+    try:
+        dev = next(model.parameters()).device
+        model(input_ids=torch.tensor([base], device=dev))
+    finally:
+        for h in hooks:
+            h.remove()
+    q0, q1 = len(pt.prefix_ids), len(pt.prefix_ids) + len(query_ids)
+    out = [seen[t.layer][len(base) - 1] if t.kind == "position" else seen[t.layer][q0:q1].float().mean(0)
+           for t in taps]
+    return torch.stack([x.float().cpu() for x in out])
+
+
 class ReferenceEngine:
     """The reference scorer behind the engine interface (engine.kind=reference): for checking only.
-    `calibration` (qcls.scoring.calibration.Calibration) is applied to the raw scores in plain Python."""
+    `heads` (per prompt a qcls.heads.head.PromptHead or None) are applied in float64 to the raw scores and,
+    where a head reads them, to hidden states from a plain forward (reference_states)."""
     graphs = False
 
-    def __init__(self, model, layouts, strategy: str, calibration=None):
-        self.model, self.layouts, self.strategy, self.calibration = model, layouts, strategy, calibration
+    def __init__(self, model, layouts, strategy: str, heads=None):
+        self.model, self.layouts, self.strategy = model, layouts, strategy
+        self.heads = list(heads) if heads is not None else [None] * len(layouts)
+
+    def _head(self, h, lay, ids: list[int], scores: list[float]) -> list[float]:
+        if h is None:
+            return list(scores)
+        feats = reference_states(self.model, lay.tokens, ids, h.read.taps).numpy() if h.read else None
+        return h.apply(scores, feats)
 
     def run(self, batch: list[list[int]]):
         t0 = time.perf_counter()
         scores = [[reference_scores(self.model, lay.tokens, lay.trie, ids, self.strategy) for lay in self.layouts]
                   for ids in batch]
-        calibrated = [[self.calibration.apply(lay.tokens.name, s) if self.calibration else list(s)
-                       for lay, s in zip(self.layouts, per)] for per in scores]
+        calibrated = [[self._head(h, lay, ids, s) for h, lay, s in zip(self.heads, self.layouts, per)]
+                      for ids, per in zip(batch, scores)]
         forward_ms = (time.perf_counter() - t0) * 1e3
         tokens = sum(len(lay.tokens.prefix_ids) + len(ids) + len(lay.tokens.suffix_ids) + len(lab)
                      for ids in batch for lay in self.layouts for lab in lay.tokens.label_ids)

@@ -82,6 +82,24 @@ def test_label_collisions_are_reported_for_every_prompt(qwen_tiny):
     assert "prompt 'category'" in str(err) and "prompt 'style'" in str(err) and "scoring=trie" in str(err)
 
 
+def test_a_calibration_file_is_checked_against_the_config(qwen_tiny, tmp_path):
+    from qcls.heads import files
+    from qcls.heads.head import Head, PromptHead
+    ok = Head({"audience": PromptHead.temperature_bias(["boy", "girl", "man"], 2.0, [0.0, 0.1, -0.1])},
+              "temperature_bias", {"strategy": "trie", "model": "tiny"})
+    files.save(ok, tmp_path / "ok.yaml")
+    rep = build(tiny_cfg(qwen_tiny, PROMPTS, calibration=str(tmp_path / "ok.yaml")), query_tokens=4)
+    assert rep.problems == [] and rep.head["prompts"] == {"audience": "raw scores (affine)"}
+    assert any("no entry for prompts ['category']" in n for n in rep.head["notes"])
+    assert f"head {tmp_path / 'ok.yaml'} (temperature_bias): audience: raw scores (affine)" in format_report(rep)
+    bad = Head({"audience": PromptHead.temperature_bias(["boy", "girl", "woman"], 2.0, [0.0, 0.1, -0.1])},
+               "temperature_bias", {"strategy": "trie", "model": "tiny"})
+    files.save(bad, tmp_path / "bad.yaml")
+    rep = build(tiny_cfg(qwen_tiny, PROMPTS, calibration=str(tmp_path / "bad.yaml")), query_tokens=4)
+    assert rep.head is None and verdict(rep) is not None
+    assert "missing from the file: ['man'], not in the config: ['woman']" in str(verdict(rep))
+
+
 def test_qwen3_8b_on_a_t4_without_weights(qwen3_8b_dir, capsys):
     over = ["model=qwen3_8b", "model.source=local", f"model.path={qwen3_8b_dir}", "gpu=t4"]
     rc = main(["check", *over])

@@ -1,8 +1,10 @@
 """Run by test_haproxy_loss.py in a process of its own: a Ray started with the `serve.ingress=haproxy` flags
 (Serve reads them when its processes start, so the tests' shared Ray cannot be reused), two demo replicas
-behind HAProxy, 4 closed-loop clients, one replica slowed (so requests are surely in flight on it) and then
-SIGKILLed. Prints one line `SCENARIO {json}`: when it was killed and when it had exited, every request,
-and HAProxy's log of that time.
+behind HAProxy, 4 closed-loop clients, one replica's forwards held (inject_fault "hold": a request that reaches
+it stays there) and SIGKILLed once a request has reached it; the clients go on until each has sent two
+requests after the killed process had exited. No step waits for a time, only for events. Prints one line
+`SCENARIO {json}`: when it was killed and when it had exited, which clients had a request held on it, every
+request, and HAProxy's log of that time.
 
     python tests/deployments/haproxy_scenario.py '<json list of config overrides>'
 """
@@ -30,8 +32,10 @@ from qcls.compose import compose  # noqa: E402
 from qcls.config import ServeSpec  # noqa: E402
 from qcls.deployments.app import app_for  # noqa: E402
 from qcls.deployments.ingress import export_serve_env  # noqa: E402
+from qcls.deployments.replicas import wait_exited  # noqa: E402
 
-APP, SLOW_S, CLIENTS, KILL_AT_S, LOAD_S, CLIENT_TIMEOUT_S = "hap", 1.5, 4, 0.8, 5.0, 15.0
+APP, CLIENTS = "hap", 4
+HANG_GUARD_S = 120.0  # a hang guard, never a bound: a request or a wait this long has hung
 
 
 def free_port() -> int:
@@ -67,54 +71,45 @@ def collect(sock: socket.socket, lines: list[str]) -> None:
         lines.append(data.decode(errors="replace"))
 
 
-def client_port(r: httpx.Response) -> int | None:
-    try:
-        return r.extensions["network_stream"].get_extra_info("client_addr")[1]
-    except (KeyError, OSError, TypeError):
-        return None
-
-
-async def load(url: str, t0: float, doomed_pid: int) -> tuple[float, float, list[list]]:
-    """CLIENTS closed-loop clients for LOAD_S; the doomed replica is killed KILL_AT_S in. Returns when it was
-    killed, when it had exited, and a row per request: [start, end, status or exception name, body head,
-    client port (to find the request in HAProxy's log)]; times in seconds since t0."""
+async def load(url: str, t0: float, doomed_pid: int, arrived: Path) -> tuple[float, float, list[list]]:
+    """CLIENTS closed-loop clients; the doomed replica is killed once a request has reached it, and the clients
+    stop once each has sent two requests after it had exited. Returns when it was killed, when it had exited,
+    and a row per request: [client, start, end, status or exception name, body head]; times in seconds since
+    t0."""
     rows: list[list] = []
+    done = asyncio.Event()
 
     async def client(i: int) -> None:
-        async with httpx.AsyncClient(base_url=url, timeout=CLIENT_TIMEOUT_S) as c:
-            while time.monotonic() - t0 < LOAD_S:
+        async with httpx.AsyncClient(base_url=url, timeout=HANG_GUARD_S) as c:
+            while not done.is_set():
                 start = time.monotonic() - t0
                 try:
-                    async with c.stream("POST", "/v1/classify", json={"query": f"maxi dress {i}"}) as r:
-                        port = client_port(r)  # before the body is read: HAProxy may close the connection then
-                        body = (await r.aread()).decode(errors="replace")
-                    rows.append([start, time.monotonic() - t0, r.status_code, body[:120], port])
+                    r = await c.post("/v1/classify", json={"query": f"maxi dress {i}"})
+                    rows.append([i, start, time.monotonic() - t0, r.status_code, r.text[:120]])
                 except httpx.HTTPError as e:
-                    rows.append([start, time.monotonic() - t0, type(e).__name__, str(e)[:120], None])
+                    rows.append([i, start, time.monotonic() - t0, type(e).__name__, str(e)[:120]])
+
+    async def wait(cond, what: str) -> None:
+        deadline = time.monotonic() + HANG_GUARD_S
+        while not cond():
+            if time.monotonic() > deadline:
+                done.set()
+                raise TimeoutError(f"waited {HANG_GUARD_S:g} s (hang guard) for {what}")
+            await asyncio.sleep(0.05)
 
     async def killer() -> tuple[float, float]:
-        await asyncio.sleep(KILL_AT_S)
+        await wait(lambda: arrived.exists() and arrived.read_text().strip(), "a request to reach the held replica")
         os.kill(doomed_pid, signal.SIGKILL)
         killed = time.monotonic() - t0
-        await asyncio.to_thread(wait_exit, doomed_pid)
-        return killed, time.monotonic() - t0
+        await asyncio.to_thread(wait_exited, doomed_pid)
+        exited = time.monotonic() - t0
+        await wait(lambda: all(sum(r[0] == i and r[1] > exited for r in rows) >= 2 for i in range(CLIENTS)),
+                   "every client to send two requests after the kill")
+        done.set()
+        return killed, exited
 
     (killed, exited), *_ = await asyncio.gather(killer(), *(client(i) for i in range(CLIENTS)))
     return killed, exited, rows
-
-
-def wait_exit(pid: int) -> None:
-    """Until every thread of the killed replica has exited: its sockets stay open (and may take requests)
-    until the last one has closed its files, up to ~0.2 s after SIGKILL. A thread shows Z or X once past
-    that (the main thread alone can be a zombie long before)."""
-    while Path(f"/proc/{pid}").exists():
-        try:
-            if all(Path(f"/proc/{pid}/task/{t}/stat").read_text().rsplit(")", 1)[1].split()[0] in "ZX"
-                   for t in os.listdir(f"/proc/{pid}/task")):
-                return
-        except OSError:  # a thread went away while we looked: look again
-            pass
-        time.sleep(0.001)
 
 
 def replica_servers() -> list[str]:
@@ -141,18 +136,21 @@ def main() -> None:
         cfg = compose([*overrides, "engine.query_buckets=[16]", "serve.num_replicas=2", "serve.num_cpus=0.25",
                        "serve.fault_injection=true", "serve.health_check_period_s=1"])
         handle = serve.run(app_for(cfg), name=APP, route_prefix=f"/{APP}")
-        url, deadline = f"http://127.0.0.1:{port}/{APP}", time.monotonic() + 30
-        with httpx.Client(base_url=url, timeout=CLIENT_TIMEOUT_S) as c:  # both replicas behind HAProxy
+        url, deadline = f"http://127.0.0.1:{port}/{APP}", time.monotonic() + HANG_GUARD_S
+        with httpx.Client(base_url=url, timeout=HANG_GUARD_S) as c:  # both replicas behind HAProxy
             while len(replica_servers()) < 2 or \
                     sum(c.post("/v1/classify", json={"query": "warm"}).status_code == 200 for _ in range(4)) < 4:
-                assert time.monotonic() < deadline, f"HAProxy has not 2 replicas after 30 s: {replica_servers()}"
+                assert time.monotonic() < deadline, f"no 2 replicas behind HAProxy (hang guard): {replica_servers()}"
                 time.sleep(0.5)
-        doomed_pid = handle.inject_fault.remote("slow", seconds=SLOW_S).result()  # one replica, now slow
-        first_line, t0, t0_wall = len(log_lines), time.monotonic(), time.time()
-        killed, exited, rows = asyncio.run(load(url, t0, doomed_pid))
-        time.sleep(0.5)  # HAProxy logs a request once it ends; the last datagrams are on their way
-        out = {"t0_wall": t0_wall, "killed": killed, "exited": exited, "clients": CLIENTS,
-               "client_timeout_s": CLIENT_TIMEOUT_S, "rows": rows, "log": log_lines[first_line:]}
+        release = Path(haproxy_dir) / "never-released"  # its forwards stay held until it is killed
+        doomed_pid = handle.inject_fault.remote("hold", seconds=HANG_GUARD_S, path=str(release)).result()
+        arrived = Path(f"{release}.arrived")
+        first_line, t0 = len(log_lines), time.monotonic()
+        killed, exited, rows = asyncio.run(load(url, t0, doomed_pid, arrived))
+        held = sorted({int(q.rsplit(" ", 1)[1]) for q in arrived.read_text().splitlines() if q.startswith("maxi")})
+        time.sleep(0.5)  # for the failure message only: HAProxy logs a request once it ends
+        out = {"killed": killed, "exited": exited, "clients": CLIENTS, "held_clients": held, "rows": rows,
+               "log": log_lines[first_line:]}
         print("SCENARIO " + json.dumps(out), flush=True)
     finally:
         serve.shutdown()

@@ -1,6 +1,7 @@
 """serve_config.yaml and the app builder, checked without starting Ray."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -54,3 +55,41 @@ def test_inconsistent_serving_configs_are_refused():
         app_for(compose(["backend.device=cuda"]))
     with pytest.raises(ConfigError, match="serve.bogus"):
         compose(["+serve.bogus=1"])
+
+
+def docs_serving() -> str:
+    return (ROOT / "docs" / "serving.md").read_text()
+
+
+def test_the_documented_autoscaling_config_is_valid_for_ray_serve():
+    from ray.serve.config import AutoscalingConfig
+
+    from qcls.deployments.app import deployment_options
+
+    examples = re.findall(r"'(serve\.autoscaling=\{[^']*\})'", docs_serving())
+    assert examples, "docs/serving.md has no serve.autoscaling example"
+    for example in examples:
+        opts = deployment_options(compose(["serve.num_gpus=1", example]))
+        cfg = AutoscalingConfig(**opts["autoscaling_config"])
+        assert cfg.min_replicas <= cfg.max_replicas and "num_replicas" not in opts, example
+
+
+def test_a_bad_autoscaling_config_is_refused_naming_the_field():
+    from qcls.deployments.app import deployment_options
+
+    with pytest.raises(ConfigError, match="unknown key.*max_replica\\b.*\n.*max_replicas"):
+        deployment_options(compose(["serve.autoscaling={min_replicas:1,max_replica:4}"]))
+    with pytest.raises(ConfigError, match="must be greater than or equal to min_replicas"):
+        deployment_options(compose(["serve.autoscaling={min_replicas:4,max_replicas:2}"]))
+
+
+def test_the_documented_cluster_config_is_a_valid_serve_config_for_the_builder():
+    from ray.serve.schema import ServeDeploySchema
+
+    from qcls.deployments.app import deployment_options
+
+    [block] = [b for b in re.findall(r"```yaml\n(.*?)```", docs_serving(), re.S) if "build_app" in b]
+    [app] = ServeDeploySchema.model_validate(yaml.safe_load(block)).applications
+    assert app.import_path == "qcls.deployments.app:build_app"
+    opts = deployment_options(compose(app.args["overrides"]))
+    assert opts["num_replicas"] == 4 and opts["ray_actor_options"]["num_gpus"] == 1

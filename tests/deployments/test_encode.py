@@ -15,8 +15,8 @@ def result(calibrated: bool = False, nan: bool = False) -> QueryResult:
     labels = [LabelScore("dress", float("nan") if nan else -0.5, 0.6, 1), LabelScore("jeans", -1.5, 0.4, 2)]
     extra = {}
     if calibrated:
-        for lab, (cs, cp) in zip(labels, ((-0.2, 0.7), (-1.1, 0.3))):
-            lab.calibrated_score, lab.calibrated_prob = cs, cp
+        for lab, (hs, hp) in zip(labels, ((-0.2, 0.7), (-1.1, 0.3))):
+            lab.raw_prob, lab.head_score, lab.prob = lab.prob, hs, hp
         extra = {"raw_label": "dress", "raw_prob": 0.6}
     p = PromptResult("category", "dress", 0.7 if calibrated else 0.6, labels, **extra)
     return QueryResult("maxi dress", [p], None, 3, 2, {"forward": 1.5, "total": 2.0, "queue_wait": 0.1},
@@ -31,7 +31,7 @@ def test_full_body_equals_the_pydantic_models(calibrated):
     assert fast == slow
     ClassifyResponse.model_validate(fast)
     lab = fast["results"][0]["prompts"][0]["labels"][0]
-    assert (lab["calibrated_prob"] == 0.7) if calibrated else (lab["calibrated_prob"] is None)
+    assert (lab["prob"], lab["raw_prob"]) == ((0.7, 0.6) if calibrated else (0.6, None))
 
 
 def test_nan_scores_are_written_as_null_like_pydantic():

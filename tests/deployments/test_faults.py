@@ -7,7 +7,7 @@ import time
 import pytest
 
 from qcls.compose import compose
-from tests.deployments.helpers import assert_no_trace
+from tests.deployments.helpers import HANG_GUARD_S, assert_no_trace
 
 pytestmark = pytest.mark.slow
 
@@ -61,7 +61,7 @@ def test_broken_engine_fails_health_and_serve_replaces_the_replica(serve_port, h
             assert r.status_code == 503 and "CUDA error" in r.json()["detail"]
 
         # Serve's own periodic check now fails too: the replica is reported unhealthy and replaced.
-        seen, deadline = set(), time.monotonic() + 60
+        seen, deadline = set(), time.monotonic() + HANG_GUARD_S  # a hang guard, not a bound
         replaced = lambda: "UNHEALTHY" in seen and bool(seen & {"STOPPING", "STARTING"})  # noqa: E731
         while not replaced() and time.monotonic() < deadline:
             dep = serve.status().applications["faulty"].deployments["QclsClassifier"]

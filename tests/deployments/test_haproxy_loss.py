@@ -4,13 +4,14 @@ others succeed, and no request hangs (the issue's requirement; test_replica_loss
 ingress).
 
 Serve reads its ingress flags when its processes start, so the shared Ray of these tests cannot be reused:
-haproxy_scenario.py runs the scenario in a Ray of its own, in a subprocess, and reports every request and
-HAProxy's access log (server and retries of each request).
+haproxy_scenario.py runs the scenario in a Ray of its own, in a subprocess, and reports every request and which
+clients had a request held on the killed replica (its forwards are held, so requests are surely in flight on it;
+no step of the scenario or assertion here waits for or bounds a time: CI machines are busy).
 
 Whether HAProxy retries a request in flight on the killed replica (RAY_SERVE_HAPROXY_RETRY_ON="conn-failure
 empty-response"; safe, classification is idempotent): some, not all (about half over our runs). A replayed
-one gets a 200 from the other replica within a second of the kill. The others fail: HAProxy closes the
-client connection with no response and no log line (its way of telling a client it may resend; httpx raises
+one gets a 200 from the other replica. The others fail: HAProxy closes the client connection with no response
+and no log line (its way of telling a client it may resend; httpx raises
 RemoteProtocolError "Server disconnected without sending a response") or answers its bare 500. Likely why:
 Ray's HAProxy template does not wait for a request's body before forwarding it (no `option
 http-buffer-request`), and HAProxy replays only requests it holds whole; httpx sends headers and body in two
@@ -20,11 +21,9 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
-from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -35,10 +34,9 @@ pytestmark = pytest.mark.slow
 
 SCENARIO = Path(__file__).with_name("haproxy_scenario.py")
 ROOT = Path(__file__).resolve().parents[2]
-RUN_TIMEOUT_S = 240  # Ray's start and two replicas take ~40 s on 2 cores; a hang ends here, not in CI's limit
-HANG_S = 10  # no request may take this long (the scenario's clients would give up later)
-# HAProxy's `option httplog`: client port, accept date, backend/server, timers, status, ..., conns/retries
-HTTPLOG = re.compile(r"127\.0\.0\.1:(\d+) \[([^\]]+)\] \S+ \S+/(\S+) \S+ (-?\d+) .*? \d+/\d+/\d+/\d+/(\+?\d+) ")
+# a hang guard only: Ray's start and two replicas take ~40 s on 2 cores, far longer on a busy one; a hang ends
+# here, not in CI's limit
+RUN_TIMEOUT_S = 900
 
 
 def needs_haproxy_and_demo_model(demo_cfg_overrides) -> None:
@@ -81,46 +79,34 @@ def scenario(demo_cfg_overrides) -> dict:
     return json.loads(lines[-1].removeprefix("SCENARIO "))
 
 
-def haproxy_log(lines: list[str]) -> dict[int, list[tuple[float, str, int, int]]]:
-    """client port -> [(accept time, server, status, retries)] from HAProxy's access log."""
-    out: dict[int, list] = {}
-    for ln in lines:
-        if m := HTTPLOG.search(ln):
-            accepted = datetime.strptime(m[2], "%d/%b/%Y:%H:%M:%S.%f").timestamp()  # local time, as time.time()
-            out.setdefault(int(m[1]), []).append((accepted, m[3], int(m[4]), int(m[5].lstrip("+"))))
-    return out
-
-
-def retries_of(row: list, log: dict, t0_wall: float) -> int | None:
-    """How often HAProxy re-sent this (answered) request; None where its log line is not found."""
-    start, _, _, _, port = row
-    hits = [e for e in log.get(port, []) if abs(e[0] - (t0_wall + start)) < 0.1]
-    return hits[0][3] if len(hits) == 1 else None
-
-
 def test_killing_one_of_two_replicas_behind_haproxy_fails_only_its_in_flight_requests(scenario):
     s, rows = scenario, scenario["rows"]
     killed, exited = s["killed"], s["exited"]
-    log = haproxy_log(s["log"])
     # in flight at the kill: sent before the replica had exited (its sockets stay open until then, ~0.15 s
     # after SIGKILL, and HAProxy may still route to it) and not answered before SIGKILL
-    in_flight = [r for r in rows if r[0] < exited and r[1] > killed]
-    failed = [r for r in rows if r[2] != 200]
-    retried = [r for r in in_flight if r[2] == 200 and (retries_of(r, log, s["t0_wall"]) or 0) > 0]
+    in_flight = [r for r in rows if r[1] < exited and r[2] > killed]
+    failed = [r for r in rows if r[3] != 200]
+    # a held client's request was on the killed replica at the kill, which never answered it: a 200 for it
+    # came from the other replica, replayed by HAProxy
+    on_killed = [r for r in rows if r[0] in s["held_clients"] and r[1] < killed < r[2]]
+    replayed = [r for r in on_killed if r[3] == 200]
     summary = (f"HAProxy, replica killed at {killed:.2f} s (exited {1e3 * (exited - killed):.0f} ms later): "
-               f"{len(rows)} requests, {len(in_flight)} in flight at the kill (on either replica); of those on the "
-               f"killed one, {len(retried)} were re-sent by HAProxy and answered 200 by the other replica, "
-               f"{len(failed)} failed: {[(round(r[0], 2), r[2], r[3][:60]) for r in failed]}")
+               f"{len(rows)} requests, {len(in_flight)} in flight at the kill (on either replica); of the "
+               f"{len(on_killed)} on the killed one, {len(replayed)} were re-sent by HAProxy and answered 200 by "
+               f"the other replica; {len(failed)} failed: {[(round(r[1], 2), r[3], r[4][:60]) for r in failed]}")
     print(summary)
-    table = "\n".join(f"{r[0]:.3f}-{r[1]:.3f} {r[2]} {r[3][:60]!r}" for r in sorted(rows))
+    table = "\n".join(f"client {r[0]} {r[1]:.3f}-{r[2]:.3f} {r[3]} {r[4][:60]!r}"
+                      for r in sorted(rows, key=lambda r: r[1]))
+    table += "\nHAProxy log:\n" + "".join(s["log"])[-3000:]
 
-    # no request hangs: each ended, answered or failed, well under the clients' timeout
-    assert HANG_S < s["client_timeout_s"] and all(r[1] - r[0] < HANG_S for r in rows), f"{summary}\n{table}"
+    # no request hangs: each ended answered or failed, none on the client's (hang-guard) timeout
+    assert not [r for r in rows if "Timeout" in str(r[3])], f"{summary}\n{table}"
     # only requests in flight at the kill failed, at most one per client
     assert all(r in in_flight for r in failed), f"a request not in flight at the kill failed: {summary}\n{table}"
     assert len(failed) <= s["clients"], f"{summary}\n{table}"
-    # the kill did catch requests on the doomed replica (it was slowed for that): failed or replayed
-    assert failed or retried, f"no request was in flight on the killed replica: {summary}\n{table}"
-    # the others succeed: every request started a second after the kill was answered
-    after = [r for r in rows if r[0] > killed + 1.0]
-    assert after and all(r[2] == 200 for r in after), f"{summary}\n{table}"
+    # the kill did catch requests on the doomed replica (the scenario killed it once one had reached it)
+    assert on_killed and all(r in failed or r in replayed for r in on_killed), f"{summary}\n{table}"
+    # the others succeed: every request started after the killed replica had exited was answered (each client
+    # sent two or more)
+    after = [r for r in rows if r[1] > exited]
+    assert len(after) >= 2 * s["clients"] and all(r[3] == 200 for r in after), f"{summary}\n{table}"

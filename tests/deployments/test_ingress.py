@@ -57,7 +57,7 @@ async def answers(scope, receive, send):
 
 
 async def never(scope, receive, send):  # the proxy holding a request while no replica is ready
-    await asyncio.sleep(30)
+    await asyncio.Event().wait()  # forever: only the middleware's own timeout ends this call
 
 
 def test_unanswered_request_gets_503_with_retry_after():
@@ -72,8 +72,11 @@ def test_answers_pass_through_unchanged():
 
 
 def test_healthz_is_answered_within_a_second_while_no_replica_is_ready():
+    # `never` never returns, so an answer at all is the middleware's timeout of HEALTH_ANSWER_S firing (its
+    # detail says so); the bound is 1 s. Not timed here against the clock: a busy machine runs late.
+    assert HEALTH_ANSWER_S < 1.0
     sent, took = call(never, "/qcls/healthz")
-    assert sent[0]["status"] == 503 and HEALTH_ANSWER_S <= took < 1.0  # the bound
+    assert sent[0]["status"] == 503 and took >= HEALTH_ANSWER_S  # it waited for a replica first
     assert "no replica is ready" in json.loads(sent[1]["body"])["detail"]
 
 

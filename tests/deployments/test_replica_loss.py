@@ -1,7 +1,13 @@
 """A replica process killed (kill -9) under load, with a real Ray Serve on the CPU demo model: no request
 hangs and none gets a bare 500. Through Serve's proxy (`proxy_url`, which survives the replica) the requests
 in flight on it get 503 with Retry-After and the others succeed; on the replica's own port (direct ingress)
-the connection closes at once; /healthz answers 503 within a second while no replica is ready."""
+the request in flight fails on the closed connection and no new connection is accepted; /healthz answers 503
+while no replica is ready.
+
+No assertion is a wall-clock bound (CI machines are shared and busy): the doomed replica's forwards are held
+(inject_fault "hold"), so requests are surely in flight on it, and it is killed once they have reached it;
+"after the kill" means after the killed process had exited. Timeouts are hang guards only: a request that
+hung would end in a timeout exception, which the assertions tell apart from a closed connection or a 503."""
 from __future__ import annotations
 
 import asyncio
@@ -14,31 +20,11 @@ import httpx
 import pytest
 
 from qcls.compose import compose
+from tests.deployments.helpers import HANG_GUARD_S, Hold, until_async
 
 pytestmark = pytest.mark.slow
 
-APP, SLOW_S, CLIENTS, LOAD_S = "lossy", 1.5, 4, 4.0
-
-
-def replicas(app: str) -> dict[str, dict]:
-    """replica id -> {pid, state, port (its own HTTP port)} from what Serve publishes."""
-    from ray.serve.context import _get_global_client
-
-    d = _get_global_client().get_serve_details()
-    reps = d["applications"][app]["deployments"]["QclsClassifier"]["replicas"]
-    ports = {t["name"].rsplit("#", 1)[-1]: t["port"] for g in d.get("target_groups") or []
-             if g.get("app_name") == app and g["protocol"] == "HTTP" for t in g["targets"]}
-    return {r["replica_id"]: {"pid": r.get("pid"), "state": r["state"], "port": ports.get(r["replica_id"])}
-            for r in reps}
-
-
-def wait_ports(app: str, n: int, timeout: float = 30) -> dict[str, dict]:
-    deadline = time.monotonic() + timeout
-    while True:
-        reps = {k: v for k, v in replicas(app).items() if v["state"] == "RUNNING" and v["port"]}
-        if len(reps) >= n or time.monotonic() > deadline:
-            return reps
-        time.sleep(0.3)
+APP, CLIENTS = "lossy", 4
 
 
 @pytest.fixture(scope="module")
@@ -55,80 +41,102 @@ def lossy(serve_port, handle, demo_cfg_overrides):
     serve.delete(APP)
 
 
-async def load(url: str, seconds: float) -> list[tuple[float, float, int | str, httpx.Headers | None, str]]:
-    """CLIENTS closed-loop clients for `seconds`: (start, end, status or exception name, headers, body)."""
-    out = []
-
+async def load(url: str, stop: asyncio.Event, rows: list) -> None:
+    """CLIENTS closed-loop clients until `stop`; a row per request: (client, start, end, status or exception
+    name, headers, body)."""
     async def client(i: int) -> None:
-        async with httpx.AsyncClient(base_url=url, timeout=15) as c:
-            while time.monotonic() < stop:
+        async with httpx.AsyncClient(base_url=url, timeout=HANG_GUARD_S) as c:
+            while not stop.is_set():
                 t0 = time.monotonic()
                 try:
                     r = await c.post("/v1/classify", json={"query": f"maxi dress {i}"})
-                    out.append((t0, time.monotonic(), r.status_code, r.headers, r.text))
+                    rows.append((i, t0, time.monotonic(), r.status_code, r.headers, r.text))
                 except httpx.HTTPError as e:
-                    out.append((t0, time.monotonic(), type(e).__name__, None, str(e)))
+                    rows.append((i, t0, time.monotonic(), type(e).__name__, None, str(e)))
 
-    stop = time.monotonic() + seconds
     await asyncio.gather(*(client(i) for i in range(CLIENTS)))
-    return out
 
 
-def test_killing_one_of_two_replicas_fails_only_its_in_flight_requests(proxy_url, lossy):
-    reps = wait_ports(APP, 2)
-    assert len(reps) == 2, reps
-    doomed_pid = lossy.inject_fault.remote("slow", seconds=SLOW_S).result()  # one replica, now slow
-    [(doomed_id, doomed)] = [(k, v) for k, v in reps.items() if v["pid"] == doomed_pid]
+def direct_request(port: int) -> tuple[float, int | Exception]:
+    """One request to a replica's own port: when it ended, and its status or the exception it raised."""
+    try:
+        r = httpx.post(f"http://127.0.0.1:{port}/{APP}/v1/classify", json={"query": "boys tee"},
+                       timeout=HANG_GUARD_S)
+        return time.monotonic(), r.status_code
+    except httpx.HTTPError as e:
+        return time.monotonic(), e
+
+
+def test_killing_one_of_two_replicas_fails_only_its_in_flight_requests(proxy_url, lossy, tmp_path):
+    from qcls.deployments.replicas import running, wait_exited
+
+    reps = running(APP, 2, guard_s=HANG_GUARD_S)
+    hold = Hold(lossy, tmp_path)  # the replica this call reached: from now on every request there stays there
+    [(doomed_id, doomed)] = [(k, r) for k, r in reps.items() if r.pid == hold.pid]
 
     async def scenario():
-        # a request in flight on the doomed replica's own port, and 4 clients through the routed proxy
-        direct = asyncio.ensure_future(asyncio.to_thread(
-            httpx.post, f"http://127.0.0.1:{doomed['port']}/{APP}/v1/classify", json={"query": "boys tee"},
-            timeout=15))
-        routed = asyncio.ensure_future(load(f"{proxy_url}/{APP}", LOAD_S))
-        await asyncio.sleep(0.8)
-        os.kill(doomed_pid, signal.SIGKILL)
+        rows, stop = [], asyncio.Event()
+        direct = asyncio.ensure_future(asyncio.to_thread(direct_request, doomed.port))
+        routed = asyncio.ensure_future(load(f"{proxy_url}/{APP}", stop, rows))
+        # in flight on it: the request to its own port and at least one routed through the proxy
+        await until_async(lambda: "boys tee" in (a := hold.arrived()) and any(q.startswith("maxi") for q in a),
+                          "a request on the replica's own port and a routed one to reach the held replica")
+        os.kill(hold.pid, signal.SIGKILL)
         killed = time.monotonic()
-        try:
-            await direct
-            direct_outcome = "answered"
-        except httpx.HTTPError as e:
-            direct_outcome = type(e).__name__
-        return killed, time.monotonic() - killed, direct_outcome, await routed
+        await asyncio.to_thread(wait_exited, hold.pid)
+        exited = time.monotonic()
+        direct_end, direct_outcome = await direct
+        # every client goes on until it has sent two requests after the exit, which must all succeed
+        await until_async(lambda: all(sum(r[0] == i and r[1] > exited for r in rows) >= 2 for i in range(CLIENTS)),
+                          "every client to finish two requests started after the killed replica exited")
+        stop.set()
+        await routed
+        return killed, exited, direct_end, direct_outcome, rows
 
-    killed, direct_s, direct_outcome, rows = asyncio.run(scenario())
+    killed, exited, direct_end, direct_outcome, rows = asyncio.run(scenario())
 
-    # its own port: the connection closed at once, and no new one is accepted
-    assert direct_outcome != "answered" and direct_s < 1.0, (direct_outcome, direct_s)
-    with pytest.raises(OSError):
-        socket.create_connection(("127.0.0.1", doomed["port"]), timeout=1).close()
+    # its own port: the request held there failed on the closed connection, not on the client's timeout (a
+    # hang would end in httpx.TimeoutException), and only once the replica was killed ...
+    assert isinstance(direct_outcome, httpx.TransportError), direct_outcome
+    assert not isinstance(direct_outcome, httpx.TimeoutException), direct_outcome
+    assert direct_end > killed
+    # ... and no new connection is accepted (refused, not left waiting)
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", doomed.port), timeout=HANG_GUARD_S).close()
 
-    # the proxy: only requests in flight at the kill failed, each with a 503 that says so and Retry-After
-    failed = [r for r in rows if r[2] != 200]
-    in_flight = [r for r in rows if r[0] < killed < r[1]]
-    assert all(r[2] == 503 and r[3].get("retry-after") and "no replica answered" in r[4] for r in failed), failed
-    assert failed and all(r in in_flight for r in failed), (len(failed), len(in_flight))
-    assert len(failed) <= CLIENTS
-    after = [r for r in rows if r[0] > killed + 1.0]
-    assert after and all(r[2] == 200 for r in after), [r[2] for r in after]
-    assert doomed_id not in {k for k, v in replicas(APP).items() if v["state"] == "RUNNING"}
+    # the proxy: only requests in flight at the kill failed (started before the killed process had exited,
+    # not answered before the kill), each with a 503 that says so and Retry-After; at least the one held there
+    table = [(r[0], round(r[1] - killed, 3), round(r[2] - killed, 3), r[3]) for r in rows]
+    failed = [r for r in rows if r[3] != 200]
+    in_flight = [r for r in rows if r[1] < exited and r[2] > killed]
+    assert failed, f"the routed request held on the killed replica did not fail: {table}"
+    assert all(r[3] == 503 and r[4].get("retry-after") and "no replica answered" in r[5] for r in failed), failed
+    assert all(r in in_flight for r in failed), table
+    assert len(failed) <= CLIENTS, table  # closed-loop clients: at most one request each in flight
+    after = [r for r in rows if r[1] > exited]
+    assert len(after) >= 2 * CLIENTS and all(r[3] == 200 for r in after), table
+    from qcls.deployments.replicas import replicas
+    assert doomed_id not in {k for k, r in replicas(APP).items() if r.state == "RUNNING"}
 
 
-def test_healthz_answers_503_within_a_second_while_no_replica_is_ready(proxy_url, lossy):
-    reps = wait_ports(APP, 2, timeout=90)  # both up again: their replacements then start from nothing
-    assert reps
+def test_healthz_answers_503_while_no_replica_is_ready(proxy_url, lossy):
+    from qcls.deployments.replicas import running, wait_exited
+
+    reps = running(APP, 2, guard_s=2 * HANG_GUARD_S)  # both up again: their replacements then start from nothing
     for r in reps.values():
-        os.kill(r["pid"], signal.SIGKILL)
-    time.sleep(0.5)
-    with httpx.Client(timeout=5) as c:
+        os.kill(r.pid, signal.SIGKILL)
+    for r in reps.values():
+        wait_exited(r.pid)
+    # Replacements take seconds of CPU (a process, torch, the model, warm-up) before they are ready; these
+    # requests take milliseconds.
+    with httpx.Client(timeout=HANG_GUARD_S) as c:
         for _ in range(2):
-            t0 = time.monotonic()
             r = c.get(f"{proxy_url}/{APP}/healthz")
-            took = time.monotonic() - t0
+            # the ReplicaLost middleware's 503: without it the proxy holds /healthz until a replacement is
+            # ready and then answers 200. That it answers after HEALTH_ANSWER_S (0.5 s, under the issue's 1 s)
+            # is tested without Ray, in test_ingress.py.
             assert r.status_code == 503 and r.headers.get("retry-after"), r.text
-            assert took < 1.0, took  # the issue's bound (the middleware answers after 0.5 s)
-        for rep in reps.values():  # the dead replicas' own ports refuse at once
-            t0 = time.monotonic()
+            assert "no replica" in r.json()["detail"], r.text
+        for rep in reps.values():  # the dead replicas' own ports refuse (a refusal, not a timeout)
             with pytest.raises(httpx.ConnectError):
-                c.get(f"http://127.0.0.1:{rep['port']}/{APP}/healthz")
-            assert time.monotonic() - t0 < 1.0
+                c.get(f"http://127.0.0.1:{rep.port}/{APP}/healthz")

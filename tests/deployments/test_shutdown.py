@@ -7,16 +7,27 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
+from tests.deployments.helpers import HANG_GUARD_S, Hold, until
+
 pytestmark = pytest.mark.slow
 
 
-def test_sigterm_lets_in_flight_requests_finish(serve_port, proxy_url, handle, demo_cfg_overrides):
+QUERIES = ("maxi dress", "boys tee", "slim jeans men", "red hoodie")
+
+
+def app_status(name: str) -> str | None:
+    from ray import serve
+
+    app = serve.status().applications.get(name)
+    return None if app is None else getattr(app.status, "value", app.status)
+
+
+def test_sigterm_lets_in_flight_requests_finish(serve_port, proxy_url, handle, demo_cfg_overrides, tmp_path):
     import ray
     from ray import serve
 
@@ -35,16 +46,18 @@ def test_sigterm_lets_in_flight_requests_finish(serve_port, proxy_url, handle, d
                 ready.set()
     threading.Thread(target=read, daemon=True).start()
     try:
-        assert ready.wait(240), "".join(log[-30:])
-        serve.get_app_handle("term").inject_fault.remote("slow", seconds=1.5).result()
+        assert ready.wait(2 * HANG_GUARD_S), "".join(log[-30:])  # a hang guard: start-up takes long on 2 cores
+        hold = Hold(serve.get_app_handle("term"), tmp_path)
         with ThreadPoolExecutor(4) as pool:
-            futures = [pool.submit(httpx.post, f"{proxy_url}/term/v1/classify", json={"query": q}, timeout=60)
-                       for q in ("maxi dress", "boys tee", "slim jeans men", "red hoodie")]
-            time.sleep(0.5)  # on the replica, inside their (slowed) forward
+            futures = [pool.submit(httpx.post, f"{proxy_url}/term/v1/classify", json={"query": q},
+                                   timeout=HANG_GUARD_S) for q in QUERIES]
+            until(lambda: len(hold.arrived()) == len(QUERIES), "the requests to reach the replica")  # in flight
             p.send_signal(signal.SIGTERM)
+            until(lambda: app_status("term") in ("DELETING", None), "qcls serve to delete its app")
+            hold.release()  # only now can they finish: the app waits for them (Serve's graceful shutdown, 20 s)
             answers = [f.result() for f in futures]
         assert [r.status_code for r in answers] == [200] * 4, [r.text for r in answers]
-        assert p.wait(timeout=90) == 0, "".join(log[-30:])
+        assert p.wait(timeout=HANG_GUARD_S) == 0, "".join(log[-30:])  # a hang guard
         assert "term" not in serve.status().applications
         assert handle.classify.remote(["maxi dress"]).result()[0].ok  # the cluster and its other apps live on
     finally:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from types import SimpleNamespace
 
@@ -9,6 +10,7 @@ import pytest
 
 from qcls.deployments.worker import INTERNAL_ERROR, EngineWorker, Pending, error_kind
 from qcls.results import LabelScore, PromptResult, QueryResult
+from tests.deployments.helpers import HANG_GUARD_S, until_async
 
 
 class FakeTokenizer:
@@ -17,39 +19,50 @@ class FakeTokenizer:
 
 
 class FakeClassifier:
-    """A device that runs one batch at a time for `delay` seconds: `start` queues a batch behind those before
-    it and returns at once, `finish` waits for it. Raises for queries in `poison`, or for everything once
-    `dead`. `log` records every start and finish in order."""
+    """A device that runs one batch at a time: `start` queues a batch and returns at once, `finish` waits until
+    the device is free, then until `gate` is open (a test holds a batch on the device by closing it), then
+    `delay` seconds. Raises for queries in `poison`, or for everything once `dead`. `log` records every start
+    and finish in order, `started_at` and `finished` when; `device_wait` is what the batch waited for the
+    one before it, measured."""
 
     def __init__(self):
         self.tokenizer = FakeTokenizer()
         self.cfg = SimpleNamespace(max_query_tokens=8, engine=SimpleNamespace(max_batch_size=4))
         self.poison, self.dead, self.calls, self.delay = set(), False, [], 0.0
+        self.gate: threading.Event | None = None
         self.log: list[tuple[str, tuple[str, ...]]] = []
+        self.started_at: dict[tuple[str, ...], float] = {}
+        self.finished: dict[tuple[str, ...], float] = {}
         self.device_ms: dict[int, float] = {}  # what Classifier measures at start-up
-        self._device_free_at = 0.0
+        self._device = threading.Lock()
 
     def start(self, queries):
         self.calls.append(list(queries))
         self.log.append(("start", tuple(queries)))
         if self.dead or self.poison & set(queries):
             raise RuntimeError("CUDA error: boom")
-        now = time.perf_counter()
-        begin = max(now, self._device_free_at)
-        self._device_free_at = begin + self.delay
-        return list(queries), begin - now, self._device_free_at
+        self.started_at[tuple(queries)] = time.perf_counter()
+        return list(queries), self.started_at[tuple(queries)]
 
     def finish(self, batch, wait_is_queue=False):
-        queries, waited, done = batch
-        time.sleep(max(0.0, done - time.perf_counter()))
-        self.log.append(("finish", tuple(queries)))
-        extra = {"device_wait": waited * 1e3} if wait_is_queue else {}
+        queries, started = batch
+        with self._device:
+            begin = time.perf_counter()
+            if self.gate is not None:
+                assert self.gate.wait(HANG_GUARD_S), "the test never opened the gate"
+            time.sleep(self.delay)
+            self.log.append(("finish", tuple(queries)))
+            self.finished[tuple(queries)] = time.perf_counter()
+        extra = {"device_wait": (begin - started) * 1e3} if wait_is_queue else {}
         return [QueryResult(q, [PromptResult("p", "a", 1.0, [LabelScore("a", 0.0, 1.0, 1)])], None, len(q),
                             len(queries), {"forward": self.delay * 1e3, "score": 0.0, "total": 1.0, **extra})
                 for q in queries]
 
     def classify(self, queries):
         return self.finish(self.start(queries))
+
+    def started(self, *queries: str) -> bool:
+        return ("start", queries) in self.log
 
 
 def run(coro):
@@ -96,19 +109,26 @@ def test_dead_engine_fails_the_probe_and_stays_unhealthy():
 
 def test_queries_arriving_during_a_forward_share_the_next_one():
     clf = FakeClassifier()
-    clf.delay = 0.2
+    clf.gate, clf.device_ms = threading.Event(), {1: 1e6}  # "a" holds the device until the gate opens
     w = EngineWorker(clf)
+    arrived = {}
 
     async def scenario():
         first = w.submit([Pending("a", time.perf_counter())])
-        await asyncio.sleep(0.05)  # "a" is on the device now; five single-query batches arrive meanwhile
-        later = [w.submit([Pending(q, time.perf_counter())]) for q in "bcdef"]
-        return await asyncio.gather(*first, *(f for fs in later for f in fs))
+        await until_async(lambda: clf.started("a"), '"a" to start')  # on the device now
+        later = []
+        for q in "bcdef":  # five single-query requests
+            arrived[q] = time.perf_counter()
+            later += w.submit([Pending(q, arrived[q])])
+        clf.gate.set()
+        return await asyncio.gather(*first, *later)
 
     out = run(scenario())
     assert clf.calls == [["a"], ["b", "c", "d", "e"], ["f"]]  # at most engine.max_batch_size per forward
     assert [r.query for r in out] == list("abcdef") and [r.batch_size for r in out] == [1, 4, 4, 4, 4, 1]
-    assert out[1].timings_ms["queue_wait"] >= 100  # waited for the forward ahead
+    # "b" could not start before "a" finished, and its queue_wait counts that wait (a bound taken from the
+    # events' own times, not from how fast the clock runs)
+    assert out[1].timings_ms["queue_wait"] >= (clf.finished[("a",)] - arrived["b"]) * 1e3 > 0
 
 
 def test_idle_engine_is_probed():
@@ -123,23 +143,26 @@ def test_the_next_batch_is_started_while_the_current_one_runs(depth):
     """Depth 2: batch 2 is queued on the device before batch 1 is finished (the host's work overlaps the
     device's); depth 1: strictly one at a time. Either way every query gets its own answer, in order."""
     clf = FakeClassifier()
-    clf.delay = 0.1
+    clf.gate = threading.Event()  # batch 1 stays on the device until the test has seen what depth allows
     w = EngineWorker(clf, depth=depth)
 
     async def scenario():
-        futs = [f for q in "abcdefghij" for f in w.submit([Pending(q, time.perf_counter())])]
+        futs = w.submit([Pending(q, time.perf_counter()) for q in "abcdefghij"])  # all queued at once
+        await until_async(lambda: clf.started(*"efgh" if depth == 2 else "abcd"), "the batches depth allows")
+        clf.gate.set()
         return await asyncio.gather(*futs)
 
     out = run(scenario())
     assert [r.query for r in out] == list("abcdefghij") and all(r.ok for r in out)
     batches = [q for kind, q in clf.log if kind == "start"]
-    assert batches == [tuple("abcd"), tuple("efgh"), tuple("ij")]  # all queued at once: full batches
+    assert batches == [tuple("abcd"), tuple("efgh"), tuple("ij")]  # full batches
     second_start = clf.log.index(("start", tuple("efgh")))
     first_finish = clf.log.index(("finish", tuple("abcd")))
     assert (second_start < first_finish) == (depth == 2), clf.log
     assert all("device_wait" not in r.timings_ms for r in out)
     if depth == 2:  # "e" was queued behind "a"'s batch: the device wait counts as queue wait
-        assert out[4].timings_ms["queue_wait"] >= 50, out[4].timings_ms
+        waited = clf.finished[tuple("abcd")] - clf.started_at[tuple("efgh")]  # from the events' own times
+        assert out[4].timings_ms["queue_wait"] >= waited * 1e3 > 0
 
 
 def test_back_to_back_lone_requests_never_stall():
@@ -149,35 +172,72 @@ def test_back_to_back_lone_requests_never_stall():
     async def scenario():
         for i in range(300):
             [fut] = w.submit([Pending(f"q{i}", time.perf_counter())])
-            assert (await asyncio.wait_for(fut, 2.0)).query == f"q{i}"
+            # a hang guard: the bug this catches left a request waiting forever
+            assert (await asyncio.wait_for(fut, HANG_GUARD_S)).query == f"q{i}"
     run(scenario())
 
 
-@pytest.mark.parametrize("fill", [True, False])
-def test_a_batch_behind_a_running_one_fills_until_just_before_it_ends(fill):
-    """While "a" runs (100 ms, as measured at start-up), "b" and "c" arrive 10 and 20 ms in: with
-    fill_while_busy they go together, launched before "a" ends; without it "b" goes at once and "c" waits
-    for a free slot. A lone query on an idle device never waits."""
+def test_a_batch_behind_a_running_one_fills_while_the_device_is_busy():
+    """With fill_while_busy, a query that arrives while "a" runs waits for company instead of taking the
+    free slot at once: "b" and "c", arriving apart, go together (here the estimate of "a" is huge, so they go
+    once it ends)."""
     clf = FakeClassifier()
-    clf.delay, clf.device_ms = 0.1, {1: 100.0}
-    w = EngineWorker(clf, depth=2, fill_while_busy=fill)
+    clf.gate, clf.device_ms = threading.Event(), {1: 1e6}
+    w = EngineWorker(clf, depth=2, fill_while_busy=True)
 
     async def scenario():
-        t0 = time.perf_counter()
-        futs = w.submit([Pending("a", t0)])
-        for q in "bc":
-            await asyncio.sleep(0.01)
-            futs += w.submit([Pending(q, time.perf_counter())])
-        out = await asyncio.gather(*futs)
-        return out, t0
+        futs = w.submit([Pending("a", time.perf_counter())])
+        await until_async(lambda: clf.started("a"), '"a" (a lone query on an idle device) to start')
+        futs += w.submit([Pending("b", time.perf_counter())])
+        await asyncio.sleep(0.05)  # room for the launcher to take "b" alone, were it to; nothing asserts on it
+        futs += w.submit([Pending("c", time.perf_counter())])
+        clf.gate.set()
+        return await asyncio.gather(*futs)
 
-    out, t0 = run(scenario())
+    out = run(scenario())
     assert [r.query for r in out] == ["a", "b", "c"] and all(r.ok for r in out)
-    batches = [q for kind, q in clf.log if kind == "start"]
-    assert batches == ([("a",), ("b", "c")] if fill else [("a",), ("b",), ("c",)]), clf.log
-    assert out[0].timings_ms["queue_wait"] < 20  # "a" found the device idle
-    if fill:
-        assert clf.log.index(("start", ("b", "c"))) < clf.log.index(("finish", ("a",)))
+    assert [q for kind, q in clf.log if kind == "start"] == [("a",), ("b", "c")], clf.log
+
+
+def test_a_filling_batch_is_launched_before_the_running_one_ends():
+    """...but not later than shortly before the running batch should end by its measured device time, so
+    the device never waits: "b" starts while "a" is still on the device (held there until then)."""
+    clf = FakeClassifier()
+    clf.gate, clf.device_ms = threading.Event(), {1: 400.0}
+    w = EngineWorker(clf, depth=2, fill_while_busy=True)
+
+    async def scenario():
+        futs = w.submit([Pending("a", time.perf_counter())])
+        await until_async(lambda: clf.started("a"), '"a" to start')
+        futs += w.submit([Pending("b", time.perf_counter())])
+        await until_async(lambda: clf.started("b"), '"b" to start before "a" ends')
+        clf.gate.set()
+        return await asyncio.gather(*futs)
+
+    out = run(scenario())
+    assert [r.query for r in out] == ["a", "b"] and all(r.ok for r in out)
+    assert clf.log.index(("start", ("b",))) < clf.log.index(("finish", ("a",)))
+
+
+def test_without_filling_a_free_slot_takes_what_waits_at_once():
+    """fill_while_busy=false: "b" takes the free slot at once; "c" waits for one."""
+    clf = FakeClassifier()
+    clf.gate, clf.device_ms = threading.Event(), {1: 1e6}
+    w = EngineWorker(clf, depth=2, fill_while_busy=False)
+
+    async def scenario():
+        futs = w.submit([Pending("a", time.perf_counter())])
+        await until_async(lambda: clf.started("a"), '"a" to start')
+        futs += w.submit([Pending("b", time.perf_counter())])
+        await until_async(lambda: clf.started("b"), '"b" to take the free slot')
+        futs += w.submit([Pending("c", time.perf_counter())])
+        clf.gate.set()
+        return await asyncio.gather(*futs)
+
+    out = run(scenario())
+    assert [r.query for r in out] == ["a", "b", "c"] and all(r.ok for r in out)
+    assert [q for kind, q in clf.log if kind == "start"] == [("a",), ("b",), ("c",)], clf.log
+    assert clf.log.index(("start", ("c",))) > clf.log.index(("finish", ("a",)))  # both slots were taken
 
 
 def test_device_times_are_learnt_from_served_batches():

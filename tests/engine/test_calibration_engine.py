@@ -12,7 +12,8 @@ from qcls.backends.registry import get_backend
 from qcls.classifier import Classifier
 from qcls.engine.tail import Tail
 from qcls.eval.calibration import contextual
-from qcls.scoring.calibration import Calibration, PromptCalibration
+from qcls.heads import files
+from qcls.heads.head import Head, PromptHead
 from qcls.scoring.strategies import get_strategy
 from tests.conftest import prompt, tiny_cfg
 from tests.engine.test_equivalence import MULTI, QUERIES, SHARED, SINGLE, STRATEGIES, TOL, tol
@@ -28,8 +29,8 @@ def random_calibration(path, prompts: list[dict], strategy: str, seed: int = 0, 
     cal = {}
     for p in chosen:
         bias = [rng.gauss(0, 1.5) + (20.0 if (push or {}).get(p["name"]) == lab else 0.0) for lab in p["labels"]]
-        cal[p["name"]] = PromptCalibration(list(p["labels"]), rng.uniform(1.0, 2.5), bias)
-    Calibration(cal, "temperature_bias", {"strategy": strategy, "model": "tiny"}).save(path)
+        cal[p["name"]] = PromptHead.temperature_bias(list(p["labels"]), rng.uniform(1.0, 2.5), bias)
+    files.save(Head(cal, "temperature_bias", {"strategy": strategy, "model": "tiny"}), path)
     return str(path)
 
 
@@ -54,20 +55,20 @@ def assert_calibrated_same(fast, ref, plain, queries) -> int:
     got, want, base = fast.classify(queries), ref.classify(queries), plain.classify(queries)
     flipped = 0
     for g, w, b in zip(got, want, base):
-        assert g.meta["calibration"] == fast.calibration_path and b.meta["calibration"] is None
+        assert g.meta["calibration"] == fast.head_path and b.meta["calibration"] is None
         for gp, wp, bp in zip(g.prompts, w.prompts, b.prompts):
             for x, y, z in zip(gp.labels, wp.labels, bp.labels):
-                assert abs(x.calibrated_score - y.calibrated_score) <= tol(y.calibrated_score), (g.query, gp.prompt)
-                assert abs(x.calibrated_prob - y.calibrated_prob) <= TOL
+                assert abs(x.head_score - y.head_score) <= tol(y.head_score), (g.query, gp.prompt)
+                assert abs(x.prob - y.prob) <= TOL
                 assert abs(x.score - y.score) <= tol(y.score)
-                assert abs(x.score - z.score) <= 1e-6 and abs(x.prob - z.prob) <= 1e-6  # raw: as without it
-                assert z.calibrated_score is None and z.calibrated_prob is None
+                assert abs(x.score - z.score) <= 1e-6 and abs(x.raw_prob - z.prob) <= 1e-6  # raw: as without it
+                assert z.head_score is None and z.raw_prob is None
             assert (gp.label, gp.raw_label) == (wp.label, wp.raw_label)
             assert abs(gp.prob - wp.prob) <= TOL and abs(gp.raw_prob - wp.raw_prob) <= TOL
             assert (gp.raw_label, gp.raw_prob) == (bp.label, pytest.approx(bp.prob, abs=1e-6))
             assert bp.raw_label is None and bp.raw_prob is None
-            best = max(gp.labels, key=lambda s: s.calibrated_score)
-            assert gp.label == best.label and gp.prob == best.calibrated_prob
+            best = max(gp.labels, key=lambda s: s.head_score)
+            assert gp.label == best.label and gp.prob == best.prob
             flipped += gp.label != gp.raw_label
     return flipped
 
@@ -110,8 +111,8 @@ def test_contextual_calibration_makes_the_content_free_input_uniform(tiny_dirs, 
                      loaded=loaded)
     for clf in (fast, ref):
         for p in clf.classify(["N/A"])[0].prompts:
-            assert max(abs(s.calibrated_prob - 1 / len(p.labels)) for s in p.labels) < 1e-4
-            assert max(abs(s.prob - 1 / len(p.labels)) for s in p.labels) > 1e-3  # the raw ones were not
+            assert max(abs(s.prob - 1 / len(p.labels)) for s in p.labels) < 1e-4
+            assert max(abs(s.raw_prob - 1 / len(p.labels)) for s in p.labels) > 1e-3  # the raw ones were not
 
 
 # ---- the tail: same operators with and without calibration ---------------------------------------------
@@ -142,8 +143,9 @@ def test_tail_same_ops_and_affine_result(tail_parts, strategy, b):
     full = loaded.full_head() if plans[0].normaliser == "vocab" else None
     rng = random.Random(b)
     affine = [(rng.uniform(0.3, 3.0), [rng.gauss(0, 2) for _ in lay.tokens.labels]) for lay in layouts]
+    heads = [PromptHead.temperature_bias(lay.tokens.labels, t, bias) for lay, (t, bias) in zip(layouts, affine)]
     args = (plans, b, loaded.head_rows(tokens), tokens, full, 1024, torch.device("cpu"))
-    plain, cal = Tail(*args), Tail(*args, affine)
+    plain, cal = Tail(*args), Tail(*args, heads)
     h = torch.randn(plain.n_reads, loaded.model.config.hidden_size)
     outs, recs = [], []
     with torch.inference_mode():
@@ -168,8 +170,9 @@ def test_tail_refuses_tables_of_the_wrong_size(tail_parts):
     layouts, loaded = tail_parts
     plans = [lay.plan for lay in layouts]
     tokens = sorted({t for p in plans for t in p.entry_token})
-    with pytest.raises(ValueError, match="calibration tables cover"):
-        Tail(plans, 1, loaded.head_rows(tokens), tokens, None, 1024, torch.device("cpu"), [(1.0, [0.0])] * 3)
+    with pytest.raises(ValueError, match=r"heads cover \[2, 2, 2\] labels per prompt"):
+        Tail(plans, 1, loaded.head_rows(tokens), tokens, None, 1024, torch.device("cpu"),
+             [PromptHead.temperature_bias(["x", "y"], 1.0, [0.0, 0.0])] * 3)
 
 
 # ---- GPU: graphs and fp16 ------------------------------------------------------------------------------
@@ -197,10 +200,10 @@ def test_gpu_calibration_keeps_graphs_and_matches_reference(gpu_dirs, tmp_path_f
         got, want = fast.classify(QUERIES[:b]), ref.classify(QUERIES[:b])
         for g, w in zip(got, want):
             for gp, wp in zip(g.prompts, w.prompts):
-                d = max(abs(x.calibrated_score - y.calibrated_score) for x, y in zip(gp.labels, wp.labels))
+                d = max(abs(x.head_score - y.head_score) for x, y in zip(gp.labels, wp.labels))
                 assert d <= TOL16, (strategy, g.query, gp.prompt, d)
                 # winners must agree unless the reference's top two are closer than fp16 rounding can order
-                for key, winner, ref_winner in (("calibrated_score", gp.label, wp.label),
+                for key, winner, ref_winner in (("head_score", gp.label, wp.label),
                                                 ("score", gp.raw_label, wp.raw_label)):
                     top = sorted((getattr(x, key) for x in wp.labels), reverse=True)
                     if top[0] - top[1] > 2 * TOL16:

@@ -201,6 +201,27 @@ def test_tree_attention_engine(tiny_dirs, family, strategy):
 
 
 @needs_triton
+def test_tree_attention_engine_split_prefixes(tiny_dirs, monkeypatch):
+    """Prefixes split into chunks of 16 keys (partial softmax states merged per tile), chunk boundaries
+    inside a header that three prompts share (blocks of 8), one prompt without a prefix: batches 1–4."""
+    from qcls.engine import engine as E
+    from qcls.engine.tree_plan import Tuning
+    forced = Tuning(inline_max=0, min_chunk=16, max_chunk=16, partial_limit=1e9, bq=16, qb=2, bn=16, row_bn=16)
+    monkeypatch.setattr(E, "tuning_for", lambda *a, **k: forced)
+    header = "You classify e-commerce search queries for a large online fashion store. "
+    prompts = [prompt("a", MULTI, system=header + "Audience?"), prompt("b", SHARED, system=header + "Category?"),
+               prompt("c", SINGLE, system=header + "Other?"), {"name": "bare", "template": "{query} is a",
+                                                              "labels": SHARED}]
+    fast, ref = pair(tiny_dirs["qwen3"], prompts, "trie", engine={"attention": "tree", "prefix_block_size": 8})
+    assert fast.metadata()["prefix_cache"]["shared_blocks"] > 0
+    plans = [bk.tree for bk in fast.engine.buckets.values()]
+    assert all(p.work.shape[0] and p.max_splits > 1 for p in plans)
+    assert any(c.hi - c.lo == 3 for c in plans[0].chunks)  # a chunk of the shared header, read once for all three
+    for b in (1, 4, 3):
+        assert_same(fast, ref, QUERIES[:b])
+
+
+@needs_triton
 def test_tree_attention_eight_prompts_real_qwen_tokenizer(tiny_dirs):
     zh = ["连衣裙", "牛仔裤", "衬衫", "风衣", "半身裙", "T恤", "卫衣", "针织衫", "其他", "无"]
     aud = ["男童", "女童", "男士", "女士", "孕妇", "无"]

@@ -2,8 +2,6 @@
 allocated or captured on the request path, and the first request is warm. Run with `pytest -m gpu`."""
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 
@@ -71,6 +69,29 @@ def test_fp16_graphs_match_reference(gpu_dirs, family, strategy, attention):
                 assert gp.label == wp.label
 
 
+@pytest.mark.parametrize("strategy", ["trie", "exact"])
+def test_fp16_graphs_split_prefixes_match_reference(gpu_dirs, strategy, monkeypatch):
+    """Every prefix split into chunks of 16 keys (prefix kernel + merged partial states, inside the CUDA
+    graphs), a header three prompts share, one prompt without a prefix: batches 1–4 equal the reference."""
+    from qcls.engine import engine as E
+    from qcls.engine.tree_plan import tuning_for
+    shipped = tuning_for
+    monkeypatch.setattr(E, "tuning_for", lambda *a: shipped(*a).with_(inline_max=0, min_chunk=16, max_chunk=16,
+                                                                       partial_limit=1e9))
+    header = "You classify e-commerce search queries for a large online fashion store. "
+    prompts = [prompt("a", MULTI, system=header + "Audience?"), prompt("b", SHARED, system=header + "Category?"),
+               prompt("c", SINGLE, system=header + "Other?"), {"name": "bare", "template": "{query} is a",
+                                                              "labels": SHARED}]
+    fast, ref = fp16_pair(gpu_dirs["qwen3"], prompts, strategy, "tree")
+    assert fast.engine.graphs and all(bk.tree.work.shape[0] for bk in fast.engine.buckets.values())
+    for b in (1, 2, 3, 4):
+        got, want = fast.classify(QUERIES[:b]), ref.classify(QUERIES[:b])
+        for g, w in zip(got, want):
+            for gp, wp in zip(g.prompts, w.prompts):
+                assert max(abs(x.score - y.score) for x, y in zip(gp.labels, wp.labels)) <= TOL16, (g.query, gp.prompt)
+                assert gp.label == wp.label
+
+
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_qwentok"])
 def test_two_batches_in_flight_match_reference(gpu_dirs, family):
     """Batch 2 queued behind batch 1 on the device (same bucket, then another), collected in order: each
@@ -86,20 +107,22 @@ def test_two_batches_in_flight_match_reference(gpu_dirs, family):
                 assert gp.label == wp.label
 
 
-def test_no_allocation_or_capture_on_request_path(tiny_dirs):
+def test_no_allocation_or_capture_on_request_path(tiny_dirs, monkeypatch):
     cfg = tiny_cfg(tiny_dirs["qwen3"], [prompt("a", MULTI), prompt("b", SHARED, system="B?")],
                    backend={"device": "cuda"})
     clf = Classifier(cfg)
     assert clf.metadata()["attention"] == "tree" and not clf.notes  # auto takes the kernel on a GPU
-    t0 = time.perf_counter()
-    clf.classify(["first request"])
-    first = time.perf_counter() - t0
+
+    def no_capture(*_a, **_k):
+        raise AssertionError("a CUDA graph was captured on the request path")
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", no_capture)
+    # warm from the first request: it neither captures nor allocates (checked by what it does, not by how long
+    # it takes, which a busy machine would make flaky)
     before = torch.cuda.memory_stats()
-    times = []
+    [first] = clf.classify(["first request"])
+    assert first.ok and first.meta["graphs"]
     for i in range(20):
-        t0 = time.perf_counter()
         clf.classify(["red dress", "boys hoodie size 140", "x", "夏季女士碎花连衣裙"][: 1 + i % 4])
-        times.append(time.perf_counter() - t0)
     after = torch.cuda.memory_stats()
     before_pipelined = torch.cuda.memory_stats()
     for i in range(10):  # two batches in flight, as a replica runs them
@@ -108,4 +131,48 @@ def test_no_allocation_or_capture_on_request_path(tiny_dirs):
     assert torch.cuda.memory_stats()["allocation.all.allocated"] == before_pipelined["allocation.all.allocated"]
     assert after["allocation.all.allocated"] == before["allocation.all.allocated"]
     assert after["segment.all.allocated"] == before["segment.all.allocated"]
-    assert first < 3 * max(times)  # warm from the first request (loose: tiny models are launch-bound)
+
+
+@pytest.fixture(scope="module")
+def sharp_dir(tmp_path_factory):
+    """A deeper random Qwen3 (8 layers, hidden 256) with the final norm ×4: logits about as large as a trained
+    model's (top logits ~30), so fp16 rounding shows in the scores (the fidelity comparison of issue 18)."""
+    from qcls.tiny_models import make_tiny_model_dir, tiny_byte_tokenizer
+    d = make_tiny_model_dir(tmp_path_factory.mktemp("sharp") / "qwen3", "qwen3", tiny_byte_tokenizer(), seed=3,
+                            hidden_size=256, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,
+                            head_dim=64, intermediate_size=768)
+    from safetensors.torch import load_file, save_file
+    f = d / "model.safetensors"
+    w = load_file(f)
+    w["model.norm.weight"] = w["model.norm.weight"] * 4
+    save_file(w, f, metadata={"format": "pt"})
+    return str(d)
+
+
+@pytest.mark.parametrize("strategy", ["trie", "exact", "mean_logprob"])
+def test_fast_fp16_is_as_close_to_fp32_as_transformers_fp16(sharp_dir, strategy):
+    """|Δ score| against the fp32 reference: the fast fp16 engine's mean ≤ transformers' own fp16 forward's (the
+    reference scorer on the fp16 model), and it keeps the fp32 winner wherever transformers does. The mean, not
+    the max: on a small model the largest of ~150 errors is a coin flip between two paths of similar error
+    (bench/fidelity.py holds Qwen3-4B to the max)."""
+    prompts = [prompt("a", MULTI), prompt("b", SHARED, system="B?"), prompt("c", SINGLE, system="C?")]
+    cuda = {"device": "cuda"}
+    fast = Classifier(tiny_cfg(sharp_dir, prompts, scoring={"name": strategy}, backend=cuda))
+    hf16 = Classifier(tiny_cfg(sharp_dir, prompts, scoring={"name": strategy}, backend=cuda,
+                               engine={"kind": "reference"}))
+    fp32 = Classifier(tiny_cfg(sharp_dir, prompts, scoring={"name": strategy},
+                               backend={"device": "cuda", "dtype": "float32"}, engine={"kind": "reference"}))
+    queries = QUERIES + ["slim fit jeans for men", "女士 连衣裙 夏季", "boys hoodie size 140", "red knit"]
+    got, hf, truth = fast.classify(queries), hf16.classify(queries), fp32.classify(queries)
+    e_fast, e_hf = [], []
+    for g, h, t in zip(got, hf, truth):
+        for gp, hp, tp in zip(g.prompts, h.prompts, t.prompts):
+            want = [x.score for x in tp.labels]
+            e_fast += [abs(x.score - y) for x, y in zip(gp.labels, want)]
+            e_hf += [abs(x.score - y) for x, y in zip(hp.labels, want)]
+            if hp.label == tp.label:
+                assert gp.label == tp.label, (strategy, g.query, gp.prompt)
+    mean_fast, mean_hf = sum(e_fast) / len(e_fast), sum(e_hf) / len(e_hf)
+    print(f"{strategy}: |Δ score| vs fp32, mean / max: fast fp16 {mean_fast:.4f} / {max(e_fast):.4f}, "
+          f"transformers fp16 {mean_hf:.4f} / {max(e_hf):.4f}")
+    assert mean_hf > 0 and mean_fast <= mean_hf, (mean_fast, mean_hf)

@@ -26,7 +26,7 @@ def test_rows_positions_reads_and_mask():
     n = packer.n_tokens(2, 5) + 2  # queries of 2 and 3 tokens, 2 pad tokens
     buf = torch.zeros(packer.buffer_len(2, n), dtype=torch.long)
     packer.pack([[10, 11], [20, 21, 22]], n, buf)
-    d = unpack(buf, n, packer.n_reads(2))
+    d = unpack(buf, n, packer.n_reads(2), 1)
     # row 0: 10 11 | 4 | 5 6   row 1: 20 21 22 | 4 | 5 6   pads
     assert d["ids"].tolist() == [10, 11, 4, 5, 6, 20, 21, 22, 4, 5, 6, 0, 0]
     assert d["pos"].tolist()[:5] == [3, 4, 5, 6, 7]  # after the 3-token prefix; trie at suffix end + depth
@@ -54,9 +54,45 @@ def test_long_rows_split_into_tiles():
     n = packer.n_tokens(1, 30)
     buf = torch.zeros(packer.buffer_len(1, n), dtype=torch.long)
     packer.pack([list(range(100, 130))], n, buf)
-    tiles = [t for t in unpack(buf, n, packer.n_reads(1))["tiles"].view(-1, 5).tolist() if t[1]]
+    tiles = [t for t in unpack(buf, n, packer.n_reads(1), 2)["tiles"].view(-1, 5).tolist() if t[1]]
     # rows of 33 tokens → tiles of 16, 16, 1 each; every token in exactly one tile of its own row
     assert [t[1] for t in tiles] == [16, 16, 1, 16, 16, 1]
     assert [t[2] for t in tiles] == [0, 0, 0, 33, 33, 33] and {t[3] for t in tiles} == {33}
     covered = sorted(i for t in tiles for i in range(t[0], t[0] + t[1]))
     assert covered == list(range(n))
+
+
+def test_tokens_listed_by_prompt_in_prefix_order():
+    """qtok lists every row's tokens prompt after prompt in the pool's prefix order, qstart where each
+    prompt's tokens start: the query blocks of the tree kernels' prefix chunks."""
+    p0, p1, p2 = (_layout(pre, suf, ((5,), (6,))) for pre, suf in [((9, 9, 1), (4,)), ((7,), (4, 4)), ((9, 9, 2), (4,))])
+    pool = plan_prefixes([p.tokens.prefix_ids for p in (p0, p1, p2)], 2)  # blocks (9 9)(1) | (7) | (9 9)(2)
+    packer = Packer([p0, p1, p2], pool, pool_len=8)
+    assert packer.order == [0, 2, 1]  # p0 and p2 share their first block: neighbours
+    n = packer.n_tokens(2, 3) + 3
+    buf = torch.zeros(packer.buffer_len(2, n), dtype=torch.long)
+    packer.pack([[10], [20, 21]], n, buf)
+    d = unpack(buf, n, packer.n_reads(2), 3)
+    # rows: q0: p0 [0 1] p1 [2 3 4] p2 [5 6]; q1: p0 [7 8 9] p1 [10 11 12 13] p2 [14 15 16]; 3 pads
+    assert d["qtok"].tolist() == [0, 1, 7, 8, 9, 5, 6, 14, 15, 16, 2, 3, 4, 10, 11, 12, 13, 0, 0, 0]
+    assert d["qstart"].tolist() == [0, 5, 10, 17]
+    assert packer.slot_pos.tolist()[:5] == [0, 1, 2, 0, 2]  # a slot's position in (every) prefix that holds it
+
+
+def test_sliding_window_mask():
+    """window w: a key is visible only if pos(token) - pos(key) < w; pool slots at their prefix index."""
+    lay = _layout((1, 2, 3), (4,), ((5, 6, 7), (5, 6, 8), (9,)))
+    packer = Packer([lay], plan_prefixes([lay.tokens.prefix_ids], 16), pool_len=8)
+    n = packer.n_tokens(1, 2)
+    buf = torch.zeros(packer.buffer_len(1, n), dtype=torch.long)
+    packer.pack([[10, 11]], n, buf)
+    d = unpack(buf, n, packer.n_reads(1), 1)
+    key_len = 8 + n
+    full = build_mask(d, packer.visible, key_len)
+    m = build_mask(d, packer.visible, key_len, 3, packer.slot_pos)
+    # tokens: 10 (pos 3), 11 (4), 4 (5), trie 5 (6), trie 6 (7); prefix slots at positions 0, 1, 2
+    assert m[0, :3].tolist() == [False, True, True] and m[0, 8]  # pos 3 sees prefix 1, 2 and itself
+    assert not m[2, :3].any() and m[2, 8:11].tolist() == [True, True, True]  # pos 5: 3, 4, 5
+    assert m[4, 8:13].tolist() == [False, False, True, True, True]  # trie depth 2 (pos 7): 5, 6 and itself
+    assert (m <= full).all() and not m.equal(full)  # a window only ever hides keys
+    assert build_mask(d, packer.visible, key_len, 100, packer.slot_pos).equal(full)

@@ -34,7 +34,7 @@ FIT10 = [
 def tiny(model_dir: str) -> list[str]:
     """Overrides that point the sweep at a tiny local checkpoint with small buckets (tests/conftest FAST)."""
     # prompts=default first: the demo model's config picks few-shot prompts; a later prompts=… still wins
-    return ["prompts=default", "model.source=local", f"model.path={model_dir}", "model.name=tiny",
+    return ["prompts=default", "model.source=local", f"model.path={model_dir}", "model.name=tiny", "model.head=null",
             "engine.query_buckets=[8,16]", "max_query_tokens=16", "engine.warmup_requests=1"]
 
 

@@ -9,10 +9,10 @@ import pytest
 
 from qcls.eval import models
 from qcls.eval.calibrate import main
-from qcls.scoring.calibration import Calibration
+from qcls.heads.files import load as load_head
 from qcls.eval.metrics import softmax
 from qcls.eval.sweep import main as sweep_main
-from tests.eval.sweep_helpers import EVAL10, FIT10, tiny, write_set
+from tests.eval.sweep_helpers import EVAL10, FIT10, read_jsonl, tiny, write_set
 
 
 def test_calibrate_writes_a_file_that_a_sweep_job_loads(tiny_dirs, tmp_path, capsys, monkeypatch):
@@ -23,14 +23,14 @@ def test_calibrate_writes_a_file_that_a_sweep_job_loads(tiny_dirs, tmp_path, cap
     path = tmp_path / "calibration" / "tiny_default_trie.yaml"  # model, prompts group, strategy
     assert path.is_file() and "calibration=calibration/tiny_default_trie.yaml" in text
     assert "NLL before → after" in text and "category" in text and "audience" in text
-    cal = Calibration.load(path)
+    cal = load_head(path)
     assert cal.method == "temperature_bias" and cal.meta["strategy"] == "trie" and set(cal.prompts) == {
         "category", "audience"}
 
     assert main(["--eval", str(dev), "--method", "contextual", "--json", "--out", "ctx.yaml",
                  *tiny(tiny_dirs["qwen3"])]) == 0
     res = json.loads(capsys.readouterr().out)
-    assert res["method"] == "contextual" and Calibration.load(tmp_path / "ctx.yaml").method == "contextual"
+    assert res["method"] == "contextual" and load_head(tmp_path / "ctx.yaml").method == "contextual"
     assert res["override"] == "calibration=ctx.yaml" and res["n_queries"] == 10
     assert res["per_prompt"]["audience"]["raw"]["n"] == 10 and res["per_prompt"]["audience"]["calibrated"]["nll"] > 0
 
@@ -58,3 +58,84 @@ def test_calibrate_refuses_bad_input_before_loading(tmp_path, capsys):
     assert f"{bad}:1:" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["not-an-override"])
+
+
+# ---- learned heads ----------------------------------------------------------------------------------------
+CATEGORY = ["dress", "jeans", "shirt", "trench", "skirt", "tee", "hoodie", "knit", "other", "none"]
+AUDIENCE = ["boy", "girl", "man", "woman", "pregnant", "none"]
+WORDS = "red slim dress boys hoodie cotton summer knit wool kids".split()
+
+
+def head_set(path, n: int = 30, offset: int = 0):
+    """prompts=default, every label gold at least n // 10 times."""
+    rows = [(f"{WORDS[(i + offset) % len(WORDS)]} {WORDS[(3 * i + offset) % len(WORDS)]} {i + offset}",
+             {"category": CATEGORY[i % 10], "audience": AUDIENCE[i % 6]}) for i in range(n)]
+    return write_set(path, rows)
+
+
+def test_calibrate_head_writes_a_file_that_classifies(tiny_dirs, tmp_path, capsys, monkeypatch):
+    from qcls.classifier import Classifier
+    from qcls.compose import compose
+    monkeypatch.chdir(tmp_path)
+    dev = head_set(tmp_path / "dev.jsonl")
+    assert main(["--eval", str(dev), "--method", "head", "--layer", "1", "--read", "both", "--with-scores",
+                 *tiny(tiny_dirs["qwen3"])]) == 0
+    text = capsys.readouterr().out
+    path = tmp_path / "calibration" / "tiny_default_head.yaml"
+    assert path.is_file() and path.with_suffix(".safetensors").is_file()
+    assert "calibration=calibration/tiny_default_head.yaml" in text
+    assert "both @ layer 1 + raw scores" in text and "head (cross-validated)" in text and "category  30" in text
+    clf = Classifier(compose([*tiny(tiny_dirs["qwen3"]), f"calibration={path}"]))
+    r = clf.classify(["red dress"])[0]
+    assert r.meta["calibration"] == str(path) and all(p.raw_label is not None for p in r.prompts)
+    assert all(abs(sum(s.prob for s in p.labels) - 1) < 1e-6 and p.labels[0].head_score is not None
+               for p in r.prompts)
+    # a sweep job that scores the split the head was fitted on says its columns are not held out
+    out = tmp_path / "run"
+    assert sweep_main([*tiny(tiny_dirs["qwen3"]), f"eval.path={dev}", f"calibration={path}", "eval.batch1_queries=0",
+                       "eval.agreement_with_exact=false", f"hydra.run.dir={out}"]) == 0
+    block = json.loads((out / "result.json").read_text())["calibration"]
+    assert block["method"] == "head" and "fitted on this split" in block["warning"]
+    assert "## Warnings" in (out / "summary.md").read_text()
+    models.release()
+
+
+def test_calibrate_head_refuses_a_thin_split_before_loading(tmp_path, capsys):
+    thin = write_set(tmp_path / "thin.jsonl", FIT10)  # category 'none' never occurs there
+    assert main(["--eval", str(thin), "--method", "head", "prompts=default"]) == 2
+    err = capsys.readouterr().err
+    assert "prompt 'category': labels ['none'] never occur" in err and "label at least 3 queries" in err
+
+
+def test_sweep_fits_a_head_per_job_with_a_learning_curve(tiny_dirs, tmp_path):
+    """eval.fit_method=head: the job fits on fit_on, reports the eval split with and without the head and the
+    learning curve, saves head.yaml; its head probabilities equal what the saved file gives through the
+    engine (the job computes them from the states in numpy)."""
+    from qcls.classifier import Classifier
+    from qcls.compose import compose
+    dev, ev = head_set(tmp_path / "dev.jsonl"), head_set(tmp_path / "ev.jsonl", 12, offset=40)
+    out = tmp_path / "sweep"
+    assert sweep_main(["-m", *tiny(tiny_dirs["qwen3"]), f"eval.path={ev}", f"eval.fit_on={dev}",
+                       "eval.fit_method=head", "eval.head.layer=1,final", "eval.head.curve_sizes=[10,20]",
+                       "eval.head.curve_draws=2", "eval.batch1_queries=0", "eval.agreement_with_exact=false",
+                       f"hydra.sweep.dir={out}"]) == 0
+    for job in ("0", "1"):
+        r = json.loads((out / job / "result.json").read_text())
+        assert r["status"] == "ok", r.get("reason")
+        block = r["calibration"]
+        assert block["method"] == "head" and block["n_fit"] == {"category": 30, "audience": 30}
+        assert block["per_prompt"]["category"]["raw"]["accuracy"] == r["per_prompt"]["category"]["accuracy"]
+        curve = block["learning_curve"]
+        assert curve["sizes"] == ["10", "20", "all"] and len(curve["per_prompt"]["audience"]["10"]) == 2
+        assert block["heads"]["audience"]["read"]["layer"] == (1 if job == "0" else "final")
+        head_file = out / job / "head.yaml"
+        clf = Classifier(compose([*tiny(tiny_dirs["qwen3"]), f"calibration={head_file}"]))
+        rows = read_jsonl(out / job / "predictions.jsonl")
+        got = clf.classify([x["query"] for x in rows])
+        for x, g in zip(rows, got):
+            for p in g.prompts:
+                want = x["prompts"][p.prompt]["calibrated_probs"]
+                assert max(abs(s.prob - want[s.label]) for s in p.labels) < 1e-4
+    summary = (out / "summary.md").read_text()
+    assert "## Learning curve" in summary and (out / "learning_curve.png").is_file()
+    models.release()

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from qcls.eval.calibration import contextual, fit
-from qcls.scoring.calibration import Calibration, PromptCalibration
+from qcls.heads import files
+from qcls.heads.head import PromptHead
 from qcls.scoring.tokenization import encode_query
 from tests.conftest import prompt, tiny_cfg
 
@@ -34,8 +35,13 @@ def planted():
     return s, y
 
 
-def calibrated(pc: PromptCalibration, s: np.ndarray) -> np.ndarray:
+def calibrated(pc: PromptHead, s: np.ndarray) -> np.ndarray:
     return np.array([pc.apply(row) for row in s])
+
+
+def bias(pc: PromptHead) -> np.ndarray:
+    """b of (score + b) / T: the head's constant is b / T."""
+    return pc.bias * pc.temperature
 
 
 def test_fit_recovers_planted_temperature_and_bias(planted):
@@ -46,8 +52,8 @@ def test_fit_recovers_planted_temperature_and_bias(planted):
     assert abs(pc.temperature - T0) < 0.15
     want = -DELTA * (np.arange(len(LABELS)) == K)
     want -= want.mean()  # biases are fixed up to a constant: Σb = 0
-    assert abs(sum(pc.bias)) < 1e-9
-    assert np.abs(np.array(pc.bias) - want).max() < 0.25, pc.bias
+    assert abs(sum(bias(pc))) < 1e-9
+    assert np.abs(bias(pc) - want).max() < 0.25, bias(pc)
     assert cal.method == "temperature_bias" and cal.meta["n"] == {"p": len(y)}
     assert cal.meta["fit"]["p"]["nll_after"] == pytest.approx(nll(calibrated(pc, s), y), abs=1e-5)
 
@@ -56,8 +62,8 @@ def test_temperature_only_and_bias_only(planted):
     s, y = planted
     t_only = fit({"p": s}, {"p": y}, {"p": LABELS}, "temperature").prompts["p"]
     b_only = fit({"p": s}, {"p": y}, {"p": LABELS}, "bias").prompts["p"]
-    assert t_only.bias == [0.0] * len(LABELS) and t_only.temperature > 1.5
-    assert b_only.temperature == 1.0 and min(range(len(LABELS)), key=b_only.bias.__getitem__) == K
+    assert (t_only.bias == 0.0).all() and t_only.temperature > 1.5
+    assert b_only.temperature == 1.0 and int(np.argmin(b_only.bias)) == K
     for pc in (t_only, b_only):
         assert nll(calibrated(pc, s), y) < nll(s, y) - 0.05
     both = fit({"p": s}, {"p": y}, {"p": LABELS}).prompts["p"]
@@ -71,15 +77,15 @@ def test_label_without_dev_examples_stays_finite():
     s = 2.0 * np.eye(3)[y] + rng.normal(0, 1, (200, 3))
     pc = fit({"p": s}, {"p": y}, {"p": ["a", "b", "c"]}).prompts["p"]
     assert all(math.isfinite(b) for b in pc.bias) and 0.2 < pc.temperature < 5
-    assert -12 < pc.bias[2] / pc.temperature < min(pc.bias[:2]) / pc.temperature
+    assert -12 < pc.bias[2] < min(pc.bias[:2])  # the head's constant is b / T: the bias in calibrated units
     free = fit({"p": s}, {"p": y}, {"p": ["a", "b", "c"]}, l2=0.0).prompts["p"]
-    assert free.bias[2] / free.temperature < pc.bias[2] / pc.temperature - 2  # without it, it runs away
+    assert free.bias[2] < pc.bias[2] - 2  # without it, it runs away
 
 
 def test_fit_is_deterministic_and_checks_shapes(planted):
     s, y = planted
     a, b = (fit({"p": s[:500]}, {"p": y[:500]}, {"p": LABELS}).prompts["p"] for _ in range(2))
-    assert a == b
+    assert a.temperature == b.temperature and np.array_equal(a.bias, b.bias)
     with pytest.raises(ValueError, match=r"prompt 'p': scores of shape \(500, 5\).*3 labels"):
         fit({"p": s[:500]}, {"p": y[:500]}, {"p": ["a", "b", "c"]})
     with pytest.raises(ValueError, match="cannot be fitted"):
@@ -94,11 +100,14 @@ def test_yaml_round_trip(tmp_path, planted):
     cal = fit({"p": s[:300]}, {"p": y[:300]}, {"p": labels}, meta={"strategy": "trie", "model": "tiny",
                                                                      "fitted_on": "dev.jsonl"})
     path = tmp_path / "cal.yaml"
-    cal.save(path)
+    files.save(cal, path)
     text = path.read_text(encoding="utf-8")
-    assert text.startswith("# qcls calibration") and "女士:" in text and "strategy: trie" in text
-    back = Calibration.load(path)
-    assert back == cal
+    assert text.startswith("# qcls head") and "女士:" in text and "strategy: trie" in text
+    back = files.load(path)
+    assert back.method == cal.method and back.meta == cal.meta and list(back.prompts) == list(cal.prompts)
+    a, b = cal.prompts["p"], back.prompts["p"]
+    assert b.labels == a.labels and b.temperature == pytest.approx(a.temperature, rel=1e-12)
+    assert np.allclose(b.bias, a.bias, rtol=1e-12, atol=1e-15)
 
 
 # ---- contextual calibration --------------------------------------------------------------------------

@@ -90,3 +90,10 @@ def test_prompt_metrics_bundle_and_means():
     mean = metrics.mean_over_prompts({"p": {"n": 2, "accuracy": 0.5}, "q": {"n": 4, "accuracy": 1.0},
                                       "r": {"n": 0}}, ["accuracy", "nll"])
     assert mean == {"accuracy": 0.75, "nll": None}  # each prompt counts once; prompts without data are out
+
+
+def test_majority_baseline_by_hand():
+    assert metrics.majority_accuracy(np.array([0, 1, 1, 2])) == 0.5
+    assert metrics.majority_accuracy(np.array([3, 3, 3])) == 1.0
+    m = metrics.calibration_metrics(np.array([[2.0, 0.0], [0.0, 1.0], [3.0, 1.0]]), np.array([0, 0, 1]))
+    assert m["accuracy"] == pytest.approx(1 / 3) and m["macro_f1"] == pytest.approx((0.5 + 0.0) / 2)

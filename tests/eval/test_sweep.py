@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from qcls.eval import metrics, models
-from qcls.scoring.calibration import Calibration
+from qcls.heads.files import load as load_head
 from qcls.eval.sweep import main
 from tests.eval.sweep_helpers import EVAL10, FIT10, read_jsonl, tiny, write_set
 
@@ -122,7 +122,7 @@ def test_calibration_columns_are_fitted_on_fit_on_and_applied_in_python(sweep):
         block = j["calibration"]
         assert block["source"].startswith("fitted on") and block["method"] == "temperature_bias"
         assert block["n_fit"] == {"category": 10, "audience": 10}
-        cal = Calibration.load(out / str(n) / "calibration.yaml")
+        cal = load_head(out / str(n) / "calibration.yaml")
         assert cal.meta["strategy"] == j["strategy"]
         preds = read_jsonl(out / str(n) / "predictions.jsonl")
         for r in preds:

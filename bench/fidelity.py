@@ -1,0 +1,294 @@
+"""How close fp16 scores come to the float32 truth, the fast engine against plain transformers (GPU; not a test).
+
+    PYTHONPATH=. python bench/fidelity.py                      # random-weight Qwen3-4B on a GPU
+    PYTHONPATH=. python bench/fidelity.py --model tiny --queries 4   # smoke run anywhere
+
+One random-weight model of real shape in float32 (the truth) and its float16 copy, the final norm scaled ×20
+so that logits are as sharp as a trained model's (random weights otherwise give near-uniform labels), the 8
+prompts of `prompts=ecommerce8` (two with colliding multi-token Chinese labels) and the first N queries of
+the shipped dev split. Measured, per strategy (trie, exact, mean_logprob):
+
+- max |Δ score| against the fp32 reference of the fast fp16 engine and of transformers' own fp16 forward (the
+  reference scorer run on the fp16 model), and whether each picks the fp32 winner;
+- layer by layer: the relative error of the residual stream at the read position and of the query mean after
+  every layer (the engine's hidden-state taps against plain forwards), fast fp16 and transformers fp16, each
+  against fp32, so a gap shows the layer where it opens;
+- a learned head (random weights, on the final state and on layer L/2 both reads + the raw scores): the fast
+  fp16 engine's probabilities against the fp32 reference engine with the same head file;
+- with --legacy: the same for the engine with the pre-issue-18 elementwise kernels (bench/legacy_kernels.py:
+  fp16 residual stream), so the float32 residual's effect is measured, not assumed.
+
+Each part is appended to bench/RESULTS.md as soon as it is measured (a run cut short keeps what it has) and
+$OUT/fidelity_<parts>.json is rewritten after each.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench import common as C  # noqa: E402
+from qcls.backends.base import LoadedModel, module_bytes  # noqa: E402
+from qcls.classifier import Classifier  # noqa: E402
+from qcls.compose import compose  # noqa: E402
+from qcls.eval.dataset import load_eval_set  # noqa: E402
+from qcls.heads import fingerprint as fp  # noqa: E402
+from qcls.heads.files import template_sha256  # noqa: E402
+from qcls.heads.head import Head, PromptHead, Read, Tap  # noqa: E402
+from qcls.qwen_tokenizer import build_qwen_tokenizer  # noqa: E402
+from qcls.scoring.reference import label_logits, reference_states, score_label  # noqa: E402
+from qcls.scoring.tokenization import encode_query  # noqa: E402
+
+STRATEGIES = ("trie", "exact", "mean_logprob")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def overrides(model: str, extra=()) -> list[str]:
+    family = "qwen3_8b" if model == "qwen3_8b" else "qwen3_4b"
+    return [f"model={family}", f"model.name=random_{model}", "model.source=local", "model.path=random-weights",
+            "prompts=ecommerce8", "engine.query_buckets=[8,16,32]", "max_query_tokens=32", *extra]
+
+
+def reference_all(model, layouts, ids_list) -> dict[str, list]:
+    """Scores of every strategy from one set of plain forwards per (query, prompt, label): [query][prompt][label]."""
+    out = {s: [] for s in STRATEGIES}
+    for ids in ids_list:
+        per = {s: [] for s in STRATEGIES}
+        for lay in layouts:
+            pt, trie = lay.tokens, lay.trie
+            base = list(pt.prefix_ids) + list(ids) + list(pt.suffix_ids)
+            rows = {s: [] for s in STRATEGIES}
+            for li, label in enumerate(pt.label_ids):
+                extra = [trie.end_id] if trie.nodes[trie.label_paths[li][-1]].children else []
+                logits = label_logits(model, base + list(label) + extra)
+                for s in STRATEGIES:
+                    rows[s].append(score_label(s, logits, len(base), label, trie, li))
+            for s in STRATEGIES:
+                per[s].append(rows[s])
+        for s in STRATEGIES:
+            out[s].append(per[s])
+    return out
+
+
+class legacy_kernels:
+    """While active, the decoder calls the pre-issue-18 elementwise kernels (a Classifier built inside keeps
+    them in its CUDA graphs)."""
+
+    def __enter__(self):
+        from bench import legacy_kernels as L
+        from qcls.engine import decoder as D
+
+        def old_norm(x, residual, weight, eps, out_dtype=None, offset=False):  # Llama/Qwen only: no offset
+            y, s = L.add_rmsnorm(x, residual, weight, eps)
+            return (y if out_dtype is None else y.to(out_dtype)), s
+        self.saved = (D.add_rmsnorm, D.qkv_into, D.silu_mul)
+        def old_qkv(*a, offset=False, **k):
+            return L.qkv_into(*a, **k)
+        D.add_rmsnorm, D.qkv_into, D.silu_mul = old_norm, old_qkv, L.silu_mul
+
+    def __exit__(self, *exc):
+        from qcls.engine import decoder as D
+        D.add_rmsnorm, D.qkv_into, D.silu_mul = self.saved
+
+
+def fast_all(loaded, queries, model: str) -> dict[str, list]:
+    out = {}
+    for s in STRATEGIES:
+        clf = Classifier(compose(overrides(model, [f"scoring={s}"])), loaded=loaded)
+        out[s] = [[[x.score for x in p.labels] for p in r.prompts] for r in clf.classify(queries)]
+        del clf
+    return out
+
+
+def compare(got, want) -> dict:
+    """Max |Δ score| and winner agreement of `got` against `want` ([query][prompt][label])."""
+    d, same = 0.0, []
+    for gq, wq in zip(got, want):
+        for gp, wp in zip(gq, wq):
+            d = max(d, max(abs(a - b) for a, b in zip(gp, wp)))
+            same.append(int(np.argmax(gp) == np.argmax(wp)))
+    return {"max_abs_diff": d, "winners_equal": float(np.mean(same)), "n": len(same)}
+
+
+def layers(loaded16, model32, model16, queries, n_layers, model: str, legacy: bool) -> list[dict]:
+    """Per layer: max relative error of the read position's and the query mean's residual stream."""
+    taps = [Tap(k, kind) for k in range(1, n_layers) for kind in ("position", "query_mean")] + [Tap("final", "position")]
+    clf = Classifier(compose(overrides(model)), loaded=loaded16, taps=taps)
+    _, states = clf.read_states(queries)
+    old = None
+    if legacy:
+        with legacy_kernels():
+            old = Classifier(compose(overrides(model)), loaded=loaded16, taps=taps).read_states(queries)[1]
+    rows = {t: {"fast": 0.0, "hf": 0.0, "legacy": 0.0} for t in taps}
+    for q, st in zip(queries, states):
+        ids = encode_query(clf.tokenizer, q, clf.cfg.max_query_tokens)
+        for j, lay in enumerate(clf.layouts):
+            truth = reference_states(model32, lay.tokens, ids, taps).numpy()
+            hf = reference_states(model16, lay.tokens, ids, taps).numpy()
+            scale = np.abs(truth).max(axis=1) + 1e-6
+            for i, t in enumerate(taps):
+                rows[t]["fast"] = max(rows[t]["fast"], float(np.abs(st[i, j].numpy() - truth[i]).max() / scale[i]))
+                rows[t]["hf"] = max(rows[t]["hf"], float(np.abs(hf[i] - truth[i]).max() / scale[i]))
+                if old is not None:
+                    k = queries.index(q)
+                    rows[t]["legacy"] = max(rows[t]["legacy"],
+                                            float(np.abs(old[k][i, j].numpy() - truth[i]).max() / scale[i]))
+    return [{"tap": t.name, **v} for t, v in rows.items()]
+
+
+def random_head_file(model, cfg, read: Read, with_scores: bool, seed: int, scale: float) -> Path:
+    hidden = fp.hidden_size(model.config)
+    rng = np.random.default_rng(seed)
+    prompts = {p.name: PromptHead(list(p.labels), rng.normal(0, 1.0, len(p.labels)),
+                                  rng.normal(0, 0.3, (len(p.labels),) * 2) if with_scores else None,
+                                  rng.normal(0, scale, (len(p.labels), hidden * len(read.taps))), read,
+                                  {"template_sha256": template_sha256(p.template, p.label_prefix)})
+               for p in cfg.prompts}
+    meta = {"model": cfg.model.name, "hidden_size": hidden, "num_layers": fp.num_layers(model.config),
+            "fingerprint": {"config": fp.config_fingerprint(model.config), "weights": fp.weights_fingerprint(model)},
+            "strategy": cfg.strategy}
+    path = Path(tempfile.mkdtemp(prefix="qcls_fidelity_")) / f"head_{read.kind}_{read.layer}.yaml"
+    Head(prompts, "head", meta).save(path)
+    return path
+
+
+def heads(loaded16, loaded32, queries, n_layers, model: str) -> list[dict]:
+    cfg = compose(overrides(model))
+    out = []
+    for read, with_scores in ((Read("final"), False), (Read(n_layers // 2, "both"), True)):
+        # weights scaled to the state's size so that head logits spread over a few units (probabilities far
+        # from uniform): N(0, 1/(sqrt(F)·rms(state)))
+        probe = Classifier(cfg, loaded=loaded16, taps=read.taps)
+        _, st = probe.read_states(queries[:2])
+        rms = float(torch.stack(st).float().pow(2).mean().sqrt())
+        del probe
+        width = fp.hidden_size(loaded16.model.config) * len(read.taps)
+        path = random_head_file(loaded16.model, cfg, read, with_scores, 0, 2.0 / (width ** 0.5 * rms))
+        fast = Classifier(compose(overrides(model, [f"calibration={path}"])), loaded=loaded16)
+        ref_cfg = compose(overrides(model, [f"calibration={path}", "engine=reference"]))
+        ref, hf = Classifier(ref_cfg, loaded=loaded32), Classifier(ref_cfg, loaded=loaded16)
+        got, want, hf16 = fast.classify(queries), ref.classify(queries), hf.classify(queries)
+        d, d_hf, same, same_hf, spread = 0.0, 0.0, [], [], []
+        for g, w, h in zip(got, want, hf16):
+            for gp, wp, hp in zip(g.prompts, w.prompts, h.prompts):
+                d = max(d, max(abs(a.prob - b.prob) for a, b in zip(gp.labels, wp.labels)))
+                d_hf = max(d_hf, max(abs(a.prob - b.prob) for a, b in zip(hp.labels, wp.labels)))
+                same.append(gp.label == wp.label)
+                same_hf.append(hp.label == wp.label)
+                spread.append(wp.prob)
+        out.append({"read": f"{read.kind}@{read.layer}", "scores": with_scores, "max_abs_prob_diff": d,
+                    "hf_max_abs_prob_diff": d_hf, "winners_equal": float(np.mean(same)),
+                    "hf_winners_equal": float(np.mean(same_hf)), "mean_winner_prob": float(np.mean(spread))})
+        del fast, ref, hf
+        C.free()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="qwen3_4b", choices=sorted(C.SHAPES))
+    ap.add_argument("--queries", type=int, default=16)
+    ap.add_argument("--head-queries", type=int, default=6)
+    ap.add_argument("--layer-queries", type=int, default=2)
+    ap.add_argument("--sharpen", type=float, default=20.0, help="final norm weight factor")
+    ap.add_argument("--legacy", action="store_true", help="also the pre-issue-18 kernels (fp16 residual)")
+    ap.add_argument("--parts", nargs="+", choices=["strategies", "layers", "heads"],
+                    default=["strategies", "layers", "heads"], help="which comparisons to run, in this order (each appends its table)")
+    args = ap.parse_args()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    t0 = time.perf_counter()
+    model32 = C.random_qwen3(args.model, dev, torch.float32, seed=0)
+    with torch.no_grad():
+        model32.model.norm.weight.mul_(args.sharpen)
+    model16 = copy.deepcopy(model32).half() if dev == "cuda" else copy.deepcopy(model32)
+    tok = build_qwen_tokenizer()
+    loaded16 = LoadedModel(model16, tok, torch.device(dev), model16.dtype, "fp16", memory=module_bytes(model16))
+    loaded32 = LoadedModel(model32, tok, torch.device(dev), torch.float32, "fp16", memory=module_bytes(model32))
+    data = load_eval_set(ROOT / "data/eval/ecommerce_dev.jsonl", compose(overrides(args.model)).prompts, None)
+    queries = data.queries[:args.queries]
+    layouts = Classifier(compose(overrides(args.model)), loaded=loaded16).layouts
+    ids = [encode_query(tok, q, 32) for q in queries]
+    r = {"model": args.model, "queries": len(queries), "sharpen": args.sharpen, "strategies": {},
+         "parts": args.parts}
+    n_layers = model32.config.num_hidden_layers
+    for part in args.parts:  # in the order given: what a time limit cuts off is the last
+        if part == "strategies":
+            strategies(r, model32, model16, loaded16, layouts, ids, queries, args)
+        elif part == "layers":
+            r["layers"] = layers(loaded16, model32, model16, queries[:args.layer_queries], n_layers, args.model,
+                                 args.legacy)
+        else:
+            r["heads"] = heads(loaded16, loaded32, queries[:args.head_queries], n_layers, args.model)
+        report(r, part, t0)
+
+
+def strategies(r, model32, model16, loaded16, layouts, ids, queries, args) -> None:
+    truth = reference_all(model32, layouts, ids)
+    fast16 = fast_all(loaded16, queries, args.model)
+    hf16 = reference_all(model16, layouts, ids)
+    old16 = None
+    if args.legacy:
+        with legacy_kernels():
+            old16 = fast_all(loaded16, queries, args.model)
+    for s in STRATEGIES:
+        r["strategies"][s] = {"fast_fp16": compare(fast16[s], truth[s]), "hf_fp16": compare(hf16[s], truth[s]),
+                              "hf_winner_equal_but_fast_not": sum(
+                                  int(np.argmax(h) == np.argmax(t) and np.argmax(f) != np.argmax(t))
+                                  for hq, fq, tq in zip(hf16[s], fast16[s], truth[s]) for h, f, t in zip(hq, fq, tq))}
+        if old16 is not None:
+            r["strategies"][s]["legacy_fp16"] = compare(old16[s], truth[s])
+
+
+def report(r: dict, part: str, t0: float) -> None:
+    r["seconds"] = round(time.perf_counter() - t0, 1)
+    text = "" if r.pop("_headed", False) else C.header(
+        f"fidelity: fp16 against fp32 ({r['model']} random weights, final norm ×{r['sharpen']})",
+        f"bench/fidelity.py --model {r['model']} --queries {r['queries']} --parts {' '.join(r['parts'])}; "
+        "prompts=ecommerce8 (8 prompts, 2 with Chinese multi-token labels); first queries of "
+        "data/eval/ecommerce_dev.jsonl")
+    r["_headed"] = True
+    if part == "strategies":
+        legacy = any("legacy_fp16" in v for v in r["strategies"].values())
+        text += ("| strategy | fast fp16 max \\|Δ score\\| | transformers fp16 max \\|Δ score\\| | fast / transformers | "
+                 "winners = fp32 fast / transformers | fp32 winner kept by transformers but not by fast |"
+                 + (" pre-issue-18 kernels max \\|Δ score\\| |" if legacy else "") + "\n|---|---|---|---|---|---|"
+                 + ("---|" if legacy else "") + "\n")
+        for s, v in r["strategies"].items():
+            f, h = v["fast_fp16"], v["hf_fp16"]
+            text += (f"| {s} | {f['max_abs_diff']:.4f} | {h['max_abs_diff']:.4f} | "
+                     f"{f['max_abs_diff'] / max(h['max_abs_diff'], 1e-12):.2f} | {f['winners_equal']:.3f} / "
+                     f"{h['winners_equal']:.3f} | {v['hf_winner_equal_but_fast_not']} |"
+                     + (f" {v['legacy_fp16']['max_abs_diff']:.4f} |" if legacy else "") + "\n")
+    elif part == "layers":
+        text += ("\nResidual stream after each layer, max |Δ| / max |fp32| over the first queries × 8 prompts (read "
+                "position and query mean):\n\n| tap | fast fp16 | transformers fp16 | pre-issue-18 kernels |\n"
+                "|---|---|---|---|\n")
+        for row in r["layers"]:
+            old = f"{row['legacy']:.2e}" if row["legacy"] else ""
+            text += f"| {row['tap']} | {row['fast']:.2e} | {row['hf']:.2e} | {old} |\n"
+    else:
+        text += ("\nLearned head (random weights scaled to the state), the same head file on the fast fp16 engine and on "
+                 "transformers fp16 (engine=reference), each against the fp32 reference engine:\n\n| read | + raw scores "
+                 "| fast fp16 max \\|Δ prob\\| | transformers fp16 max \\|Δ prob\\| | winners equal fast / transformers "
+                 "| mean winner prob |\n|---|---|---|---|---|---|\n")
+        for h in r["heads"]:
+            text += (f"| {h['read']} | {h['scores']} | {h['max_abs_prob_diff']:.2e} | {h['hf_max_abs_prob_diff']:.2e} | "
+                     f"{h['winners_equal']:.3f} / {h['hf_winners_equal']:.3f} | {h['mean_winner_prob']:.3f} |\n")
+        text += f"\n{r['seconds']} s in all.\n"
+    C.append(text)
+    if os.environ.get("OUT"):
+        name = f"fidelity_{'_'.join(r['parts'])}.json"
+        Path(os.environ["OUT"], name).write_text(json.dumps({k: v for k, v in r.items() if k[0] != "_"}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,171 @@
+"""What a long prompt costs per request: the prefix-length benchmark of issue 18 (GPU; not a test).
+
+    python -m bench.prefix                                 # random-weight Qwen3-4B, the shipped kernel shapes
+    python -m bench.prefix --tuning T                      # with the shapes bench/attention.py --sweep chose
+    python -m bench.prefix --model tiny --iters 3 --buckets 8 32   # smoke run anywhere
+
+The 8 e-commerce prompts with prefixes (the template before {query}) of 64, 256, 1k and 2k tokens each,
+distinct per prompt, and with a 1k-token system block all 8 share followed by 64 tokens of their own
+(bench/prefix_cases.py; real Qwen tokenizer), one Classifier each on the same random weights. Each case is
+timed in alternation with the 64-token case at batch 1 and 4 (classify, results included): the time a
+longer prefix adds is the median per-pair difference, set against the prefix-KV read floor (bytes of K and
+V one forward must read, a shared block once, over the measured copy bandwidth). Also per case: the
+attention kernels' device time per forward (profiler), KV memory, and the T4 projection with the prefix
+attention's bytes and FLOPs (Triton's dots run on FMA units there). Then `ecommerce8_fewshot` against
+`ecommerce8`, timed in alternation (issue 18's ≤ 1.03). Appends to bench/RESULTS.md; JSON to $OUT.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import time
+
+import torch
+
+from bench import common as C
+from bench.latency import QUERIES, make_cfg, paired_samples, t4_projection
+from bench.prefix_cases import BASE, attention_flops, kv_read_bytes, prompt_sets
+from qcls.backends.base import LoadedModel, module_bytes
+from qcls.classifier import Classifier
+from qcls.compose import compose
+from qcls.engine import tree_plan
+from qcls.qwen_tokenizer import build_qwen_tokenizer
+
+ATTENTION = r"prefix_kernel|row_kernel|fmha|attention|attn"
+T4_FMA = 8.1e12  # fp32 FMA FLOP/s of a T4 (Triton's tl.dot on sm_75: no tensor cores); same 50 % as the GEMMs
+
+
+def attention_ms(clf: Classifier, batch: list[str], n: int = 20) -> float:
+    """Device time of the attention kernels per forward of this batch's bucket (torch profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+    if not torch.cuda.is_available():
+        return float("nan")
+    ids = [r.query_tokens for r in clf.classify(batch)]
+    bucket = clf.engine.bucket_for([[0] * k for k in ids])
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            bucket.graphs[0].replay() if bucket.graphs else bucket.forward()
+        C.sync()
+    us = sum((getattr(ev, "device_time_total", 0.0) or 0.0) for ev in prof.key_averages()
+             if re.search(ATTENTION, ev.key, re.I))
+    return us / n / 1e3 if us else float("nan")  # nan: no kernel by these names (say so rather than 0)
+
+
+def case_numbers(clf: Classifier, model, bw: float) -> dict:
+    eng, cfg = clf.engine, model.config
+    layers, kv, d, heads = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, cfg.num_attention_heads
+    prefix = eng.packer.prefix_len.tolist()[:-1]
+    out = {"prefix_tokens": prefix, "pool_slots": eng.pool.n_slots, "kv_read_bytes": kv_read_bytes(eng.pool, layers, kv, d),
+           "kv_buffer_bytes": eng.dec.kv_bytes, "floor_ms": kv_read_bytes(eng.pool, layers, kv, d) / bw * 1e3,
+           "attention": clf.metadata()["attention"]}
+    for b in (1, 4):
+        res = clf.classify((QUERIES * b)[:b])
+        total = sum(r.query_tokens for r in res)
+        out[f"tokens_b{b}"] = res[0].meta["tokens_per_forward"]
+        out[f"flops_b{b}"] = attention_flops([total + b * p.const_len for p in eng.prompts], prefix, layers, heads, d)
+        out[f"attention_ms_b{b}"] = attention_ms(clf, (QUERIES * b)[:b])
+    return out
+
+
+def t4_prefix_ms(bytes_: int, flops: int) -> tuple[float, float]:
+    """(reading the prefix K/V at 75 % of 320 GB/s, its attention FLOPs at 50 % of the T4's FMA rate), ms."""
+    return bytes_ / (C.T4_BW * C.T4_BW_EFF) * 1e3, flops / (T4_FMA * 0.5) * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="qwen3_4b", choices=sorted(C.SHAPES))
+    ap.add_argument("--iters", type=int, default=150, help="pairs timed per case at batch 1 (batch 4: half)")
+    ap.add_argument("--buckets", type=int, nargs="+", default=[8, 16, 24, 32],
+                    help="engine.query_buckets: the benchmark's queries land in the same buckets as under "
+                    "conf/engine/fast.yaml's list (8 tokens alone, 24 for four), with fewer graphs to capture")
+    ap.add_argument("--tuning", default=None, help="JSON from bench/attention.py --out-tuning: kernel shapes per head_dim")
+    args = ap.parse_args()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.float16 if dev == "cuda" else torch.float32
+    if args.tuning:
+        with open(args.tuning) as f:
+            for dim, t in json.load(f).items():
+                tree_plan.TUNING[int(dim)] = tree_plan.Tuning(**t)
+    tok = build_qwen_tokenizer()
+    bw = C.copy_bandwidth_gbs() * 1e9 if dev == "cuda" else float("nan")
+    t0 = time.perf_counter()
+    model = C.random_qwen3(args.model, dev, dtype)
+    loaded = LoadedModel(model, tok, torch.device(dev), dtype, "fp16", memory=module_bytes(model))
+    lbytes, lparams = C.layer_bytes(model), C.layer_params(model)
+    zero = [p.model_dump() for p in compose(["prompts=ecommerce8"]).prompts]
+    sets = prompt_sets(tok, zero)
+    clfs = {name: Classifier(make_cfg(ps, "trie", args.buckets), loaded=loaded) for name, ps in sets.items()}
+    build_s = time.perf_counter() - t0
+    rows = {name: case_numbers(clf, model, bw) for name, clf in clfs.items()}
+    for name, clf in clfs.items():
+        for b, iters in ((1, args.iters), (4, max(10, args.iters // 2))):
+            if name == BASE:
+                continue
+            ta, tb = paired_samples(clfs[BASE], clf, (QUERIES * b)[:b], iters)
+            rows[name][f"b{b}"] = (C.median(ta), C.median(tb), C.median([y - x for x, y in zip(ta, tb)]))
+    del clfs
+    C.free()
+    few = [p.model_dump() for p in compose(["prompts=ecommerce8_fewshot"]).prompts]
+    a, b_ = (Classifier(make_cfg(ps, "trie", args.buckets), loaded=loaded) for ps in (zero, few))
+    fewshot = {}
+    for b in (1, 4):
+        ta, tb = paired_samples(a, b_, (QUERIES * b)[:b], 2 * args.iters if b == 1 else args.iters)
+        fewshot[b] = (C.median(ta), C.median(tb), C.median([y / x for x, y in zip(ta, tb)]))
+    report(args, rows, fewshot, bw, lbytes, lparams, build_s)
+
+
+def report(args, rows, fewshot, bw, lbytes, lparams, build_s) -> None:
+    tun = {d: dataclasses.asdict(t) for d, t in tree_plan.TUNING.items()}
+    text = C.header(f"prefix length: what a long prompt costs ({args.model} random weights, 8 prompts, trie)",
+                    f"bench/prefix.py --model {args.model} --iters {args.iters} --buckets {' '.join(map(str, args.buckets))}"
+                    f"{' --tuning ' + args.tuning if args.tuning else ''}; copy bandwidth {bw / 1e9:.0f} GB/s; "
+                    f"kernel shapes d=128: {tun.get(128)}; queries {QUERIES}; model + start-ups {build_s:.0f} s")
+    text += ("| case | prefix tokens | prefix K/V read | floor ms | b1 p50 ms (64-token p50) | added b1 | added/floor b1 | "
+             "b4 p50 ms (64-token p50) | added b4 | added/floor b4 | attention ms/forward b1 / b4 | prefix attention "
+             "GFLOP b1 / b4 (TFLOP/s) | KV buffer GB | T4 projection b1 / b4 (prefix read, FMA b1 / b4) |\n"
+             + "|---" * 14 + "|\n")
+    worst = 0.0
+    for name, r in rows.items():
+        cols = []
+        for b in (1, 4):
+            if f"b{b}" in r:
+                base, mine, added = r[f"b{b}"]
+                worst = max(worst, added / r["floor_ms"])
+                cols += [f"{mine:.2f} ({base:.2f})", f"{added:.3f}", f"{added / r['floor_ms']:.2f}"]
+            else:
+                cols += ["", "", ""]
+        read, fma1 = t4_prefix_ms(r["kv_read_bytes"], r["flops_b1"])
+        _, fma4 = t4_prefix_ms(r["kv_read_bytes"], r["flops_b4"])
+        t4 = [t4_projection(lbytes, lparams, r[f"tokens_b{b}"]) + max(read, fma) for b, fma in ((1, fma1), (4, fma4))]
+        text += (f"| {name} | {max(r['prefix_tokens'])} × {len(r['prefix_tokens'])} ({r['pool_slots']} slots) | "
+                 f"{r['kv_read_bytes'] / 1e9:.3f} GB | {r['floor_ms']:.3f} | {cols[0]} | {cols[1]} | {cols[2]} | {cols[3]} | "
+                 f"{cols[4]} | {cols[5]} | {r['attention_ms_b1']:.3f} / {r['attention_ms_b4']:.3f} | "
+                 f"{r['flops_b1'] / 1e9:.0f} / {r['flops_b4'] / 1e9:.0f} ({r['flops_b1'] / r['attention_ms_b1'] / 1e9:.0f} / "
+                 f"{r['flops_b4'] / r['attention_ms_b4'] / 1e9:.0f}) | "
+                 f"{r['kv_buffer_bytes'] / 1e9:.2f} | {t4[0]:.1f} / {t4[1]:.1f} ({read:.1f}, {fma1:.1f} / {fma4:.1f}) |\n")
+    text += (f"\nAdded = median per-pair difference from the 64-token case (timed in alternation); floor = prefix K/V "
+             f"bytes one forward must read (every pool slot once: a shared block counts once) / copy bandwidth. Worst "
+             f"added/floor {worst:.2f} (issue 18: ≤ 1.5). T4 projection = bench/latency.py's (weights at 75 % of 320 GB/s, "
+             f"GEMM FLOPs at 50 % of 65 TFLOP/s) + the larger of reading the prefix K/V at 75 % of 320 GB/s and the "
+             f"prefix attention's FLOPs at 50 % of the T4's 8.1 TFLOP/s fp32 FMA rate (a model, not a measurement). "
+             f"Prefix attention FLOPs = query tokens × query heads × prefix keys × 4 × head_dim × layers: batch 4 and "
+             f"the shared block are bound by them, not by the bytes, wherever they take longer than the floor at the "
+             f"GPU's fp16 tensor rate.\n\n"
+             "`ecommerce8_fewshot` against `ecommerce8` (timed in alternation; p50 ms, median per-pair ratio; issue 18: "
+             "≤ 1.03):\n\n| batch | ecommerce8 | ecommerce8_fewshot | ratio |\n|---|---|---|---|\n")
+    text += "".join(f"| {b} | {x:.3f} | {y:.3f} | {r:.4f} |\n" for b, (x, y, r) in fewshot.items())
+    if torch.cuda.is_available():
+        C.append(text + "\n")
+    else:  # a smoke run: nothing to record
+        print(text)
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "prefix.json"), "w") as f:
+            json.dump({"rows": rows, "fewshot": fewshot, "copy_gbs": bw / 1e9, "tuning": tun}, f, indent=1, default=str)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,202 @@
+"""Triton kernels of the tree attention (qcls/engine/attention.py launches them, tree_plan.py plans them).
+
+- `prefix_kernel`: one program = one work item of the plan (a chunk of prefix keys in contiguous pool
+  slots, and up to QB blocks of BQ query tokens of the prompts that see that chunk) × one KV head with all
+  query heads of its group. For each query block it reads the chunk's K/V and writes the partial softmax
+  state of every (token, query head) over the chunk: running max m, sum l and unnormalised output acc
+  (fp32), under the chunk's index along the prompt's prefix.
+- `row_kernel`: one program = one tile (≤ TILE tokens of one row) × one KV head. It starts from the tile's
+  prefix state, merging the partials of its prompt's chunks or, for short prefixes, walking the prefix
+  itself (one launch instead of two), adds the row's own keys (causal / trie ancestry), normalises and
+  writes the output.
+
+A sliding window (window > 0) hides a key unless pos(query) - pos(key) < window; a prefix slot's position
+is its index in its prompt's prefix. The window's value is an argument and WINDOW (whether there is one)
+a compile-time flag, so layers without one pay nothing for it. Loop bounds are kernel arguments or
+descriptor values: one compiled kernel serves every bucket. The dots are small (≤ BQ·group query vectors
+× BN keys); on sm_75 Triton runs them without tensor cores.
+"""
+from __future__ import annotations
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only installs
+    triton = None
+
+WORK_FIELDS = 7  # first slot, keys, position of the first key, split index, prompt range lo/hi, first query block
+
+
+if triton is not None:
+    _WORK = tl.constexpr(WORK_FIELDS)
+    _FAR = tl.constexpr(1 << 40)  # "no token here" in the minimum position of a block
+
+    @triton.jit
+    def _online(sc, m_i, l_i, acc, v):
+        """One online-softmax step (scores sc [M, BN] with -inf where hidden; v [BN, D])."""
+        m_new = tl.maximum(m_i, tl.max(sc, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that saw nothing yet stay at 0
+        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp(sc - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        return m_new, l_i, acc
+
+    @triton.jit
+    def _merge(m_i, l_i, acc, m_s, l_s, acc_s):
+        """Fold a partial state (m_s, l_s, acc_s) into the running one."""
+        m_new = tl.maximum(m_i, m_s)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        a = tl.exp(m_i - m_safe)
+        b = tl.exp(m_s - m_safe)
+        return m_new, l_i * a + l_s * b, acc * a[:, None] + acc_s * b[:, None]
+
+    @triton.jit
+    def _first_key(qpos, ok, kpos0, window, BN: tl.constexpr, WINDOW: tl.constexpr):
+        """Start of the key loop: key blocks that every query of the block is a window past are skipped."""
+        if WINDOW:
+            return tl.maximum(tl.min(tl.where(ok, qpos, _FAR)) - window + 1 - kpos0, 0) // BN * BN
+        else:
+            return 0
+
+    @triton.jit
+    def prefix_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, qtok_ptr, qstart_ptr, work_ptr, part_ptr, ml_ptr,
+                      q_s0, q_s1, kv_s_head, part_s_split, n_heads, scale, window,
+                      G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BQ: tl.constexpr, BN: tl.constexpr,
+                      QB: tl.constexpr, WINDOW: tl.constexpr):
+        w = tl.program_id(0)
+        h = tl.program_id(1)  # KV head; its query heads are h·G … h·G+G-1
+        wp = work_ptr + w * _WORK
+        slot0 = tl.load(wp)
+        nkeys = tl.load(wp + 1)
+        kpos0 = tl.load(wp + 2)
+        split = tl.load(wp + 3)
+        t_lo = tl.load(qstart_ptr + tl.load(wp + 4))  # the query tokens of the prompts that see the chunk
+        t_hi = tl.load(qstart_ptr + tl.load(wp + 5))
+        blk0 = tl.load(wp + 6)
+
+        M: tl.constexpr = BQ * GP
+        mi = tl.arange(0, M)
+        ti, gi = mi // GP, mi % GP  # query vector = (token of the block, head of the group)
+        head = h * G + gi
+        dd = tl.arange(0, D)
+        jn = tl.arange(0, BN)
+        kh = k_ptr + h * kv_s_head + slot0 * D
+        vh = v_ptr + h * kv_s_head + slot0 * D
+        for qb in range(QB):
+            first = t_lo + (blk0 + qb) * BQ
+            if first < t_hi:
+                idx = first + ti
+                tok_ok = idx < t_hi
+                q_ok = tok_ok & (gi < G)
+                tok = tl.load(qtok_ptr + idx, mask=tok_ok, other=0)
+                q = tl.load(q_ptr + tok[:, None] * q_s0 + head[:, None] * q_s1 + dd[None, :],
+                            mask=q_ok[:, None], other=0.0)
+                qpos = tl.load(pos_ptr + tok, mask=tok_ok, other=0)
+                m_i = tl.full([M], float("-inf"), tl.float32)
+                l_i = tl.zeros([M], tl.float32)
+                acc = tl.zeros([M, D], tl.float32)
+                for s in range(_first_key(qpos, tok_ok, kpos0, window, BN, WINDOW), nkeys, BN):
+                    j = s + jn
+                    j_ok = j < nkeys
+                    kt = tl.load(kh + j[None, :] * D + dd[:, None], mask=j_ok[None, :], other=0.0)
+                    vis = j_ok[None, :]
+                    if WINDOW:
+                        vis = vis & (qpos[:, None] - (kpos0 + j)[None, :] < window)
+                    sc = tl.where(vis, tl.dot(q, kt) * scale, float("-inf"))
+                    vt = tl.load(vh + j[:, None] * D + dd[None, :], mask=j_ok[:, None], other=0.0)
+                    m_i, l_i, acc = _online(sc, m_i, l_i, acc, vt)
+                row = split * part_s_split + tok * n_heads + head  # (split, token, query head)
+                tl.store(ml_ptr + row * 2, m_i, mask=q_ok)
+                tl.store(ml_ptr + row * 2 + 1, l_i, mask=q_ok)
+                tl.store(part_ptr + row[:, None] * D + dd[None, :], acc, mask=q_ok[:, None])
+
+    @triton.jit
+    def row_kernel(q_ptr, k_ptr, v_ptr, o_ptr, seq_ptr, anc_ptr, tslot_ptr, pos_ptr, tiles_ptr, ptab_ptr,
+                   plen_ptr, nsplit_ptr, part_ptr, ml_ptr, pool_len, ptab_stride, q_s0, q_s1, o_s0, kv_s_head,
+                   part_s_split, n_heads, scale, window,
+                   G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, TILE: tl.constexpr, BT: tl.constexpr,
+                   BN: tl.constexpr, WINDOW: tl.constexpr):
+        tile = tl.program_id(0)
+        h = tl.program_id(1)
+        t0 = tl.load(tiles_ptr + tile * 5)
+        cnt = tl.load(tiles_ptr + tile * 5 + 1)
+        r0 = tl.load(tiles_ptr + tile * 5 + 2)
+        rlen = tl.load(tiles_ptr + tile * 5 + 3)
+        prompt = tl.load(tiles_ptr + tile * 5 + 4)
+        plen = tl.load(plen_ptr + prompt)  # prefix keys walked here (0 when the prefix kernel did it)
+        nsplit = tl.load(nsplit_ptr + prompt)  # partial states the prefix kernel left for this prompt
+        # BT < TILE where a whole tile's query vectors would not fit the registers (d=256 on sm_75)
+        for sub in tl.static_range(TILE // BT):
+            if sub * BT < cnt:  # unused tiles (count 0) do nothing
+                _row_part(q_ptr, k_ptr, v_ptr, o_ptr, seq_ptr, anc_ptr, tslot_ptr, pos_ptr, ptab_ptr, ml_ptr,
+                          part_ptr, t0 + sub * BT, cnt - sub * BT, r0, rlen, prompt, plen, nsplit, pool_len,
+                          ptab_stride, q_s0, q_s1, o_s0, kv_s_head, part_s_split, n_heads, scale, window, h,
+                          G, GP, D, BT, BN, WINDOW)
+
+    @triton.jit
+    def _row_part(q_ptr, k_ptr, v_ptr, o_ptr, seq_ptr, anc_ptr, tslot_ptr, pos_ptr, ptab_ptr, ml_ptr, part_ptr,
+                  t0, cnt, r0, rlen, prompt, plen, nsplit, pool_len, ptab_stride, q_s0, q_s1, o_s0, kv_s_head,
+                  part_s_split, n_heads, scale, window, h,
+                  G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
+                  WINDOW: tl.constexpr):
+        """Up to BT tokens of one row (from t0; `cnt` left in the tile) for KV head h."""
+        M: tl.constexpr = BT * GP
+        mi = tl.arange(0, M)
+        ti, gi = mi // GP, mi % GP
+        tok = t0 + ti
+        tok_ok = ti < cnt
+        q_ok = tok_ok & (gi < G)
+        head = h * G + gi
+        dd = tl.arange(0, D)
+        q = tl.load(q_ptr + tok[:, None] * q_s0 + head[:, None] * q_s1 + dd[None, :], mask=q_ok[:, None], other=0.0)
+        seq_i = tl.load(seq_ptr + tok, mask=tok_ok, other=0)
+        anc_i = tl.load(anc_ptr + tok, mask=tok_ok, other=0)
+        pos_i = tl.load(pos_ptr + tok, mask=tok_ok, other=0)
+
+        m_i = tl.full([M], float("-inf"), tl.float32)
+        l_i = tl.zeros([M], tl.float32)
+        acc = tl.zeros([M, D], tl.float32)
+        kh = k_ptr + h * kv_s_head
+        vh = v_ptr + h * kv_s_head
+        jn = tl.arange(0, BN)
+        # 1a. the prefix kernel's partial states, one per chunk of the prompt's prefix
+        for s in range(0, nsplit):
+            row = s * part_s_split + tok * n_heads + head
+            m_s = tl.load(ml_ptr + row * 2, mask=q_ok, other=float("-inf"))
+            l_s = tl.load(ml_ptr + row * 2 + 1, mask=q_ok, other=0.0)
+            a_s = tl.load(part_ptr + row[:, None] * D + dd[None, :], mask=q_ok[:, None], other=0.0)
+            m_i, l_i, acc = _merge(m_i, l_i, acc, m_s, l_s, a_s)
+        # 1b. or the prompt's cached prefix walked here: every slot visible (within the window)
+        for s in range(_first_key(pos_i, tok_ok, 0, window, BN, WINDOW), plen, BN):
+            j = s + jn
+            j_ok = j < plen
+            slot = tl.load(ptab_ptr + prompt * ptab_stride + j, mask=j_ok, other=0)
+            kt = tl.load(kh + slot[None, :] * D + dd[:, None], mask=j_ok[None, :], other=0.0)
+            vis = j_ok[None, :]
+            if WINDOW:
+                vis = vis & (pos_i[:, None] - j[None, :] < window)
+            sc = tl.where(vis, tl.dot(q, kt) * scale, float("-inf"))
+            vt = tl.load(vh + slot[:, None] * D + dd[None, :], mask=j_ok[:, None], other=0.0)
+            m_i, l_i, acc = _online(sc, m_i, l_i, acc, vt)
+        # 2. the token's own row: sequence keys causally, trie keys if they are ancestors-or-self
+        for s in range(0, rlen, BN):
+            j_ok = s + jn < rlen
+            key = r0 + s + jn
+            seq_j = tl.load(seq_ptr + key, mask=j_ok, other=0)
+            ts_j = tl.load(tslot_ptr + key, mask=j_ok, other=-1)
+            pos_j = tl.load(pos_ptr + key, mask=j_ok, other=0)
+            causal = seq_j[None, :] <= seq_i[:, None]
+            tree = ((anc_i[:, None] >> tl.maximum(ts_j, 0)[None, :]) & 1) != 0
+            vis = tl.where(ts_j[None, :] < 0, causal, tree) & j_ok[None, :]
+            if WINDOW:
+                vis = vis & (pos_i[:, None] - pos_j[None, :] < window)
+            slot = pool_len + key
+            kt = tl.load(kh + slot[None, :] * D + dd[:, None], mask=j_ok[None, :], other=0.0)
+            sc = tl.where(vis, tl.dot(q, kt) * scale, float("-inf"))
+            vt = tl.load(vh + slot[:, None] * D + dd[None, :], mask=j_ok[:, None], other=0.0)
+            m_i, l_i, acc = _online(sc, m_i, l_i, acc, vt)
+
+        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(o_ptr + tok[:, None] * o_s0 + head[:, None] * D + dd[None, :], o.to(o_ptr.dtype.element_ty),
+                 mask=q_ok[:, None])

@@ -1,0 +1,181 @@
+"""Which program of the tree attention reads which prefix keys: the per-bucket plan, built at start-up.
+
+Long prefixes are cut into chunks so that many programs read them at once (flash-decoding style), and a
+chunk is read by one program for every query token that sees it:
+
+- Runs: along each prompt's prefix, maximal runs of pool slots seen by the same prompts. Sharing is always
+  of leading blocks (prefix_cache.py's chain hash), so once prompts are ordered by their block chains
+  (PrefixPlan.prompt_order) the prompts that see a run form a contiguous range of that order, and the Packer lists
+  their query tokens contiguously too (`qtok`, `qstart`): a shared system block is one run of all prompts.
+- Chunks: a run cut every `chunk` keys; a chunk's index along the prefix (its split) is the same for every
+  prompt that shares it. Chunk size per run: the smallest power of two in [min_chunk, max_chunk] for
+  which the partial states written (query vectors that see the chunk × head_dim, fp32) stay within
+  `partial_ratio` × the chunk's K/V bytes, so the partials cost little traffic beside the keys; the cap
+  keeps runs that many tokens see (a shared block, batch 4) spread over enough programs, but never lets
+  the partials pass `partial_limit` × the keys (large buckets split little: their query blocks are
+  parallel enough).
+- Work items: (chunk, QB blocks of BQ query tokens of its prompts). The bucket fixes how many query tokens
+  a prompt can have (its total query tokens + b × the prompt's row constant), so the work list and the
+  grid are fixed per bucket; items past a request's real tokens return at once.
+
+Buckets whose longest prefix is at most `inline_max` keys use no chunks: the row kernel walks the prefix
+itself (one launch per layer instead of two).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+import torch
+
+from qcls.engine.prefix_cache import PrefixPlan
+from qcls.engine.tree_kernels import WORK_FIELDS
+
+if TYPE_CHECKING:  # layout imports the attention, which imports this plan
+    from qcls.engine.layout import Packer
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Kernel shapes and the split rule."""
+    inline_max: int = 256  # longest prefix (keys) the row kernel walks itself
+    partial_ratio: float = 0.25  # partial-state bytes ≤ this × the chunk's K/V bytes …
+    min_chunk: int = 128
+    max_chunk: int = 512  # … but no bigger chunks than this: a run many tokens see still spreads over programs,
+    partial_limit: float = 1.0  # unless the partials would then pass this × the keys
+    bq: int = 16  # prefix kernel: query tokens per block
+    qb: int = 1  # prefix kernel: query blocks per program (the chunk is re-read from cache for each)
+    bn: int = 32  # prefix kernel: keys per step
+    warps: int = 4
+    stages: int = 2  # software pipelining of the key loads (sm_80+)
+    row_bt: int = 16  # row kernel: tokens per pass (≤ the Packer's TILE)
+    row_bn: int = 32  # row kernel: keys per step
+    row_warps: int = 4
+    row_stages: int = 3
+
+    def with_(self, **kw) -> "Tuning":
+        return replace(self, **kw)
+
+
+# Tensor-core GPUs (sm_80+), per head_dim: measured with bench/prefix.py --sweep (H100/H200).
+# sm_80+: d=128 from bench/attention.py --sweep on an H100 (2026-11-23, bench/RESULTS.md); d=64 and d=256 not
+# swept (the Gemma3 d=256 rows of that run kept these shapes against 8-token blocks and 16-key steps)
+TUNING: dict[int, Tuning] = {
+    64: Tuning(bn=64),
+    128: Tuning(inline_max=64, partial_ratio=0.125, stages=3),
+    256: Tuning(bn=32, row_warps=8),
+}
+
+
+def tuning_for(head_dim: int, group: int, device: torch.device | None = None) -> Tuning:
+    """The kernel shapes for this head shape and device. On Turing (sm_75: dots on FMA units, 64 KiB of
+    shared memory per block) a program holds at most 8192 / head_dim query vectors (tokens × the group's
+    heads) and steps 16 keys with 8 warps: what ptxas compiles for sm_75 without register spills and within
+    48 KiB of shared memory (read from the compiled kernels; not timed on a T4)."""
+    gp = 1 << max(0, group - 1).bit_length()  # the group's heads, padded to a power of two in the kernels
+    if device is not None and device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 0):
+        tokens = max(1, 8192 // head_dim // gp)
+        t = Tuning(bq=tokens, bn=16, warps=8, stages=1, row_bt=min(16, tokens), row_bn=16, row_warps=8,
+                   row_stages=1)
+    else:
+        t = TUNING.get(head_dim) or TUNING[128]
+    # a dot needs ≥ 16 query vectors (tokens × padded group)
+    return t.with_(bq=max(t.bq, 16 // gp), row_bt=max(t.row_bt, 16 // gp))
+
+
+@dataclass
+class Chunk:
+    slot: int  # first pool slot (the chunk's slots are contiguous)
+    keys: int
+    pos: int  # position of its first key within the prefix
+    split: int  # index along the prefix of every prompt that sees it
+    lo: int  # prompts that see it: order[lo:hi]
+    hi: int
+
+
+@dataclass
+class _Run:
+    lo: int
+    hi: int
+    slot: int
+    pos: int
+    keys: int
+
+
+def plan_chunks(pool: PrefixPlan, order: list[int], chunk_size) -> tuple[list[Chunk], list[int]]:
+    """Chunks of every prefix (each emitted once, by the first prompt of its range) and the number of
+    chunks per prompt; `chunk_size(lo, hi)` gives the size for a run seen by order[lo:hi]."""
+    rank = {p: i for i, p in enumerate(order)}
+    users: dict[int, list[int]] = {}
+    for p, blocks in enumerate(pool.prompt_blocks):
+        for b in blocks:
+            users.setdefault(b, []).append(rank[p])
+    chunks, n_splits = [], [0] * len(order)
+    for p in order:
+        runs: list[_Run] = []
+        for b in pool.prompt_blocks[p]:
+            r, blk = users[b], pool.blocks[b]
+            lo, hi = min(r), max(r) + 1
+            if hi - lo != len(r):
+                raise AssertionError(f"block {b} is shared by prompts {r} of the order, not a contiguous range")
+            last = runs[-1] if runs else None
+            if last and (last.lo, last.hi) == (lo, hi) and last.slot + last.keys == blk.start:
+                last.keys += len(blk.tokens)
+            else:
+                runs.append(_Run(lo, hi, blk.start, blk.position, len(blk.tokens)))
+        k = 0
+        for run in runs:
+            size = chunk_size(run.lo, run.hi)
+            for off in range(0, run.keys, size):
+                if run.lo == rank[p]:
+                    chunks.append(Chunk(run.slot + off, min(size, run.keys - off), run.pos + off, k, run.lo, run.hi))
+                k += 1
+        n_splits[p] = k
+    return chunks, n_splits
+
+
+@dataclass
+class TreePlan:
+    """Device tables of one bucket (prompt index P is the pads' row: no prefix)."""
+    tuning: Tuning
+    work: torch.Tensor  # [items, WORK_FIELDS] int64; empty when every prefix is walked inline
+    n_splits: torch.Tensor  # [P + 1] partial states per prompt
+    inline_len: torch.Tensor  # [P + 1] prefix keys the row kernel walks itself
+    prefix_slots: torch.Tensor  # [P + 1, width] pool slot of every prefix token (the inline walk)
+    max_splits: int
+    chunks: list[Chunk] = field(default_factory=list)
+
+    def to(self, device) -> "TreePlan":
+        return replace(self, work=self.work.to(device), n_splits=self.n_splits.to(device),
+                       inline_len=self.inline_len.to(device), prefix_slots=self.prefix_slots.to(device))
+
+
+def plan_tree(packer: "Packer", b: int, query_tokens: int, group: int, tuning: Tuning) -> TreePlan:
+    """The plan of the bucket of b queries with `query_tokens` query tokens in all, for a model whose KV
+    heads each serve `group` query heads."""
+    order, prefix_len = packer.order, packer.prefix_len
+    zeros = torch.zeros(len(order) + 1, dtype=torch.long)
+    if int(prefix_len.max()) <= tuning.inline_max:
+        return TreePlan(tuning, torch.zeros(0, WORK_FIELDS, dtype=torch.long), zeros, prefix_len.clone(),
+                        packer.prefix_slots, 0)
+    prompt_tokens = packer.prompt_tokens(b, query_tokens)
+    tokens_in = [0]
+    for p in order:
+        tokens_in.append(tokens_in[-1] + prompt_tokens[p])
+
+    def chunk_size(lo: int, hi: int) -> int:
+        vectors = (tokens_in[hi] - tokens_in[lo]) * group  # partial states per KV head, each head_dim wide
+        cap = max(tuning.max_chunk, vectors / tuning.partial_limit)
+        size = tuning.min_chunk
+        while size < vectors / tuning.partial_ratio and size < cap:
+            size *= 2
+        return size
+
+    chunks, n_splits = plan_chunks(packer.pool, order, chunk_size)
+    work = []
+    for c in chunks:
+        blocks = -(-(tokens_in[c.hi] - tokens_in[c.lo]) // tuning.bq)
+        work += [[c.slot, c.keys, c.pos, c.split, c.lo, c.hi, j] for j in range(0, blocks, tuning.qb)]
+    splits = torch.tensor(n_splits + [0], dtype=torch.long)
+    return TreePlan(tuning, torch.tensor(work, dtype=torch.long).reshape(-1, WORK_FIELDS), splits, zeros,
+                    packer.prefix_slots, int(splits.max()), chunks)

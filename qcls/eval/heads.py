@@ -1,0 +1,190 @@
+"""Fitting learned heads (design.md §10): per prompt, a multinomial logistic regression with an L2 penalty on
+the hidden state the engine reads (optionally with the prompt's raw label scores appended), its strength
+chosen by stratified k-fold cross-validation on the fitting split alone (scikit-learn).
+
+Features are standardised inside the fit and the scaling is folded back into the weights, so what is saved is
+one affine map of the raw state, the form the engine's tail evaluates (qcls/heads/head.py).
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from qcls.errors import ConfigError, missing_package
+from qcls.heads.head import PromptHead, Read, Tap
+
+CS = tuple(float(c) for c in np.logspace(-3, 2, 11))  # L2 strengths tried: C = 1/λ, half a decade apart
+FOLDS = 3
+ABSENT = -1e4  # the bias of a label that a learning-curve subset lacks: it can never win
+
+
+class FitError(ConfigError):
+    """A fitting split a head cannot be fitted on; the message names the prompt, the label and what is needed."""
+
+
+def _sklearn():
+    try:
+        from sklearn.linear_model import LogisticRegression
+        from sklearn.model_selection import StratifiedKFold
+        from sklearn.preprocessing import StandardScaler
+    except ImportError as e:
+        raise missing_package(e, "fitting a head (qcls calibrate --method head)") or e
+    return LogisticRegression, StratifiedKFold, StandardScaler
+
+
+def one_thread():
+    """BLAS on one thread while fitting: these problems are small, and a BLAS pool per fit fighting torch's
+    threads made each fit 100× slower on a busy 2-core machine."""
+    from threadpoolctl import threadpool_limits
+    return threadpool_limits(1)
+
+
+def check_split(gold: np.ndarray, labels: Sequence[str], folds: int, prompt: str, where: str) -> None:
+    """Refuse a fitting split on which a head cannot be fitted: a label that never occurs (the head could
+    never predict it) or fewer examples of a label than the folds of the cross-validation."""
+    counts = np.bincount(gold, minlength=len(labels))
+    never = [lab for lab, c in zip(labels, counts) if c == 0]
+    if never:
+        raise FitError(f"{where}: prompt {prompt!r}: labels {never} never occur among its "
+                       f"{len(gold)} labelled queries, so a head could never predict them",
+                       f"label at least {folds} queries with each of them, or drop them from the prompt's labels")
+    few = [(lab, int(c)) for lab, c in zip(labels, counts) if c < folds]
+    if few:
+        shown = ", ".join(f"{lab!r} has {c}" for lab, c in few)
+        raise FitError(f"{where}: prompt {prompt!r}: {folds}-fold cross-validation (to choose the L2 strength) "
+                       f"needs at least {folds} examples of every label; {shown}",
+                       f"label more queries, or lower the folds with --cv-folds {max(2, min(c for _, c in few))} "
+                       "(at least 2)" if min(c for _, c in few) >= 2 else "label more queries (each label needs "
+                       "at least 2 examples even with --cv-folds 2)")
+
+
+def features(states: np.ndarray, taps: list[Tap], read: Read, scores: np.ndarray | None) -> np.ndarray:
+    """[n, F]: the read's taps of `states` [n, taps, H] concatenated in the read's order, then the raw scores."""
+    parts = [states[:, taps.index(t)] for t in read.taps]
+    if scores is not None:
+        parts.append(scores)
+    return np.concatenate(parts, axis=1).astype(np.float64)
+
+
+@dataclass
+class Fitted:
+    weights: np.ndarray  # [L, F] on the raw (unstandardised) features
+    bias: np.ndarray  # [L]
+    C: float
+
+
+def fit_affine(x: np.ndarray, y: np.ndarray, n_labels: int, C: float) -> Fitted:
+    """Standardise, fit the L2 logistic regression, fold the scaling back: logits = W x + c for every label
+    (a label absent from y gets zero weights and a bias it can never win with)."""
+    LogisticRegression, _, StandardScaler = _sklearn()
+    present = np.unique(y)
+    if len(present) == 1:  # nothing to separate (a small learning-curve subset): that label, always
+        c = np.full(n_labels, ABSENT)
+        c[present[0]] = 0.0
+        return Fitted(np.zeros((n_labels, x.shape[1])), c, C)
+    scaler = StandardScaler().fit(x)
+    with warnings.catch_warnings(), one_thread():
+        warnings.simplefilter("ignore")  # lbfgs convergence chatter on tiny folds; the CV judges the result
+        lr = LogisticRegression(C=C, max_iter=2000).fit(scaler.transform(x), y)
+    coef, icpt = lr.coef_, lr.intercept_
+    if coef.shape[0] == 1:  # two classes: sklearn keeps the logit of the second; softmax([-z/2, z/2]) = sigmoid(z)
+        coef, icpt = np.vstack([-coef / 2, coef / 2]), np.array([-icpt[0] / 2, icpt[0] / 2])
+    w = np.zeros((n_labels, x.shape[1]))
+    c = np.full(n_labels, ABSENT)
+    w[lr.classes_] = coef / scaler.scale_
+    c[lr.classes_] = icpt - (coef / scaler.scale_) @ scaler.mean_
+    return Fitted(w, c, C)
+
+
+def cross_validate(x: np.ndarray, y: np.ndarray, n_labels: int, Cs: Sequence[float], folds: int,
+                   seed: int = 0) -> dict[float, dict[str, float]]:
+    """Per C: mean held-out log-loss and accuracy over stratified folds of (x, y). Each fold walks the Cs from
+    the strongest penalty up, starting every fit from the previous solution (the same optimum, far fewer
+    iterations)."""
+    LogisticRegression, StratifiedKFold, StandardScaler = _sklearn()
+    losses: dict[float, list] = {C: [] for C in Cs}
+    hits: dict[float, list] = {C: [] for C in Cs}
+    for tr, te in StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed).split(x, y):
+        scaler = StandardScaler().fit(x[tr])
+        xtr, xte = scaler.transform(x[tr]), scaler.transform(x[te])
+        lr = LogisticRegression(max_iter=2000, warm_start=True)
+        for C in sorted(Cs):
+            with warnings.catch_warnings(), one_thread():
+                warnings.simplefilter("ignore")
+                lr.set_params(C=C).fit(xtr, y[tr])
+            logp = np.full((len(te), n_labels), -np.inf)
+            logp[:, lr.classes_] = lr.predict_log_proba(xte)
+            losses[C].append(-logp[np.arange(len(te)), y[te]])
+            hits[C].append(logp.argmax(1) == y[te])
+    return {C: {"log_loss": float(np.mean(np.concatenate(losses[C]))),
+                "accuracy": float(np.mean(np.concatenate(hits[C])))} for C in Cs}
+
+
+def fit_prompt(states: np.ndarray, taps: list[Tap], scores: np.ndarray, gold: np.ndarray, labels: list[str],
+               reads: Sequence[Read], with_scores: bool, *, Cs: Sequence[float] = CS, folds: int = FOLDS,
+               seed: int = 0) -> PromptHead:
+    """The head of one prompt: every candidate read × C cross-validated on (states, gold), the one with the
+    lowest held-out log-loss refitted on all of them. `states` [n, taps, H], `scores` [n, L] raw, `gold` [n]."""
+    best = None
+    tried = {}
+    for read in reads:
+        x = features(states, taps, read, scores if with_scores else None)
+        cv = cross_validate(x, gold, len(labels), Cs, folds, seed)
+        C = min(cv, key=lambda c: (cv[c]["log_loss"], -c))
+        tried[f"{read.kind}@{read.layer}"] = {"C": C, **cv[C]}
+        if best is None or cv[C]["log_loss"] < best[2]["log_loss"]:
+            best = (read, C, cv[C], x)
+    read, C, stats, x = best
+    f = fit_affine(x, gold, len(labels), C)
+    n_state = x.shape[1] - (len(labels) if with_scores else 0)
+    info = {"n": int(len(gold)), "C": C, "cv_folds": folds, "cv_accuracy": round(stats["accuracy"], 4),
+            "cv_log_loss": round(stats["log_loss"], 4),
+            "fit_accuracy": round(float(np.mean((x @ f.weights.T + f.bias).argmax(1) == gold)), 4)}
+    if len(tried) > 1:
+        info["reads_tried"] = {k: {"C": v["C"], "cv_accuracy": round(v["accuracy"], 4),
+                                   "cv_log_loss": round(v["log_loss"], 4)} for k, v in tried.items()}
+    return PromptHead(list(labels), f.bias, f.weights[:, n_state:] if with_scores else None, f.weights[:, :n_state],
+                      read, info)
+
+
+def learning_curve(fit_x: np.ndarray, fit_y: np.ndarray, eval_x: np.ndarray, eval_y: np.ndarray, n_labels: int,
+                   C: float, sizes: Sequence[int], draws: int, seed: int = 0) -> dict[int, list[float]]:
+    """Held-out accuracy of heads fitted on random subsets of the fitting queries: per size, one accuracy per
+    draw. Subsets depend only on (seed, size, draw) and the fitting set's order, so every configuration
+    compared on the same split sees the same subsets; the L2 strength is the one chosen on all fitting queries
+    (a subset of 25 cannot be cross-validated). A subset may lack a label; its head then never predicts it."""
+    out: dict[int, list[float]] = {}
+    for size in sizes:
+        if size >= len(fit_y):
+            continue
+        accs = []
+        for d in range(draws):
+            pick = np.random.default_rng([seed, size, d]).permutation(len(fit_y))[:size]
+            f = fit_affine(fit_x[pick], fit_y[pick], n_labels, C)
+            accs.append(float(np.mean((eval_x @ f.weights.T + f.bias).argmax(1) == eval_y)))
+        out[size] = accs
+    full = fit_affine(fit_x, fit_y, n_labels, C)
+    out[len(fit_y)] = [float(np.mean((eval_x @ full.weights.T + full.bias).argmax(1) == eval_y))]
+    return out
+
+
+def candidate_reads(layer: str, read: str, num_layers: int) -> list[Read]:
+    """The reads `--layer` / `--read` ask for: one, or with `auto` the final state and about 15 layers spread
+    over the depth (every layer of a model of ≤ 16) and/or every kind, to be chosen per prompt by
+    cross-validation on the fitting split."""
+    step = max(1, round(num_layers / 15))
+    layers: list[int | str] = ["final", *range(step, num_layers, step)] if layer == "auto" else \
+        ["final" if layer == "final" else int(layer)]
+    kinds = ["position", "query_mean", "both"] if read == "auto" else [read]
+    out = [Read(lay, k) for lay in layers for k in kinds if not (lay == "final" and k != "position")]
+    if not out:
+        raise FitError(f"--layer {layer} --read {read}: the mean over the query's tokens needs an intermediate "
+                       "layer", "give --layer N (1 … number of layers − 1) or --read position")
+    return out
+
+
+def taps_of(reads: Sequence[Read]) -> list[Tap]:
+    return list(dict.fromkeys(t for r in reads for t in r.taps))

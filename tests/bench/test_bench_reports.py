@@ -1,0 +1,88 @@
+"""The several-GPU benchmarks' verdicts (bench/replica_loss.py, bench/soak.py, bench/serve_replicas.py) on
+synthetic runs worked out by hand, so that a run on a lent GPU cannot end in a report that crashes or judges
+wrongly. (The runs themselves: docs/serving.md, "Several GPUs".)"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("orjson")
+
+from bench import replica_loss, serve_replicas, soak  # noqa: E402
+
+A, B, NEW = "http://127.0.0.1:30000", "http://127.0.0.1:30001", "http://127.0.0.1:30002"
+
+
+def loss_run(via: str = "ports"):
+    """2 replicas; A killed at t=20 (exited 20.1); the replacement NEW first answers at 40; t0=0, warm 0."""
+    R = replica_loss.Row
+    rows = [R(0, A, t, t + 0.5, 200) for t in range(10, 20)]  # 10 before the kill on A
+    rows += [R(1, B, t, t + 0.5, 200) for t in range(10, 20)]  # 10 before on B
+    rows += [R(0, A, 19.8, 20.1, "HTTPError: ConnectionResetError: reset"),  # in flight at the kill
+             R(0, A, 20.05, 20.1, "HTTPError: IncompleteReadError: 0 bytes")]  # sent while it exited
+    rows += [R(1, B, 20 + t, 20.5 + t, 200) for t in range(20)]  # B alone: 20 answers over [20.5, 39.5]
+    rows += [R(0, NEW, 40 + t, 40 + t, 200) for t in range(10)] + [R(1, B, 40 + t, 40.5 + t, 200) for t in range(10)]
+    out = {"t0": 0.0, "killed": 20.0, "exited": 20.1, "t_end": 50.0, "refused": 1,
+           "doomed": {"url": A}, "replacement": {"url": NEW}, "replacement_running": 39.0,
+           "replacement_answered": 40.0 if via == "ports" else None}
+    a = SimpleNamespace(replicas=2, via=via, clients_per_replica=1, warm_s=0.0, before_s=10.0, after_s=10.0)
+    return rows, out, a
+
+
+def test_replica_loss_sorts_failures_and_rates():
+    rows, out, a = loss_run()
+    s = replica_loss.summarise(rows, out, a)
+    assert (s["failed"], s["failed_in_flight_on_killed"], s["failed_sent_before_kill"]) == (2, 2, 1)
+    assert s["failed_otherwise"] == [] and s["hung"] == 0
+    assert s["rate_before"] == pytest.approx(20 / 20.0)  # answers ending in [0, 20): 20 over 20 s
+    assert s["rate_outage"] == pytest.approx(20 / 19.9)  # B's 20 answers between the exit and 40
+    assert s["replacement_answered_s"] == pytest.approx(20.0) and s["replacement_share_after"] == pytest.approx(0.5)
+    text = replica_loss.report(s, a, {"device": "cpu", "config": "x"})
+    assert "none hung: met" in text and "1 sent before the kill" in text and "50%" in text and "NOT met" not in text
+
+
+def test_replica_loss_flags_a_failure_that_was_not_in_flight_and_a_hang():
+    rows, out, a = loss_run()
+    rows.append(replica_loss.Row(1, B, 30.0, 30.2, "HTTPError: ConnectionResetError: reset"))
+    rows.append(replica_loss.Row(1, B, 31.0, 91.0, "hung over 60 s (hang guard)"))
+    s = replica_loss.summarise(rows, out, a)
+    assert len(s["failed_otherwise"]) == 2 and s["hung"] == 1
+    assert "none hung: NOT met" in replica_loss.report(s, a, {"device": "cpu"})
+
+
+def test_replica_loss_through_the_proxy_does_not_claim_which_replica_answered():
+    rows, out, a = loss_run("proxy")
+    s = replica_loss.summarise(rows, out, a)
+    assert "replacement_share_after" not in s
+    assert "not visible through the proxy" in replica_loss.report(s, a, {"device": "cpu"})
+
+
+def minute(m: int, p99: float, rss: int, errors: int = 0) -> dict:
+    return {"minute": m, "requests": 100, "errors": errors, "first_error": "503" if errors else "", "rps": 1.6,
+            "p50": 10.0, "p99": p99, "rss": rss, "cuda_allocated": 1000, "cuda_reserved": 2000}
+
+
+def test_soak_goals():
+    ok = [minute(1, 20.0, 1000), minute(2, 21.0, 1005), minute(3, 23.9, 1009)]
+    g = soak.goals(ok, 3)
+    assert not [x for x in g if "NOT met" in x] and "ran 3 of 3 minutes" in g[0]
+    bad = [minute(1, 20.0, 1000), minute(2, 21.0, 1011, errors=1), minute(3, 24.1, 1000)]
+    g = soak.goals(bad, 4)
+    assert "(what fitted --budget-s)" in g[0]
+    failed = [x.split(":")[0] for x in g if "NOT met" in x]
+    assert failed == ["errors", "rss", "p99 last minute 24.10 ms ≤ 1.2 × first 20.00 = 24.00"]
+    text = soak.report(bad, SimpleNamespace(minutes=4), {"device": "cpu"})
+    assert "| 2 | 100 | 1 |" in text and "First error of minute 2: `503`" in text
+
+
+def test_serve_replicas_goal_against_one_replica():
+    def row(n, kind, rps):
+        return {"replicas": n, "kind": kind, "path": f"http ({kind})", "concurrency": 8 * n, "requests": 100,
+                "errors": 0, "first_error": "", "rps": rps, "p50": 1.0, "p99": 2.0, "batch": 4.0, "client_cpu": 0.3}
+    rs = [row(1, "ports", 500), row(1, "proxy", 175), row(2, "ports", 900), row(2, "proxy", 300), row(4, "ports", 1700)]
+    g = serve_replicas.goals(rs, [1, 2, 4, 8], {1, 2, 4}, gpus=4, need_gpus=True)
+    assert any(x.startswith("N=2 replica ports: 900 req/s ≥ 0.9 × 2 × 500 (one replica) = 900: met") for x in g)
+    assert any(x.startswith("N=4 replica ports") and "NOT met" in x for x in g)  # 1700 < 1800
+    assert "N=8: not measured: 8 replicas need 8 GPUs, 4 visible (no multi-GPU machine was lent)" in g
+    assert "| 2 | http (ports) | 16 | 100 | 0 | 900.0 | 450.0 |" in serve_replicas.table(rs)

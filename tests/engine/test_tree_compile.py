@@ -1,0 +1,74 @@
+"""The tree kernels compile for a T4 (sm_75) with the shapes tuning_for gives there: within the 48 KiB of
+shared memory a block gets without opting in (the T4's ceiling is 64 KiB) and without register spills. No
+GPU needed: Triton compiles for a named target and ptxas (shipped with Triton) reports the resources. The
+compile runs in a child process: this session's kernels are Triton's interpreter (tests/conftest.py)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+PTR = {"q_ptr": "*fp16", "k_ptr": "*fp16", "v_ptr": "*fp16", "o_ptr": "*fp16", "part_ptr": "*fp32", "ml_ptr": "*fp32",
+       "scale": "fp32"}
+
+
+def _compile(fn, constexprs: dict, warps: int, stages: int) -> dict:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    names = list(fn.arg_names)
+    sig = {a: PTR.get(a, "*i64" if a.endswith("_ptr") else "i32") for a in names if a not in constexprs}
+    # what the JIT specialises on a real launch: 16-byte aligned pointers and strides
+    aligned = {(names.index(a),): [["tt.divisibility", 16]] for a in sig
+               if a.endswith("_ptr") or a in ("q_s0", "q_s1", "o_s0", "kv_s_head")}
+    src = ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in constexprs}},
+                    constexprs={(names.index(k),): v for k, v in constexprs.items()}, attrs=aligned)
+    kernel = triton.compile(src, target=GPUTarget("cuda", 75, 32), options={"num_warps": warps, "num_stages": stages})
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        out = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True, text=True, check=True)
+    line = next(x for x in out.stdout.splitlines() if "REG:" in x)
+    usage = dict(x.split(":") for x in line.split() if ":" in x)
+    return {"shared": kernel.metadata.shared, "stack": int(usage["STACK"]), "mma": "mma" in kernel.asm["ptx"]}
+
+
+def resources(head_dim: int, group: int) -> dict:
+    """Compile both kernels for sm_75 with tuning_for's shapes (run without TRITON_INTERPRET)."""
+    import torch
+
+    from qcls.engine import tree_kernels as K
+    from qcls.engine.attention import TILE
+    from qcls.engine.tree_plan import tuning_for
+    torch.cuda.get_device_capability = lambda device=None: (7, 5)
+    t = tuning_for(head_dim, group, torch.device("cuda"))
+    common = dict(G=group, GP=1 << (group - 1).bit_length(), D=head_dim, WINDOW=True)
+    return {"prefix": _compile(K.prefix_kernel, {**common, "BQ": t.bq, "BN": t.bn, "QB": t.qb}, t.warps, t.stages),
+            "row": _compile(K.row_kernel, {**common, "TILE": TILE, "BT": t.row_bt, "BN": t.row_bn}, t.row_warps,
+                            t.row_stages)}
+
+
+@pytest.mark.parametrize("head_dim,group", [(128, 4), (256, 4), (256, 2)])  # Qwen3-4B/8B, Gemma3 270M, 4B
+def test_turing_shapes_compile_without_spills(head_dim, group):
+    pytest.importorskip("triton")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-m", "tests.engine.test_tree_compile", str(head_dim), str(group)], env=env,
+                          capture_output=True, text=True, cwd=Path(__file__).parents[2], timeout=900)
+    if proc.returncode:
+        if "ptxas" in proc.stderr or "cuobjdump" in proc.stderr:
+            pytest.skip(f"cannot compile for sm_75 here: {proc.stderr.strip().splitlines()[-1]}")
+        raise AssertionError(proc.stderr[-3000:])
+    for name, r in json.loads(proc.stdout.strip().splitlines()[-1]).items():
+        assert r["shared"] <= 48 * 1024, (name, r)
+        assert not r["mma"], (name, r)  # sm_75: FMA dots, as the tuning assumes
+        assert r["stack"] <= 16, (name, r)  # no register spills (a few bytes of stack are not spills)
+
+
+if __name__ == "__main__":
+    print(json.dumps(resources(int(sys.argv[1]), int(sys.argv[2]))))
