@@ -18,16 +18,33 @@ SHAPES = {
     "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                  head_dim=16, intermediate_size=128, vocab_size=151936, tie_word_embeddings=True),
 }
+# Gemma3-4B's text model (google/gemma-3-4b-pt config.json, text_config; issue 20): 5 sliding-window layers
+# (1024) per global one, RoPE bases 1e4 local / 1e6 global, query_pre_attn_scalar 256; transformers'
+# Gemma3TextConfig defaults give the pattern, bases and GELU-tanh. The global layers' linear RoPE scaling (×8)
+# is left out: it changes values, not time.
+GEMMA3_SHAPES = {
+    "gemma3_4b": dict(hidden_size=2560, num_hidden_layers=34, num_attention_heads=8, num_key_value_heads=4,
+                      head_dim=256, intermediate_size=10240, vocab_size=262208, sliding_window=1024,
+                      query_pre_attn_scalar=256),
+    "gemma3_tiny": dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=1,
+                        head_dim=32, intermediate_size=128, vocab_size=262208, sliding_window=8,
+                        query_pre_attn_scalar=32, sliding_window_pattern=3),
+}
+MODELS = sorted(SHAPES) + sorted(GEMMA3_SHAPES)
 # T4 (sm_75): ~320 GB/s, 65 TFLOP/s fp16 tensor-core peak. The projection assumes fractions of peak that
 # small-batch fp16 GEMMs reach on Turing (documented in README; a projection, not a measurement).
 T4_BW, T4_FLOPS, T4_BW_EFF, T4_FLOP_EFF = 320e9, 65e12, 0.75, 0.5
 
 
 def random_qwen3(name: str, device: str, dtype: torch.dtype, seed: int = 0):
-    """A Qwen3 model of real shape with N(0, 0.02) weights (norms at 1): latency does not depend on values,
-    but zeros would flatter the hardware."""
-    from transformers import AutoModelForCausalLM, Qwen3Config
-    cfg = Qwen3Config(**SHAPES[name], rope_theta=1e6, rms_norm_eps=1e-6, max_position_embeddings=4096)
+    """A Qwen3 (or, for a GEMMA3_SHAPES name, Gemma3) model of real shape with N(0, 0.02) weights (norms at
+    their identity: 1 for Qwen, 0 for Gemma's 1 + w): latency does not depend on values, but zeros would
+    flatter the hardware."""
+    from transformers import AutoModelForCausalLM, Gemma3TextConfig, Qwen3Config
+    if name in GEMMA3_SHAPES:
+        cfg = Gemma3TextConfig(**GEMMA3_SHAPES[name], rms_norm_eps=1e-6, max_position_embeddings=4096)
+    else:
+        cfg = Qwen3Config(**SHAPES[name], rope_theta=1e6, rms_norm_eps=1e-6, max_position_embeddings=4096)
     torch.manual_seed(seed)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)

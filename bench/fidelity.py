@@ -87,11 +87,13 @@ class legacy_kernels:
         from bench import legacy_kernels as L
         from qcls.engine import decoder as D
 
-        def old_norm(x, residual, weight, eps, out_dtype=None):
+        def old_norm(x, residual, weight, eps, out_dtype=None, offset=False):  # Llama/Qwen only: no offset
             y, s = L.add_rmsnorm(x, residual, weight, eps)
             return (y if out_dtype is None else y.to(out_dtype)), s
         self.saved = (D.add_rmsnorm, D.qkv_into, D.silu_mul)
-        D.add_rmsnorm, D.qkv_into, D.silu_mul = old_norm, L.qkv_into, L.silu_mul
+        def old_qkv(*a, offset=False, **k):
+            return L.qkv_into(*a, **k)
+        D.add_rmsnorm, D.qkv_into, D.silu_mul = old_norm, old_qkv, L.silu_mul
 
     def __exit__(self, *exc):
         from qcls.engine import decoder as D

@@ -168,7 +168,8 @@ def paired_samples(a, b, queries, iters: int) -> tuple[list[float], list[float]]
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", nargs="+", default=["qwen3_4b", "qwen3_8b"], choices=sorted(C.SHAPES))
+    ap.add_argument("--models", nargs="+", default=["qwen3_4b", "qwen3_8b"], choices=C.MODELS,
+                    help="random-weight shapes; gemma3_* use the Qwen tokenizer (token counts, not the Gemma vocabulary)")
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--buckets", type=int, nargs="+", default=[4, 8, 12, 16, 24, 32, 48, 64])
     ap.add_argument("--no-baselines", action="store_true")

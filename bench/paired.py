@@ -102,11 +102,13 @@ def legacy_decoder(clf: Classifier) -> None:
     from bench import legacy_kernels as L
     from qcls.engine import decoder as D
 
-    def old_norm(x, residual, weight, eps, out_dtype=None):
+    def old_norm(x, residual, weight, eps, out_dtype=None, offset=False):  # Llama/Qwen only: no offset
         y, s = L.add_rmsnorm(x, residual, weight, eps)
         return (y if out_dtype is None else y.to(out_dtype)), s
     saved = (D.add_rmsnorm, D.qkv_into, D.silu_mul)
-    D.add_rmsnorm, D.qkv_into, D.silu_mul = old_norm, L.qkv_into, L.silu_mul
+    def old_qkv(*a, offset=False, **k):
+        return L.qkv_into(*a, **k)
+    D.add_rmsnorm, D.qkv_into, D.silu_mul = old_norm, old_qkv, L.silu_mul
     try:
         eng = clf.engine
         if not eng.graphs:

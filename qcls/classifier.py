@@ -15,6 +15,7 @@ from qcls.backends.registry import get_backend
 from qcls.compose import compose
 from qcls.config import QclsConfig
 from qcls.engine.engine import FastEngine
+from qcls.errors import ConfigError
 from qcls.engine.layout import PromptLayout
 from qcls.heads import startup as heads
 from qcls.heads.head import Tap
@@ -126,7 +127,9 @@ class Classifier:
             first = self.start([WARMUP_QUERY] * b)  # two batches in flight, as a server runs them: every
             second = self.start([WARMUP_QUERY] * b)  # host slot and device event gets its first use here
             self.finish(first)
-            t = self.finish(second)[0].timings_ms
+            done = self.finish(second)
+            _check_finite(done[0], self.loaded.dtype)
+            t = done[0].timings_ms
             self.device_ms[b] = t["forward"] + t["score"]
 
     @property
@@ -250,6 +253,16 @@ class Classifier:
                                     list(map(LabelScore, names, vals, hprobs, counts, probs, hvals)),
                                     names[best], probs[best]))
         return out
+
+
+def _check_finite(result: QueryResult, dtype: torch.dtype) -> None:
+    """Scores that are not finite at warm-up come from the weights and dtype, not the query: refuse to start
+    rather than serve NaN. (fp16 overflows where a model's residual stream exceeds 65504, as gemma-3-270m's
+    does at ~1e5.)"""
+    bad = [p.prompt for p in result.prompts if not all(math.isfinite(x.score) for x in p.labels)]
+    if bad:
+        raise ConfigError(f"the warm-up query's scores are not finite under prompts {bad} in {dtype}: the "
+                          "model's activations overflow that dtype", "backend.dtype=float32")
 
 
 def _softmax(vals: list[float]) -> list[float]:

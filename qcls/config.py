@@ -67,7 +67,7 @@ class ModelSpec(_Strict):
     gguf_file: str | None = None  # file name inside `path` when `path` is a directory or hub id
     revision: str | None = None
     # Architecture facts for the memory estimate when the config cannot be read yet (informational).
-    family: Literal["llama", "qwen2", "qwen3"] | None = None
+    family: Literal["llama", "qwen2", "qwen3", "gemma3"] | None = None
     # The head file this model's configs load by default (conf/config.yaml: calibration: ${model.head})
     head: str | None = None
 

@@ -16,6 +16,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_
 from tokenizers.models import BPE
 from transformers import (
     AutoModelForCausalLM,
+    Gemma3TextConfig,
     LlamaConfig,
     PretrainedConfig,
     PreTrainedModel,
@@ -33,12 +34,13 @@ __all__ = [
     "tiny_byte_tokenizer",
 ]
 
-TINY_FAMILIES: tuple[str, ...] = ("qwen3", "qwen2", "llama")
+TINY_FAMILIES: tuple[str, ...] = ("qwen3", "qwen2", "llama", "gemma3")
 
 _CONFIG_CLASSES: dict[str, type[PretrainedConfig]] = {
     "qwen3": Qwen3Config,
     "qwen2": Qwen2Config,
     "llama": LlamaConfig,
+    "gemma3": Gemma3TextConfig,
 }
 
 # transformers 5 replaced rope_theta/rope_scaling kwargs with a single
@@ -60,6 +62,25 @@ _ROPE: dict[str, dict[str, Any]] = {
     },
 }
 
+# Gemma3: local (sliding-window) and global layers mixed, each kind with its own RoPE (the global one
+# linearly scaled as in Gemma3-4B), one KV head as in gemma-3-270m, heads × head_dim ≠ hidden as there
+# (4 × 32 here; 4 × 256 over 640 there; 32 also keeps every linear's output a multiple of 32, which
+# bitsandbytes' CPU 4-bit kernel needs). A window of 8 tokens is shorter than any test prompt's prefix, so
+# the window hides keys there; query_pre_attn_scalar 24 ≠ head_dim makes a wrong softmax scale visible.
+_GEMMA3: dict[str, Any] = {
+    "num_hidden_layers": 3,
+    "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+    "num_key_value_heads": 1,
+    "head_dim": 32,
+    "sliding_window": 8,
+    "query_pre_attn_scalar": 24,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "rope_parameters": {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+        "full_attention": {"rope_type": "linear", "rope_theta": 1_000_000.0, "factor": 8.0},
+    },
+    "tie_word_embeddings": True,
+}
 # Init scales chosen by measurement on the tiny vocab: next-token entropy
 # ~2.3 nats (max prob ~0.4), strong dependence on earlier tokens, and the tied
 # qwen3 model echoing its input token at only ~2% of positions (with gain 1.0
@@ -89,13 +110,16 @@ def tiny_config(family: str, vocab_size: int, **overrides: Any) -> PretrainedCon
         intermediate_size=128,
         rms_norm_eps=1e-6,
         max_position_embeddings=512,
-        rope_parameters=dict(_ROPE[family]),
+        rope_parameters=dict(_ROPE.get(family, {})),
         tie_word_embeddings=(family == "qwen3"),
         hidden_act="silu",
         use_cache=True,
     )
-    if family != "llama":
+    if family in ("qwen3", "qwen2"):
         kwargs.update(use_sliding_window=False, max_window_layers=2)
+    if family == "gemma3":
+        del kwargs["hidden_act"]
+        kwargs.update(_GEMMA3)
     kwargs.update(overrides)
     return _CONFIG_CLASSES[family](**kwargs)
 
@@ -113,7 +137,10 @@ def _init_weights(model: PreTrainedModel, seed: int) -> None:
     for name, param in sorted(model.named_parameters(), key=lambda kv: kv[0]):
         noise = torch.randn(param.shape, generator=gen, dtype=torch.float32)
         if param is embed or param is lm_weight:
-            param.copy_(noise * _EMBED_STD)
+            # Gemma3's embedding module multiplies rows by √hidden: at the plain std the tied model only
+            # echoes its input; dividing by the scale's square root keeps it peaked but context-dependent
+            scale = float(getattr(model.get_input_embeddings(), "scalar_embed_scale", 1.0))
+            param.copy_(noise * _EMBED_STD / scale**0.5)
         elif "norm" in name:
             param.copy_(1.0 + _NORM_JITTER * noise)
         elif param.dim() == 1:

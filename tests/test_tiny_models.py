@@ -19,7 +19,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from qcls.tiny_models import TINY_FAMILIES, make_tiny_model_dir, tiny_byte_tokenizer, tiny_config, tiny_vocab_size
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-ARCH = {"qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
+ARCH = {"qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
+        "gemma3": "Gemma3ForCausalLM"}
 PROMPT_A = "<|im_start|>user\n 男童 hoodie red cotton\n Label:"
 PROMPT_B = "<|im_start|>user\n 女士 dress blue silk\n Label:"
 
@@ -78,11 +79,21 @@ def test_byte_tokenizer_deterministic_across_processes(byte_tok: PreTrainedToken
 @pytest.mark.parametrize("family", TINY_FAMILIES)
 def test_tiny_config_shape(family: str) -> None:
     cfg = tiny_config(family, 1024)
-    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads) == (64, 2, 4)
-    assert (cfg.num_key_value_heads, cfg.intermediate_size, cfg.max_position_embeddings) == (2, 128, 512)
-    assert getattr(cfg, "head_dim", 16) == 16 and cfg.rms_norm_eps == 1e-6
-    assert cfg.tie_word_embeddings is (family == "qwen3")
-    assert tiny_config(family, 1024, num_hidden_layers=3).num_hidden_layers == 3
+    gemma = family == "gemma3"
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads) == (64, 3 if gemma else 2, 4)
+    assert (cfg.num_key_value_heads, cfg.intermediate_size, cfg.max_position_embeddings) == (1 if gemma else 2, 128, 512)
+    assert getattr(cfg, "head_dim", 16) == (32 if gemma else 16) and cfg.rms_norm_eps == 1e-6
+    assert cfg.tie_word_embeddings is (family in ("qwen3", "gemma3"))
+    assert tiny_config(family, 1024, intermediate_size=256).intermediate_size == 256
+
+
+def test_tiny_gemma3_mixes_local_and_global_layers() -> None:
+    cfg = tiny_config("gemma3", 1024)
+    assert cfg.layer_types == ["sliding_attention", "full_attention", "sliding_attention"]
+    assert cfg.sliding_window == 8 and cfg.query_pre_attn_scalar != cfg.head_dim
+    rope = cfg.rope_parameters
+    assert rope["sliding_attention"]["rope_theta"] != rope["full_attention"]["rope_theta"]
+    assert rope["full_attention"]["rope_type"] == "linear" and cfg.hidden_activation == "gelu_pytorch_tanh"
 
 
 def test_tiny_config_rejects_unknown_family() -> None:
@@ -138,6 +149,12 @@ def test_family_specific_weights(model_dirs: dict[str, Path]) -> None:
         assert q2[f"model.layers.0.self_attn.{p}_proj.bias"].abs().sum() > 0
     assert "lm_head.weight" in q2 and not torch.equal(q2["lm_head.weight"], q2["model.embed_tokens.weight"])
     assert "lm_head.weight" in ll and not any(k.endswith(".bias") for k in ll)
+    g3 = load_file(str(model_dirs["gemma3"] / "model.safetensors"))
+    # gemma3: four norms per layer and q/k norms, all away from 0 (its norms scale by 1 + w), tied head.
+    for n in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+              "post_feedforward_layernorm", "self_attn.q_norm", "self_attn.k_norm"):
+        assert g3[f"model.layers.0.{n}.weight"].abs().min() > 0.5, n
+    assert "lm_head.weight" not in g3 and g3["model.layers.0.self_attn.k_proj.weight"].shape == (32, 64)
     # GQA: k/v projections are half the width of q.
     assert ll["model.layers.0.self_attn.k_proj.weight"].shape == (32, 64)
     assert ll["model.layers.0.self_attn.q_proj.weight"].shape == (64, 64)

@@ -46,14 +46,15 @@ class ParamCounts:
 
 
 def param_counts(mc: Any) -> ParamCounts:
-    """Parameter counts of a Llama / Qwen2 / Qwen3 decoder from its HF config."""
+    """Parameter counts of a Llama / Qwen2 / Qwen3 / Gemma3 decoder from its HF config."""
     h, inter, n_layers = mc.hidden_size, mc.intermediate_size, mc.num_hidden_layers
     nh, nkv = mc.num_attention_heads, mc.num_key_value_heads
     d = getattr(mc, "head_dim", None) or h // nh
     q, kv = nh * d, nkv * d
     linear = h * q + 2 * h * kv + q * h + 3 * h * inter
-    other = 2 * h
-    if getattr(mc, "model_type", "") == "qwen3":
+    kind = getattr(mc, "model_type", "")
+    other = 4 * h if kind == "gemma3_text" else 2 * h  # Gemma3: norms before and after attention and MLP
+    if kind in ("qwen3", "gemma3_text"):
         other += 2 * d  # q_norm, k_norm
     if getattr(mc, "model_type", "") == "qwen2" or getattr(mc, "attention_bias", False):
         other += q + 2 * kv

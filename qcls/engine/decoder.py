@@ -1,10 +1,13 @@
-"""A lean decoder forward for the Llama / Qwen2 / Qwen3 families over a flat token sequence.
+"""A lean decoder forward for the Llama / Qwen2 / Qwen3 / Gemma3 families over a flat token sequence.
 
-It calls the loaded transformers model's own modules (norms, q/k/v/o projections, Qwen3 q/k norms, MLP),
-so quantized linear layers from any backend plug in unchanged. What it does differently from
-transformers: tokens are one flat sequence with explicit positions, K/V go into a preallocated buffer
-(prefix pool first, then this forward's tokens), attention is a function given by the caller (dense
-masked SDPA or the tree kernel, qcls/engine/attention.py), and only the rows that are read come out.
+It calls the loaded transformers model's own modules (norms, q/k/v/o projections, q/k norms, MLP), so
+quantized linear layers from any backend plug in unchanged; what differs between families (which norms a
+layer has, the norm and activation kinds, RoPE tables and sliding windows per layer, the attention scale)
+is data from qcls/engine/family.py. What it does differently from transformers: tokens are one flat
+sequence with explicit positions, K/V go into a preallocated buffer (prefix pool first, then this
+forward's tokens), attention is a function given by the caller (dense masked SDPA or the tree kernel,
+qcls/engine/attention.py) and called per layer with that layer's window and scale, and only the rows that
+are read come out.
 """
 from __future__ import annotations
 
@@ -12,18 +15,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qcls.engine.kernels import add_rmsnorm, qkv_into, silu_mul
+from qcls.engine.family import SUPPORTED, describe  # noqa: F401  (SUPPORTED: the engine's families)
+from qcls.engine.kernels import add_rmsnorm, gelu_tanh_mul, qkv_into, silu_mul
 
-SUPPORTED = ("llama", "qwen2", "qwen3")
 
 
 class Decoder:
-    def __init__(self, model, max_keys: int):
+    def __init__(self, model, max_keys: int, reach: int | None = None):
+        """`reach`: the highest position + 1 any token of this engine can have. A sliding window at least
+        that wide hides nothing (pos(q) - pos(k) < reach ≤ window), so such a layer is global here; None keeps
+        every window."""
         cfg = model.config
-        if cfg.model_type not in SUPPORTED:
-            raise ValueError(f"model_type {cfg.model_type!r} is not supported by the engine; supported: {SUPPORTED}")
-        if getattr(cfg, "use_sliding_window", False):
-            raise ValueError("sliding-window attention is not supported; set use_sliding_window=false")
+        self.family = describe(model)
         base = model.model
         self.embed = base.embed_tokens
         self.layers = list(base.layers)
@@ -36,7 +39,13 @@ class Decoder:
         self.device = self.norm.weight.device
         self.dtype = self.norm.weight.dtype
         self.max_positions = cfg.max_position_embeddings
-        self.cos, self.sin = self._rope_table(base.rotary_emb, self.max_positions)
+        # tables only as long as positions go here (Gemma3-4B: 131072 positions × 256 × 2 layer types)
+        rows = self.max_positions if reach is None else min(reach, self.max_positions)
+        self.rope = {key: self._rope_table(fn, rows) for key, fn in self.family.rotary.items()}
+        self.windows = [None if lp.window is None or (reach is not None and lp.window >= reach) else lp.window
+                        for lp in self.family.layers]
+        self.scale = self.family.scale
+        self.gelu = self.family.activation == "gelu_tanh"
         shape = (len(self.layers), self.n_kv, max_keys, self.head_dim)
         self.k = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.v = torch.zeros(shape, dtype=self.dtype, device=self.device)
@@ -48,7 +57,7 @@ class Decoder:
     @torch.inference_mode()
     def _rope_table(self, rotary_emb, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin for every position once, from the model's own rotary module (so every rope variant
-        the config names — default, llama3, linear, yarn — is honoured)."""
+        the config names — default, llama3, linear, yarn, Gemma3's per layer type — is honoured)."""
         pos = torch.arange(n, device=self.device)[None]
         x = torch.zeros(1, dtype=self.dtype, device=self.device)
         cos, sin = rotary_emb(x, pos)
@@ -72,22 +81,27 @@ class Decoder:
     def _eps(norm) -> float:
         return getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))
 
+    def _norm(self, x: torch.Tensor, res: torch.Tensor | None, norm,
+              out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + res) in out_dtype (default the model's), x + res in float32) with the family's RMSNorm kind."""
+        return add_rmsnorm(x, res, norm.weight, self._eps(norm), out_dtype or self.dtype, self.family.norm_offset)
+
     def forward(self, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, attend,
                 read: torch.Tensor, embeds: torch.Tensor | None = None, taps=None) -> torch.Tensor:
-        """ids/pos [N]; K/V of these tokens go to buffer `slots` [N]; `attend(q [N, heads, d], k, v)` with
-        one layer's K/V buffers returns [N, heads·d]; returns final-normed hidden states of tokens `read`.
-        `embeds` [N, H], when given, replaces the embedding lookup (backends that keep the table off the
-        device gather it themselves). `taps` (engine/taps.py TapSink), when given, records the residual
-        stream after the layers it names (the state a learned head reads)."""
+        """ids/pos [N]; K/V of these tokens go to buffer `slots` [N]; `attend(q [N, heads, d], k, v, window=,
+        scale=)` with one layer's K/V buffers, its sliding window (None: global) and softmax scale (None:
+        d^-1/2) returns [N, heads·d]; returns final-normed hidden states of tokens `read`. `embeds` [N, H],
+        when given, replaces the embedding module's output (backends that keep the table off the device
+        gather it, scaled as the module scales it). `taps` (engine/taps.py TapSink), when given, records the
+        residual stream after the layers it names (the state a learned head reads)."""
         n, nh, nkv, d = ids.shape[0], self.n_heads, self.n_kv, self.head_dim
         delta = self.embed(ids) if embeds is None else embeds
         res = None
-        cos, sin = self.cos[pos], self.sin[pos]
+        rope = {key: (cos[pos], sin[pos]) for key, (cos, sin) in self.rope.items()}
         q = torch.empty(n, nh, d, dtype=self.dtype, device=self.device)
-        for i, layer in enumerate(self.layers):
+        for i, (layer, lp) in enumerate(zip(self.layers, self.family.layers)):
             a = layer.self_attn
-            ln = layer.input_layernorm
-            x, res = add_rmsnorm(delta, res, ln.weight, self._eps(ln))
+            x, res = self._norm(delta, res, lp.attn_in)
             if taps is not None and i in taps.layers:  # res = the residual stream after i layers
                 taps.record(i, res)
             if self.qkv[i] is not None:
@@ -96,20 +110,26 @@ class Decoder:
             else:
                 qp, kp, vp = a.q_proj(x), a.k_proj(x), a.v_proj(x)
             qn, kn = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
+            cos, sin = rope[lp.rope]
             qkv_into(qp.view(n, nh, d), kp.view(n, nkv, d), vp.view(n, nkv, d), cos, sin,
                      qn.weight if qn is not None else None, kn.weight if kn is not None else None,
-                     self._eps(qn) if qn is not None else 0.0, q, self.k[i], self.v[i], slots)
-            delta = a.o_proj(attend(q, self.k[i], self.v[i]))
+                     self._eps(qn) if qn is not None else 0.0, q, self.k[i], self.v[i], slots,
+                     offset=self.family.norm_offset)
+            delta = a.o_proj(attend(q, self.k[i], self.v[i], window=self.windows[i], scale=self.scale))
             if i == len(self.layers) - 1:  # the last MLP and the final norm only for rows that are read
                 delta, res = delta[read], res[read]
-            ln = layer.post_attention_layernorm
-            x, res = add_rmsnorm(delta, res, ln.weight, self._eps(ln))
+            if lp.attn_out is not None:  # Gemma3's norms after attention and MLP: their output joins the float32
+                delta, _ = self._norm(delta, None, lp.attn_out, torch.float32)  # residual unrounded
+            x, res = self._norm(delta, res, lp.mlp_in)
             if self.gate_up[i] is not None:
-                delta = layer.mlp.down_proj(silu_mul(F.linear(x, *self.gate_up[i])))
+                gu = F.linear(x, *self.gate_up[i])  # (module names looked up per call: benches swap them)
+                delta = layer.mlp.down_proj(gelu_tanh_mul(gu) if self.gelu else silu_mul(gu))
             else:
                 delta = layer.mlp(x)
+            if lp.mlp_out is not None:
+                delta, _ = self._norm(delta, None, lp.mlp_out, torch.float32)
         # the read rows' final states stay float32: the tail multiplies them by float32 label rows
-        out, _ = add_rmsnorm(delta, res, self.norm.weight, self._eps(self.norm), torch.float32)
+        out, _ = self._norm(delta, res, self.norm, torch.float32)
         return out
 
 

@@ -149,7 +149,9 @@ class FastEngine:
         self.max_batch = max_batch
         self.packer = Packer(prompts, self.pool, self.pool_len, self.query_buckets[-1])
         biggest = self.packer.n_tokens(max_batch, max_batch * self.query_buckets[-1])
-        self.dec = Decoder(model, self.pool_len + biggest + 16)
+        # the highest position + 1 a token can reach: a prompt's prefix, the longest query, its row constants
+        self.reach = max(len(p.tokens.prefix_ids) + self.query_buckets[-1] + p.const_len for p in prompts)
+        self.dec = Decoder(model, self.pool_len + biggest + 16, self.reach)
         self.device = self.dec.device
         self.attention, self.notes = self._pick_attention(attention)
         self._check_positions()
@@ -194,9 +196,8 @@ class FastEngine:
         return wanted, []
 
     def _check_positions(self) -> None:
-        worst = max(len(p.tokens.prefix_ids) + self.query_buckets[-1] + p.const_len for p in self.prompts)
-        if worst > self.dec.max_positions:
-            raise ValueError(f"a prompt row reaches position {worst}, over the model's max_position_embeddings="
+        if self.reach > self.dec.max_positions:
+            raise ValueError(f"a prompt row reaches position {self.reach}, over the model's max_position_embeddings="
                              f"{self.dec.max_positions}: shorten the prompt or the largest query bucket")
 
     def _check_taps(self) -> None:

@@ -70,11 +70,12 @@ def test_in_place_quantization_equals_the_integration(tiny_dirs, backend):
     assert c.backend.name == backend
 
 
-def test_bnb_runs_on_the_cpu_close_to_fp16(tiny_dirs):
+@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+def test_bnb_runs_on_the_cpu_close_to_fp16(tiny_dirs, family):
     _bnb()
-    ref = scores(Classifier(cfg(tiny_dirs["qwen3"])))
-    d8 = (scores(Classifier(cfg(tiny_dirs["qwen3"], "bnb-int8", {"threshold": 0.0}))) - ref).abs().max()
-    clf4 = Classifier(cfg(tiny_dirs["qwen3"], "bnb-nf4"))
+    ref = scores(Classifier(cfg(tiny_dirs[family])))
+    d8 = (scores(Classifier(cfg(tiny_dirs[family], "bnb-int8", {"threshold": 0.0}))) - ref).abs().max()
+    clf4 = Classifier(cfg(tiny_dirs[family], "bnb-nf4"))
     d4 = (scores(clf4) - ref).abs().max()
     assert 0 < d8 < d4 < ref.abs().max()  # int8 is closer to fp16 than 4-bit, and both are near it
     assert type(clf4.loaded.model.model.layers[0].self_attn.q_proj).__name__ == "Linear4bit"
@@ -86,12 +87,13 @@ def test_bnb_runs_on_the_cpu_close_to_fp16(tiny_dirs):
 @pytest.mark.parametrize("backend,options,graphs", [("bnb-int8", {"threshold": 0.0}, True),
                                                      ("bnb-int8", {"threshold": 6.0}, False),
                                                      ("bnb-nf4", {}, True)])
+@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
-def test_gpu_bnb_graphs_and_scores(tiny_dirs, backend, options, graphs):
+def test_gpu_bnb_graphs_and_scores(tiny_dirs, backend, options, graphs, family):
     _bnb()
-    ref = scores(Classifier(cfg(tiny_dirs["qwen3"], "fp16", device="cuda")))
-    c = cfg(tiny_dirs["qwen3"], backend, options, device="cuda")
+    ref = scores(Classifier(cfg(tiny_dirs[family], "fp16", device="cuda")))
+    c = cfg(tiny_dirs[family], backend, options, device="cuda")
     clf = Classifier(c)
     assert clf.engine.graphs is graphs
     assert bool(clf.notes) is (not graphs)

@@ -67,16 +67,21 @@ def test_missing_gptqmodel_names_the_install(tiny_dirs, tmp_path):
         GptqBackend().load(cfg(str(out), "gptq"))
 
 
-@pytest.fixture(scope="module")
-def gptq8(tiny_dirs, tmp_path_factory):
+@pytest.fixture(scope="module", params=["qwen3", "gemma3"])
+def gptq8(request, tiny_dirs, tmp_path_factory):
+    """(family, an int8 GPTQ checkpoint written from its tiny fp16 weights): the writer and transformers'
+    GPTQ integration touch only the decoder linears, so Gemma3 loads as Qwen3 does."""
     pytest.importorskip("gptqmodel")
     pytest.importorskip("optimum")
-    return str(write_gptq_checkpoint(tiny_dirs["qwen3"], tmp_path_factory.mktemp("g") / "g8", bits=8, group_size=32))
+    fam = request.param
+    return fam, str(write_gptq_checkpoint(tiny_dirs[fam], tmp_path_factory.mktemp("g") / f"g8_{fam}", bits=8,
+                                          group_size=32))
 
 
 def test_gptq_int8_close_to_fp16_on_the_cpu(tiny_dirs, gptq8):
-    ref = scores(Classifier(cfg(tiny_dirs["qwen3"])))
-    clf = Classifier(cfg(gptq8, "gptq", {"kernel": "torch"}))
+    fam, path = gptq8
+    ref = scores(Classifier(cfg(tiny_dirs[fam])))
+    clf = Classifier(cfg(path, "gptq", {"kernel": "torch"}))
     assert clf.loaded.dtype == torch.float16 and clf.notes  # says it computes in fp16 on the CPU
     assert (scores(clf) - ref).abs().max() < 0.1 * ref.abs().max()
 
@@ -85,8 +90,9 @@ def test_gptq_int8_close_to_fp16_on_the_cpu(tiny_dirs, gptq8):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
 @pytest.mark.parametrize("kernel", ["torch"])  # JIT kernels (marlin, exllama_v2) need nvcc: bench them
 def test_gpu_gptq(tiny_dirs, gptq8, kernel):
-    ref = scores(Classifier(cfg(tiny_dirs["qwen3"], "fp16", device="cuda")))
-    c = cfg(gptq8, "gptq", {"kernel": kernel}, device="cuda")
+    fam, path = gptq8
+    ref = scores(Classifier(cfg(tiny_dirs[fam], "fp16", device="cuda")))
+    c = cfg(path, "gptq", {"kernel": kernel}, device="cuda")
     clf = Classifier(c)
     assert clf.loaded.memory["weights_gpu"] > 0 and clf.engine.graphs
     assert (scores(clf) - ref).abs().max() < 0.1 * ref.abs().max()

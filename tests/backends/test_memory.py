@@ -114,3 +114,35 @@ def test_cpu_backends_skip_the_preflight(tiny_dirs):
     from tests.backends.helpers import cfg
     c = cfg(tiny_dirs["qwen3"], "fp16-offload", gpu_memory_gib=0.001)
     assert get_backend("fp16-offload").preflight(c, None, torch.device("cpu")) is None
+
+
+# google/gemma-3-4b-it's text_config (its published config.json sets these; the rest are Gemma3TextConfig's
+# defaults: 8 / 4 heads, head_dim 256, vocabulary 262208, query_pre_attn_scalar 256, a global layer every 6)
+GEMMA3_4B = dict(hidden_size=2560, intermediate_size=10240, num_hidden_layers=34, sliding_window=1024,
+                 rope_scaling={"factor": 8.0, "rope_type": "linear"})
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen2", "llama", "gemma3", "gemma3_4b"])
+def test_param_counts_equal_the_built_model(family):
+    """The estimate's parameter counts are exactly those of the transformers model built from the config
+    (on the meta device: no memory)."""
+    from transformers import AutoModelForCausalLM, Gemma3TextConfig
+
+    from qcls.tiny_models import tiny_config
+    mc = Gemma3TextConfig(**GEMMA3_4B) if family == "gemma3_4b" else tiny_config(family, 1024)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(mc)
+    pc = M.param_counts(mc)
+    layer = sum(p.numel() for p in model.model.layers[0].parameters())
+    linear = sum(m.weight.numel() for m in model.model.layers[0].modules() if isinstance(m, torch.nn.Linear))
+    assert (pc.layer_linear, pc.layer_other) == (linear, layer - linear)
+    assert pc.layers * (pc.layer_linear + pc.layer_other) == sum(p.numel() for p in model.model.layers.parameters())
+    assert pc.embed == model.model.embed_tokens.weight.numel()
+    assert pc.head == (0 if mc.tie_word_embeddings else model.lm_head.weight.numel())
+
+
+def test_gemma3_4b_fp16_fits_a_t4():
+    from transformers import Gemma3TextConfig
+    c, e = est(Gemma3TextConfig(**GEMMA3_4B), "fp16")
+    assert 7.7e9 < e.weights_gpu < 8.0e9 and e.total <= 15 * M.GIB  # 3.21e9 layer + 0.67e9 embedding params
+    M.check_budget(c, e)

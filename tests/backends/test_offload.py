@@ -15,10 +15,11 @@ TOL = 1e-5
 
 @pytest.fixture(scope="module")
 def fp16_scores(tiny_dirs):
-    return {fam: scores(Classifier(cfg(tiny_dirs[fam]))) for fam in ("qwen3", "llama")}
+    return {fam: scores(Classifier(cfg(tiny_dirs[fam]))) for fam in ("qwen3", "llama", "gemma3")}
 
 
-@pytest.mark.parametrize("family", ["qwen3", "llama"])  # tied and untied embeddings
+# tied and untied embeddings; Gemma3's embedding module scales its rows, which the gather must do too
+@pytest.mark.parametrize("family", ["qwen3", "llama", "gemma3"])
 def test_scores_equal_the_fp16_backend(tiny_dirs, fp16_scores, family):
     clf = Classifier(cfg(tiny_dirs[family], "fp16-offload"))
     assert (scores(clf) - fp16_scores[family]).abs().max() <= TOL
@@ -81,6 +82,15 @@ def test_embed_gather_copies_the_rows():
     assert torch.equal(out, table[ids])
 
 
+def test_embed_gather_scales_as_the_gemma3_module_does():
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3TextScaledWordEmbedding
+    emb = Gemma3TextScaledWordEmbedding(50, 8, 0, embed_scale=8 ** 0.5).half()
+    ids = torch.tensor([3, 0, 49, 3, 7])
+    out = torch.empty(5, 8, dtype=torch.float16)
+    EmbedGather(emb.weight.data, torch.device("cpu"), emb.embed_scale)(ids, out)
+    assert torch.equal(out, emb(ids)) and not torch.equal(out, emb.weight.data[ids])
+
+
 def test_bad_offload_mode_is_an_error(tiny_dirs):
     with pytest.raises(ValueError, match="offload_layers must be auto, true or false"):
         Classifier(cfg(tiny_dirs["qwen3"], "fp16-offload", {"offload_layers": "sometimes"}))
@@ -97,7 +107,7 @@ def test_demo_model_scores_equal_the_fp16_backend(demo_classifier, demo_cfg_over
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
-@pytest.mark.parametrize("family", ["qwen3", "llama"])
+@pytest.mark.parametrize("family", ["qwen3", "llama", "gemma3"])
 def test_gpu_offload_matches_fp16_with_graphs(tiny_dirs, family):
     ref_clf = Classifier(cfg(tiny_dirs[family], "fp16", device="cuda"))
     ref = scores(ref_clf)

@@ -34,10 +34,3 @@ def test_gguf_needs_a_file_or_a_file_name(tmp_path):
     (tmp_path / "x.gguf").write_bytes(b"GGUF")
     src = sources.resolve(ModelSpec(name="m", source="gguf", path=str(tmp_path), gguf_file="x.gguf"), None)
     assert src.gguf_file == "x.gguf"
-
-
-def test_demo_gguf_is_found_without_importing_the_package():
-    import sys
-    path = sources.demo_gguf_path()
-    assert path.name == sources.DEMO_FILE and path.stat().st_size > 50_000_000
-    assert sources.DEMO_PACKAGE not in sys.modules

@@ -134,7 +134,8 @@ def test_demo_model_config_is_read_from_the_gguf_header_without_converting(tmp_p
     monkeypatch.setattr(sources, "convert_gguf", lambda *a: pytest.fail("check must not convert weights"))
     cfg = compose(["prompts=default", f"cache_dir={tmp_path}"])  # an empty cache: nothing converted yet
     src = sources.config_source(cfg.model, cfg.cache_dir)
-    assert src.gguf_file == sources.DEMO_FILE
+    from qcls.backends import demos
+    assert src.gguf_file == demos.get("smollm2_demo").file
     rep = build(cfg)
     assert rep.model_config["vocab_size"] == 49152 and rep.model_config["num_hidden_layers"] == 30
     assert [p.name for p in rep.prompts] == ["category", "audience"] and rep.budget_gib is None

@@ -51,7 +51,7 @@ def assert_same(fast, ref, queries):
     return worst
 
 
-@pytest.mark.parametrize("family", ["qwen3", "qwen2", "llama"])
+@pytest.mark.parametrize("family", ["qwen3", "qwen2", "llama", "gemma3"])
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_families_and_strategies(tiny_dirs, family, strategy):
     prompts = [prompt("audience", MULTI), prompt("category", SHARED, system="Category?"),

@@ -11,15 +11,23 @@ from pathlib import Path
 
 import pytest
 
-CASES = {  # kernel → (argument types, constexprs): what decoder.py launches for Qwen3-4B in fp16
-    "_add_rmsnorm_kernel": ({"x_ptr": "*fp16", "r_ptr": "*fp32", "w_ptr": "*fp16", "y_ptr": "*fp16",
-                             "s_ptr": "*fp32", "H": "i32", "eps": "fp32"}, {"HAS_RES": True, "BLOCK": 4096}),
-    "_qkv_kernel": ({"q_ptr": "*fp16", "k_ptr": "*fp16", "v_ptr": "*fp16", "cos_ptr": "*fp16", "sin_ptr": "*fp16",
-                     "qw_ptr": "*fp16", "kw_ptr": "*fp16", "qo_ptr": "*fp16", "kb_ptr": "*fp16", "vb_ptr": "*fp16",
-                     "slot_ptr": "*i64", "q_s0": "i32", "k_s0": "i32", "v_s0": "i32", "qo_s0": "i32",
-                     "kb_s_head": "i32", "eps": "fp32"}, {"NH": 32, "D": 128, "HAS_NORM": True}),
-    "_silu_mul_kernel": ({"gu_ptr": "*fp16", "out_ptr": "*fp16", "I": "i32"}, {"BLOCK": 1024}),
-}
+NORM = {"x_ptr": "*fp16", "r_ptr": "*fp32", "w_ptr": "*fp16", "y_ptr": "*fp16", "s_ptr": "*fp32", "H": "i32",
+        "eps": "fp32"}
+QKV = {"q_ptr": "*fp16", "k_ptr": "*fp16", "v_ptr": "*fp16", "cos_ptr": "*fp16", "sin_ptr": "*fp16", "qw_ptr": "*fp16",
+       "kw_ptr": "*fp16", "qo_ptr": "*fp16", "kb_ptr": "*fp16", "vb_ptr": "*fp16", "slot_ptr": "*i64", "q_s0": "i32",
+       "k_s0": "i32", "v_s0": "i32", "qo_s0": "i32", "kb_s_head": "i32", "eps": "fp32"}
+ACT = {"gu_ptr": "*fp16", "out_ptr": "*fp16", "I": "i32"}
+# (kernel, argument types, constexprs): what decoder.py launches for Qwen3-4B and Gemma3-4B in fp16; the final
+# norm writes float32 states
+CASES = [
+    ("_add_rmsnorm_kernel", NORM, {"HAS_RES": True, "OFFSET": False, "BLOCK": 4096}),
+    ("_add_rmsnorm_kernel", {**NORM, "y_ptr": "*fp32"}, {"HAS_RES": True, "OFFSET": False, "BLOCK": 4096}),
+    ("_add_rmsnorm_kernel", NORM, {"HAS_RES": False, "OFFSET": True, "BLOCK": 4096}),
+    ("_qkv_kernel", QKV, {"NH": 32, "D": 128, "HAS_NORM": True, "OFFSET": False}),
+    ("_qkv_kernel", QKV, {"NH": 8, "D": 256, "HAS_NORM": True, "OFFSET": True}),
+    ("_act_mul_kernel", ACT, {"GELU": False, "BLOCK": 1024}),
+    ("_act_mul_kernel", ACT, {"GELU": True, "BLOCK": 1024}),
+]
 
 
 def compile_all(arch: int) -> None:
@@ -28,16 +36,11 @@ def compile_all(arch: int) -> None:
     from triton.compiler import ASTSource
 
     from qcls.engine import kernels as K
-    for name, (sig, consts) in CASES.items():
+    for name, sig, consts in CASES:
         fn = getattr(K, name)
         names = list(fn.arg_names)
         src = ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in consts}},
                         constexprs={(names.index(k),): v for k, v in consts.items()})
-        triton.compile(src, target=GPUTarget("cuda", arch, 32))
-    if arch == 80:  # the final norm writes float32 states (decoder.py)
-        sig, consts = CASES["_add_rmsnorm_kernel"]
-        src = ASTSource(fn=K._add_rmsnorm_kernel, signature={**sig, "y_ptr": "*fp32", **{k: "constexpr" for k in consts}},
-                        constexprs={(list(K._add_rmsnorm_kernel.arg_names).index(k),): v for k, v in consts.items()})
         triton.compile(src, target=GPUTarget("cuda", arch, 32))
 
 

@@ -114,16 +114,50 @@ def test_fewshot_prompts_only_add_examples_to_the_prefix(name):
         assert {"none", "无"} & set(answers), f"{f.name}: no example shows the no-intent label"
 
 
+BASE_SETS = {"gemma3_fewshot": "default", "gemma3_ecommerce8_fewshot": "ecommerce8"}
+
+
+def base_shots(p) -> tuple[str, str, list[tuple[str, str]]]:
+    """(task line, field name, examples) of a base-model prompt '<bos>TASK\n\nQuery: q\nField: a\n\n…Query: '
+    ('查询' for the Chinese prompts); asserts the prefix is exactly that."""
+    qk = "查询" if p.name.endswith("_zh") else "Query"
+    field = p.suffix.removeprefix("\n").removesuffix(":")
+    assert p.suffix == f"\n{field}:", f"{p.name}: suffix {p.suffix!r}"
+    head, _, body = p.prefix.partition("\n\n")
+    shots = re.findall(rf"{qk}: (.*?)\n{re.escape(field)}: (.*?)\n\n", body)
+    assert head.startswith("<bos>") and "\n" not in head, f"{p.name}: the task line"
+    assert body == "".join(f"{qk}: {q}\n{field}: {a}\n\n" for q, a in shots) + f"{qk}: ", \
+        f"{p.name}: prefix is not task line + examples + the final query line"
+    return head, field, shots
+
+
+@pytest.mark.parametrize("name", sorted(BASE_SETS))
+def test_base_model_prompts_are_plain_few_shot_over_the_same_labels(name):
+    """The gemma3_demo sets: plain text (no chat markup), the prompt names, labels and label_prefix of their
+    chat-markup counterpart, so data/eval/ serves them; examples of every kind, the no-intent label among them."""
+    same = compose([f"prompts={BASE_SETS[name]}"]).prompts
+    base = compose([f"prompts={name}"]).prompts
+    assert [p.name for p in base] == [p.name for p in same]
+    for b, z in zip(base, same):
+        assert (b.labels, b.label_prefix) == (z.labels, z.label_prefix), b.name
+        assert "<|im_start|>" not in b.template and "<start_of_turn>" not in b.template
+        _, _, shots = base_shots(b)
+        answers = [a for _, a in shots]
+        assert 8 <= len(shots) <= 12 and all(a in b.labels for a in answers), (b.name, answers)
+        assert len(set(answers)) >= min(len(b.labels), 4) and {"none", "无"} & set(answers), (b.name, answers)
+
+
 def test_no_fewshot_example_is_an_eval_query(splits):
     eval_queries = {normalise(r["query"]) for rows in splits.values() for r in rows}
     shots = {q for name in ("default_fewshot", "ecommerce8_fewshot")
              for p in compose([f"prompts={name}"]).prompts for q, _ in SHOT.findall(p.prefix)}
-    assert len(shots) >= 10
+    shots |= {q for name in BASE_SETS for p in compose([f"prompts={name}"]).prompts for q, _ in base_shots(p)[2]}
+    assert len(shots) >= 40
     leaked = sorted(q for q in shots if normalise(q) in eval_queries)
     assert not leaked, f"few-shot examples found in the eval set: {leaked}"
 
 
-@pytest.mark.parametrize("prompts", ["ecommerce8", "default"])
+@pytest.mark.parametrize("prompts", ["ecommerce8", "default", *BASE_SETS])
 def test_the_sweep_loader_accepts_both_splits(prompts):
     from qcls.eval.dataset import load_eval_set
     specs = compose([f"prompts={prompts}"]).prompts

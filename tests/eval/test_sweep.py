@@ -210,3 +210,25 @@ def test_bad_override_anywhere_in_a_sweep_is_one_error_before_any_job(tmp_path, 
     for w in words:
         assert w in err, (w, err)
     assert not out.exists()
+
+
+@pytest.mark.slow
+def test_one_multirun_compares_the_two_demo_models(demo_cfg_overrides, tmp_path):
+    """`-m model=smollm2_demo,gemma3_demo`: each job loads its own model with its own default prompts (chat
+    few-shot for the instruct SmolLM2, plain few-shot for the base Gemma3), scored on the same dev queries."""
+    from tests.conftest import skip_without_gemma3_demo
+    skip_without_gemma3_demo()
+    models.release()
+    out = tmp_path / "sweep"
+    rc = main(["-m", "model=smollm2_demo,gemma3_demo", *demo_cfg_overrides, "eval.limit=4", "eval.batch1_queries=1",
+               "eval.agreement_with_exact=false", "engine.max_batch_size=2", f"hydra.sweep.dir={out}"])
+    models.release()
+    assert rc == 0
+    jobs = [json.loads((out / str(n) / "result.json").read_text()) for n in range(2)]
+    assert [j["status"] for j in jobs] == ["ok", "ok"], [j["reason"] for j in jobs]
+    assert [j["config"]["model"] for j in jobs] == ["smollm2_demo", "gemma3_demo"]
+    assert not jobs[1]["model_reused"] and jobs[1]["load_s"] is not None  # the second model was loaded
+    for j in jobs:
+        assert set(j["per_prompt"]) == {"category", "audience"} and j["eval"]["n_queries"] == 4
+    summary = (out / "summary.md").read_text()
+    assert "smollm2_demo" in summary and "gemma3_demo" in summary
