@@ -97,6 +97,19 @@ def test_fitted_head_fast_equals_plain_forward(tiny_dirs, tmp_path, read, with_s
         assert_head_same(fast, plain, loaded, head, QUERIES[:b])
 
 
+def test_fitted_head_on_gemma3_with_windows_equals_plain_forward(tiny_dirs, tmp_path):
+    """Gemma3 (sliding windows shorter than the prompt rows, (1 + w) norms): the taps the head reads are the
+    residual stream transformers' forward computes."""
+    long = [prompt("audience", MULTI, system="You label search queries for a fashion shop. " * 3),
+            prompt("category", SHARED, system="Category?")]
+    loaded, path, head = fitted(tiny_dirs["gemma3"], long, [Read(2, "both")], True, tmp_path)
+    fast = Classifier(tiny_cfg(tiny_dirs["gemma3"], long, calibration=str(path)), loaded=loaded)
+    plain = Classifier(tiny_cfg(tiny_dirs["gemma3"], long), loaded=loaded)
+    assert 8 in fast.engine.dec.windows
+    for b in (1, 3):
+        assert_head_same(fast, plain, loaded, head, QUERIES[:b])
+
+
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_every_strategy_and_the_reference_engine(tiny_dirs, tmp_path, strategy):
     """The head reads the root state, so it works the same under every strategy; the reference engine
