@@ -108,7 +108,8 @@ class TreeAttention:
             K.prefix_kernel[(plan.work.shape[0], nkv)](
                 q, k, v, ds["pos"], ds["qtok"], ds["qstart"], plan.work, self.part, self.ml,
                 q.stride(0), q.stride(1), k.stride(0), split_stride, nh, scale, window,
-                G=g, GP=gp, D=d, BQ=t.bq, BN=t.bn, QB=t.qb, WINDOW=window > 0, num_warps=t.warps, num_stages=t.stages)
+                G=g, GP=gp, D=d, BQ=t.bq, BN=t.bn, QB=t.qb, WINDOW=window > 0, UNMASKED=t.unmasked,
+                num_warps=t.warps, num_stages=t.stages)
         K.row_kernel[(ds["tiles"].shape[0] // TILE_FIELDS, nkv)](
             q, k, v, self.out, ds["seq"], ds["anc"], ds["tslot"], ds["pos"], ds["tiles"], plan.prefix_slots,
             plan.inline_len, plan.n_splits, self.part, self.ml, self.pool_len, plan.prefix_slots.shape[1],

@@ -4,7 +4,8 @@
   slots, and up to QB blocks of BQ query tokens of the prompts that see that chunk) × one KV head with all
   query heads of its group. For each query block it reads the chunk's K/V and writes the partial softmax
   state of every (token, query head) over the chunk: running max m, sum l and unnormalised output acc
-  (fp32), under the chunk's index along the prompt's prefix.
+  (fp32), under the chunk's index along the prompt's prefix. UNMASKED (sm_80+) loads the chunk's whole
+  steps of BN keys without masks and masks only its last, partial step.
 - `row_kernel`: one program = one tile (≤ TILE tokens of one row) × one KV head. It starts from the tile's
   prefix state, merging the partials of its prompt's chunks or, for short prefixes, walking the prefix
   itself (one launch instead of two), adds the row's own keys (causal / trie ancestry), normalises and
@@ -60,10 +61,25 @@ if triton is not None:
             return 0
 
     @triton.jit
+    def _chunk_step(q, kh, vh, qpos, m_i, l_i, acc, s, nkeys, kpos0, scale, window,
+                    D: tl.constexpr, BN: tl.constexpr, WINDOW: tl.constexpr):
+        """Keys s … s+BN-1 of a chunk of nkeys (masked: the step may pass its end)."""
+        dd = tl.arange(0, D)
+        j = s + tl.arange(0, BN)
+        j_ok = j < nkeys
+        kt = tl.load(kh + j[None, :] * D + dd[:, None], mask=j_ok[None, :], other=0.0)
+        vis = j_ok[None, :]
+        if WINDOW:
+            vis = vis & (qpos[:, None] - (kpos0 + j)[None, :] < window)
+        sc = tl.where(vis, tl.dot(q, kt) * scale, float("-inf"))
+        vt = tl.load(vh + j[:, None] * D + dd[None, :], mask=j_ok[:, None], other=0.0)
+        return _online(sc, m_i, l_i, acc, vt)
+
+    @triton.jit
     def prefix_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, qtok_ptr, qstart_ptr, work_ptr, part_ptr, ml_ptr,
                       q_s0, q_s1, kv_s_head, part_s_split, n_heads, scale, window,
                       G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BQ: tl.constexpr, BN: tl.constexpr,
-                      QB: tl.constexpr, WINDOW: tl.constexpr):
+                      QB: tl.constexpr, WINDOW: tl.constexpr, UNMASKED: tl.constexpr):
         w = tl.program_id(0)
         h = tl.program_id(1)  # KV head; its query heads are h·G … h·G+G-1
         wp = work_ptr + w * _WORK
@@ -74,42 +90,62 @@ if triton is not None:
         t_lo = tl.load(qstart_ptr + tl.load(wp + 4))  # the query tokens of the prompts that see the chunk
         t_hi = tl.load(qstart_ptr + tl.load(wp + 5))
         blk0 = tl.load(wp + 6)
+        kh = k_ptr + h * kv_s_head + slot0 * D
+        vh = v_ptr + h * kv_s_head + slot0 * D
+        if QB == 1:  # no branch around the key loop: a block past the request's tokens walks it masked (the
+            # grid is the bucket's anyway), and the loop pipelines as the innermost loop of the program
+            _prefix_block(q_ptr, pos_ptr, qtok_ptr, part_ptr, ml_ptr, kh, vh, t_lo + blk0 * BQ, t_hi, nkeys, kpos0,
+                          split, q_s0, q_s1, part_s_split, n_heads, scale, window, h, G, GP, D, BQ, BN, WINDOW, UNMASKED)
+        else:
+            for qb in range(QB):
+                if t_lo + (blk0 + qb) * BQ < t_hi:
+                    _prefix_block(q_ptr, pos_ptr, qtok_ptr, part_ptr, ml_ptr, kh, vh, t_lo + (blk0 + qb) * BQ, t_hi,
+                                  nkeys, kpos0, split, q_s0, q_s1, part_s_split, n_heads, scale, window, h, G, GP, D,
+                                  BQ, BN, WINDOW, UNMASKED)
 
+    @triton.jit
+    def _prefix_block(q_ptr, pos_ptr, qtok_ptr, part_ptr, ml_ptr, kh, vh, first, t_hi, nkeys, kpos0, split, q_s0,
+                      q_s1, part_s_split, n_heads, scale, window, h,
+                      G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BQ: tl.constexpr, BN: tl.constexpr,
+                      WINDOW: tl.constexpr, UNMASKED: tl.constexpr):
+        """The partial state of query tokens first … first+BQ-1 (those before t_hi) over one chunk."""
         M: tl.constexpr = BQ * GP
         mi = tl.arange(0, M)
         ti, gi = mi // GP, mi % GP  # query vector = (token of the block, head of the group)
         head = h * G + gi
         dd = tl.arange(0, D)
         jn = tl.arange(0, BN)
-        kh = k_ptr + h * kv_s_head + slot0 * D
-        vh = v_ptr + h * kv_s_head + slot0 * D
-        for qb in range(QB):
-            first = t_lo + (blk0 + qb) * BQ
-            if first < t_hi:
-                idx = first + ti
-                tok_ok = idx < t_hi
-                q_ok = tok_ok & (gi < G)
-                tok = tl.load(qtok_ptr + idx, mask=tok_ok, other=0)
-                q = tl.load(q_ptr + tok[:, None] * q_s0 + head[:, None] * q_s1 + dd[None, :],
-                            mask=q_ok[:, None], other=0.0)
-                qpos = tl.load(pos_ptr + tok, mask=tok_ok, other=0)
-                m_i = tl.full([M], float("-inf"), tl.float32)
-                l_i = tl.zeros([M], tl.float32)
-                acc = tl.zeros([M, D], tl.float32)
-                for s in range(_first_key(qpos, tok_ok, kpos0, window, BN, WINDOW), nkeys, BN):
-                    j = s + jn
-                    j_ok = j < nkeys
-                    kt = tl.load(kh + j[None, :] * D + dd[:, None], mask=j_ok[None, :], other=0.0)
-                    vis = j_ok[None, :]
-                    if WINDOW:
-                        vis = vis & (qpos[:, None] - (kpos0 + j)[None, :] < window)
-                    sc = tl.where(vis, tl.dot(q, kt) * scale, float("-inf"))
-                    vt = tl.load(vh + j[:, None] * D + dd[None, :], mask=j_ok[:, None], other=0.0)
-                    m_i, l_i, acc = _online(sc, m_i, l_i, acc, vt)
-                row = split * part_s_split + tok * n_heads + head  # (split, token, query head)
-                tl.store(ml_ptr + row * 2, m_i, mask=q_ok)
-                tl.store(ml_ptr + row * 2 + 1, l_i, mask=q_ok)
-                tl.store(part_ptr + row[:, None] * D + dd[None, :], acc, mask=q_ok[:, None])
+        idx = first + ti
+        tok_ok = idx < t_hi
+        q_ok = tok_ok & (gi < G)
+        tok = tl.load(qtok_ptr + idx, mask=tok_ok, other=0)
+        q = tl.load(q_ptr + tok[:, None] * q_s0 + head[:, None] * q_s1 + dd[None, :], mask=q_ok[:, None], other=0.0)
+        qpos = tl.load(pos_ptr + tok, mask=tok_ok, other=0)
+        m_i = tl.full([M], float("-inf"), tl.float32)
+        l_i = tl.zeros([M], tl.float32)
+        acc = tl.zeros([M, D], tl.float32)
+        k0 = _first_key(qpos, tok_ok, kpos0, window, BN, WINDOW)  # window: keys every query is past are skipped
+        if UNMASKED:  # whole steps load without masks (wide unpredicated loads, no key test on the scores)
+            full = nkeys // BN * BN
+            for s in range(k0, full, BN):
+                j = s + jn
+                kt = tl.load(kh + j[None, :] * D + dd[:, None])
+                sc = tl.dot(q, kt) * scale
+                if WINDOW:
+                    sc = tl.where(qpos[:, None] - (kpos0 + j)[None, :] < window, sc, float("-inf"))
+                vt = tl.load(vh + j[:, None] * D + dd[None, :])
+                m_i, l_i, acc = _online(sc, m_i, l_i, acc, vt)
+            if full < nkeys:  # the chunk's last, partial step
+                m_i, l_i, acc = _chunk_step(q, kh, vh, qpos, m_i, l_i, acc, full, nkeys, kpos0, scale, window, D, BN,
+                                            WINDOW)
+        else:
+            for s in range(k0, nkeys, BN):
+                m_i, l_i, acc = _chunk_step(q, kh, vh, qpos, m_i, l_i, acc, s, nkeys, kpos0, scale, window, D, BN,
+                                            WINDOW)
+        row = split * part_s_split + tok * n_heads + head  # (split, token, query head)
+        tl.store(ml_ptr + row * 2, m_i, mask=q_ok)
+        tl.store(ml_ptr + row * 2 + 1, l_i, mask=q_ok)
+        tl.store(part_ptr + row[:, None] * D + dd[None, :], acc, mask=q_ok[:, None])
 
     @triton.jit
     def row_kernel(q_ptr, k_ptr, v_ptr, o_ptr, seq_ptr, anc_ptr, tslot_ptr, pos_ptr, tiles_ptr, ptab_ptr,

@@ -52,6 +52,8 @@ class Tuning:
     row_bn: int = 32  # row kernel: keys per step
     row_warps: int = 4
     row_stages: int = 3
+    unmasked: bool = False  # prefix kernel: whole key steps without masks, then a masked last step (sm_80+: on
+    # sm_75 the second copy of the step spills registers)
 
     def with_(self, **kw) -> "Tuning":
         return replace(self, **kw)
@@ -62,7 +64,9 @@ class Tuning:
 # swept (the Gemma3 d=256 rows of that run kept these shapes against 8-token blocks and 16-key steps)
 TUNING: dict[int, Tuning] = {
     64: Tuning(bn=64),
-    128: Tuning(inline_max=64, partial_ratio=0.125, stages=3),
+    # unmasked whole steps: 2-11 % less added time on 256-token to 2k prefixes, few-shot unchanged (H100, 2026-11-24,
+    # bench/RESULTS.md); 64-key steps were slower at batch 1 and no faster at batch 4
+    128: Tuning(inline_max=64, partial_ratio=0.125, stages=3, unmasked=True),
     256: Tuning(bn=32, row_warps=8),
 }
 

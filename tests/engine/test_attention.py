@@ -22,10 +22,11 @@ needs_triton = pytest.mark.skipif(A.triton is None, reason="Triton is not instal
 INLINE = Tuning(inline_max=1 << 30, row_bn=16)
 
 
-def split(chunk: int, qb: int = 1, row_bt: int = 16) -> Tuning:
-    """Every prefix split into chunks of `chunk` keys (tiny, so the CPU interpreter sees many of them)."""
+def split(chunk: int, qb: int = 1, row_bt: int = 16, unmasked: bool = False) -> Tuning:
+    """Every prefix split into chunks of `chunk` keys (tiny, so the CPU interpreter sees many of them); with
+    `unmasked`, whole 16-key steps load without masks and only a chunk's last partial step is masked."""
     return Tuning(inline_max=0, min_chunk=chunk, max_chunk=chunk, partial_limit=1e9, bq=16, qb=qb, bn=16,
-                  row_bt=row_bt, row_bn=16)
+                  row_bt=row_bt, row_bn=16, unmasked=unmasked)
 
 
 def _layout(name, prefix, suffix, labels, strategy):
@@ -130,10 +131,11 @@ def test_split_prefix_equals_unsplit_and_dense_interpreted(case):
         pytest.skip("the GPU run is test_split_prefix_equals_dense_gpu")
     heads, kv, dim, batch, window, chunk, qb, row_bt = case
     prompts = _chunky_prompts(random.Random(batch))
-    (plan_s, got_s), (plan_i, got_i) = _compare("cpu", torch.float32, heads, kv, dim, prompts, batch, batch, 1e-4,
-                                                [split(chunk, qb, row_bt), INLINE.with_(row_bt=row_bt)], window)
+    (plan_s, got_s), (plan_u, got_u), (plan_i, got_i) = _compare(
+        "cpu", torch.float32, heads, kv, dim, prompts, batch, batch, 1e-4,
+        [split(chunk, qb, row_bt), split(chunk, qb, row_bt, unmasked=True), INLINE.with_(row_bt=row_bt)], window)
     assert plan_s.work.shape[0] and plan_s.max_splits == -(-65 // chunk) and not plan_i.work.shape[0]
-    assert (got_s - got_i).abs().max().item() <= 1e-5
+    assert (got_s - got_i).abs().max().item() <= 1e-5 and (got_u - got_i).abs().max().item() <= 1e-5
 
 
 @pytest.mark.gpu
@@ -180,8 +182,9 @@ def test_split_prefix_equals_dense_gpu(case):
     shipped = tuning_for(dim, heads // kv, torch.device("cuda"))
     prompts = _chunky_prompts(random.Random(batch))
     _compare("cuda", torch.float16, heads, kv, dim, prompts, batch, batch, 2e-3,
-             [split(chunk, qb, row_bt),
+             [split(chunk, qb, row_bt), split(chunk, qb, row_bt, unmasked=True),
               shipped.with_(inline_max=0, min_chunk=chunk, max_chunk=chunk, partial_limit=1e9),
+              shipped.with_(inline_max=0, min_chunk=chunk, max_chunk=chunk, partial_limit=1e9, unmasked=False),
               shipped.with_(inline_max=1 << 30)], window)
 
 

@@ -49,7 +49,8 @@ def resources(head_dim: int, group: int) -> dict:
     torch.cuda.get_device_capability = lambda device=None: (7, 5)
     t = tuning_for(head_dim, group, torch.device("cuda"))
     common = dict(G=group, GP=1 << (group - 1).bit_length(), D=head_dim, WINDOW=True)
-    return {"prefix": _compile(K.prefix_kernel, {**common, "BQ": t.bq, "BN": t.bn, "QB": t.qb}, t.warps, t.stages),
+    return {"prefix": _compile(K.prefix_kernel, {**common, "BQ": t.bq, "BN": t.bn, "QB": t.qb,
+                                                          "UNMASKED": t.unmasked}, t.warps, t.stages),
             "row": _compile(K.row_kernel, {**common, "TILE": TILE, "BT": t.row_bt, "BN": t.row_bn}, t.row_warps,
                             t.row_stages)}
 
