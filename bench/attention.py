@@ -175,7 +175,7 @@ def gemma_rows(tok, sets: dict, device: str, layers_scale: float, names, batches
         for name in names:
             for b in batches:
                 tm = Timer(make_case(tok, name, sets[name], b, hs), hs, windows)
-                variants = {"shipped": shipped, "prefix walked inline": shipped.with_(inline_max=1 << 30),
+                variants = {"shipped": shipped, "prefix walked inline": shipped.with_(inline_reads=1 << 30),
                             "bq=8 row_bt=8": shipped.with_(bq=8, row_bt=8),
                             "bn=16 row_bn=16": shipped.with_(bn=16, row_bn=16)}
                 for what, t in variants.items():

@@ -2,8 +2,8 @@
 
 A. the row kernel's shapes, on the short prefixes (64 tokens, zero- and few-shot: all of their attention);
 B. the prefix kernel's shapes, then the split rule (chunk size, query blocks per program), on the long
-prefixes with every prefix split; C. the prefix length from which splitting pays, from every case timed
-both ways. Candidates are scored by the geometric mean over the cases of (time added over the 64-token
+prefixes with every prefix split; C. the inline reads (prefix keys × tiles) from which splitting pays, from
+every case timed both ways. Candidates are scored by the geometric mean over the cases of (time added over the 64-token
 case) / (prefix K/V read floor); stage B stops trying new candidates once the time budget is spent.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import math
 import time
 
 from bench.prefix_cases import BASE
-from qcls.engine.tree_plan import Tuning
+from qcls.engine.tree_plan import Tuning, inline_reads
 
 
 def score(res: dict, base: dict, cases: dict, bw: float, keys) -> float:
@@ -52,9 +52,9 @@ def sweep(timers: dict, cases: dict, bw: float, budget_s: float, first: Tuning, 
     for bq, bn, w, st in itertools.product([16, 32], [32, 64], [4, 8], [2, 3]):
         if time.perf_counter() - t0 > 0.6 * budget_s:  # leave time for the rule
             break
-        t = best.with_(inline_max=0, bq=bq, bn=bn, warps=w, stages=st)
+        t = best.with_(inline_reads=0, bq=bq, bn=bn, warps=w, stages=st)
         scores[t] = score(timed(t, long_), base, cases, bw, long_)
-    split = min(scores, key=scores.get) if scores else best.with_(inline_max=0)
+    split = min(scores, key=scores.get) if scores else best.with_(inline_reads=0)
     log("B prefix kernel shapes, geomean added/floor", {_short(t): r for t, r in scores.items()}, split)
     rules = {}
     for ratio, hi, qb in itertools.product([0.125, 0.25, 0.5], [256, 512, 2048], [1, 4]):
@@ -64,21 +64,23 @@ def sweep(timers: dict, cases: dict, bw: float, budget_s: float, first: Tuning, 
         rules[t] = score(timed(t, long_), base, cases, bw, long_)
     split = min(rules, key=rules.get) if rules else split
     log("B split rule, geomean added/floor", {_short(t): r for t, r in rules.items()}, split)
-    # C. from which prefix length on splitting pays: every case both ways; the threshold with the smallest
-    # score among those that keep the 64-token case within 2 % of its best
-    walked, chunked = timed(split.with_(inline_max=1 << 30), list(timers)), timed(split, list(timers))
+    # C. from which inline reads (prefix keys × tiles, tree_plan.inline_reads) on splitting pays: every case both
+    # ways; the threshold with the smallest score among those that keep the 64-token case within 2 % of its best
+    walked, chunked = timed(split.with_(inline_reads=1 << 30), list(timers)), timed(split, list(timers))
     lengths = {k: int(cases[k].packer.prefix_len.max()) for k in timers}
+    reads = {k: inline_reads(c.packer.prefix_len.tolist(), c.packer.prompt_tokens(c.b, c.tokens), c.b)
+             for k, c in ((k, cases[k]) for k in timers)}
     options = {}
-    for x in sorted({0, *lengths.values()}):
-        res = {k: (walked if lengths[k] <= x else chunked)[k] for k in timers}
+    for x in sorted({0, *reads.values()}):
+        res = {k: (walked if reads[k] <= x else chunked)[k] for k in timers}
         options[x] = (sum(res[k][0] for k in timers if k[0] == BASE),
                       score(res, res, cases, bw, [k for k in timers if lengths[k] > 64]))
     fastest = min(t for t, _ in options.values())
     ok = {x: w for x, (t, w) in options.items() if t <= 1.02 * fastest}
-    best = split.with_(inline_max=min(ok, key=lambda x: (round(ok[x], 2), -x)))
+    best = split.with_(inline_reads=min(ok, key=lambda x: (round(ok[x], 2), -x)))
     log("C prefix walked inline vs split (ms each) and each threshold's geomean added/floor",
-        {f"{k[0]} b{k[1]} ({lengths[k]} keys)": (walked[k][0], chunked[k][0]) for k in timers}
-        | {f"inline_max={x}": w for x, w in ok.items()}, best)
+        {f"{k[0]} b{k[1]} ({lengths[k]} keys, {reads[k]} reads)": (walked[k][0], chunked[k][0]) for k in timers}
+        | {f"inline_reads={x}": w for x, w in ok.items()}, best)
     log("per case, the fastest candidate tried", {f"{k[0]} b{k[1]}": f"{ms:.3f} ms with {_short(t)}"
                                                  for k, (ms, t) in seen.items()}, best)
     return best

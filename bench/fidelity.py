@@ -119,6 +119,23 @@ def compare(got, want) -> dict:
     return {"max_abs_diff": d, "winners_equal": float(np.mean(same)), "n": len(same)}
 
 
+def disagreements(fast, hf, truth) -> list[dict]:
+    """Every (query, prompt) where fast fp16 or transformers fp16 picks another winner than fp32, with fp32's
+    margin (its winner's score minus the runner-up's): a margin below fp16's score error is a coin toss for
+    any fp16 forward."""
+    out = []
+    for qi, (fq, hq, tq) in enumerate(zip(fast, hf, truth)):
+        for pi, (f, h, t) in enumerate(zip(fq, hq, tq)):
+            w = int(np.argmax(t))
+            if int(np.argmax(f)) != w or int(np.argmax(h)) != w:
+                top2 = sorted(t, reverse=True)[:2]
+                out.append({"query": qi, "prompt": pi, "fp32_winner": w, "fast_winner": int(np.argmax(f)),
+                            "hf_winner": int(np.argmax(h)), "fp32_margin": float(top2[0] - top2[1]),
+                            "fast_error": float(max(abs(a - b) for a, b in zip(f, t))),
+                            "hf_error": float(max(abs(a - b) for a, b in zip(h, t)))})
+    return out
+
+
 def layers(loaded16, model32, model16, queries, n_layers, model: str, legacy: bool) -> list[dict]:
     """Per layer: max relative error of the read position's and the query mean's residual stream."""
     taps = [Tap(k, kind) for k in range(1, n_layers) for kind in ("position", "query_mean")] + [Tap("final", "position")]
@@ -240,10 +257,11 @@ def strategies(r, model32, model16, loaded16, layouts, ids, queries, args) -> No
         with legacy_kernels():
             old16 = fast_all(loaded16, queries, args.model)
     for s in STRATEGIES:
+        flips = disagreements(fast16[s], hf16[s], truth[s])
         r["strategies"][s] = {"fast_fp16": compare(fast16[s], truth[s]), "hf_fp16": compare(hf16[s], truth[s]),
-                              "hf_winner_equal_but_fast_not": sum(
-                                  int(np.argmax(h) == np.argmax(t) and np.argmax(f) != np.argmax(t))
-                                  for hq, fq, tq in zip(hf16[s], fast16[s], truth[s]) for h, f, t in zip(hq, fq, tq))}
+                              "hf_winner_equal_but_fast_not": sum(f["fast_winner"] != f["fp32_winner"] for f in flips
+                                                                  if f["hf_winner"] == f["fp32_winner"]),
+                              "disagreements": flips}
         if old16 is not None:
             r["strategies"][s]["legacy_fp16"] = compare(old16[s], truth[s])
 
@@ -268,6 +286,14 @@ def report(r: dict, part: str, t0: float) -> None:
                      f"{f['max_abs_diff'] / max(h['max_abs_diff'], 1e-12):.2f} | {f['winners_equal']:.3f} / "
                      f"{h['winners_equal']:.3f} | {v['hf_winner_equal_but_fast_not']} |"
                      + (f" {v['legacy_fp16']['max_abs_diff']:.4f} |" if legacy else "") + "\n")
+        flips = [(s, f) for s, v in r["strategies"].items() for f in v["disagreements"]]
+        if flips:
+            text += ("\nWinners unlike fp32's (query, prompt: fp32 margin between its top two labels; each fp16 "
+                     "forward's winner and largest score error on that prompt):\n\n" + "".join(
+                         f"- {s}: query {f['query']}, prompt {f['prompt']}: margin {f['fp32_margin']:.4f}; fast "
+                         f"{'=' if f['fast_winner'] == f['fp32_winner'] else '≠'} (error {f['fast_error']:.4f}), "
+                         f"transformers {'=' if f['hf_winner'] == f['fp32_winner'] else '≠'} (error "
+                         f"{f['hf_error']:.4f})\n" for s, f in flips))
     elif part == "layers":
         text += ("\nResidual stream after each layer, max |Δ| / max |fp32| over the first queries × 8 prompts (read "
                 "position and query mean):\n\n| tap | fast fp16 | transformers fp16 | pre-issue-18 kernels |\n"

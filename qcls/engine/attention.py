@@ -33,8 +33,9 @@ triton = K.triton
 
 # The T4 envelope: no FlashAttention, no cuDNN attention (sm_80+ only).
 T4_SDPA = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-TILE = 16  # tokens per program (tile entries are written by layout.Packer)
+TILE = K.TILE  # tokens per row-kernel program (tile entries are written by layout.Packer)
 TILE_FIELDS = 5  # token start, token count, row start, row length, prompt
+LOG2E = 1.4426950408889634
 
 
 def tree_available(device: torch.device, head_dim: int) -> str | None:
@@ -100,7 +101,7 @@ class TreeAttention:
         nkv = k.shape[0]
         g = nh // nkv
         gp = triton.next_power_of_2(g)
-        scale = d ** -0.5 if scale is None else scale
+        scale = (d ** -0.5 if scale is None else scale) * LOG2E  # the kernels' scores are in log2 units
         window = int(window or 0)
         t, ds, plan = self.plan.tuning, self.d, self.plan
         split_stride = n * nh  # (token, head) rows per split of the partial states
@@ -111,8 +112,8 @@ class TreeAttention:
                 G=g, GP=gp, D=d, BQ=t.bq, BN=t.bn, QB=t.qb, WINDOW=window > 0, UNMASKED=t.unmasked,
                 num_warps=t.warps, num_stages=t.stages)
         K.row_kernel[(ds["tiles"].shape[0] // TILE_FIELDS, nkv)](
-            q, k, v, self.out, ds["seq"], ds["anc"], ds["tslot"], ds["pos"], ds["tiles"], plan.prefix_slots,
-            plan.inline_len, plan.n_splits, self.part, self.ml, self.pool_len, plan.prefix_slots.shape[1],
+            q, k, v, self.out, ds["seq"], ds["anc"], ds["tslot"], ds["pos"], ds["tiles"], plan.runs,
+            plan.inline_runs, plan.n_splits, self.part, self.ml, self.pool_len, plan.runs.stride(0),
             q.stride(0), q.stride(1), self.out.stride(0), k.stride(0), split_stride, nh, scale, window,
             G=g, GP=gp, D=d, TILE=TILE, BT=t.row_bt, BN=t.row_bn, WINDOW=window > 0, num_warps=t.row_warps,
             num_stages=t.row_stages)

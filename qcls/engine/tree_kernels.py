@@ -11,6 +11,9 @@
   itself (one launch instead of two), adds the row's own keys (causal / trie ancestry), normalises and
   writes the output.
 
+Scores are in log2 units: `scale` is the softmax scale × log2(e) (the caller folds it), so every exponential
+is an exp2 (one MUFU instruction; exp is exp2 of a product) and the partial maxima m are log2 units too.
+
 A sliding window (window > 0) hides a key unless pos(query) - pos(key) < window; a prefix slot's position
 is its index in its prompt's prefix. The window's value is an argument and WINDOW (whether there is one)
 a compile-time flag, so layers without one pay nothing for it. Loop bounds are kernel arguments or
@@ -26,19 +29,22 @@ except ImportError:  # CPU-only installs
     triton = None
 
 WORK_FIELDS = 7  # first slot, keys, position of the first key, split index, prompt range lo/hi, first query block
+RUN_FIELDS = 3  # a prefix run of contiguous pool slots: first slot, keys, position of the first key
+TILE = 16  # row kernel: tokens per program (tile entries are written by layout.Packer)
 
 
 if triton is not None:
     _WORK = tl.constexpr(WORK_FIELDS)
+    _RUN = tl.constexpr(RUN_FIELDS)
     _FAR = tl.constexpr(1 << 40)  # "no token here" in the minimum position of a block
 
     @triton.jit
     def _online(sc, m_i, l_i, acc, v):
-        """One online-softmax step (scores sc [M, BN] with -inf where hidden; v [BN, D])."""
+        """One online-softmax step (scores sc [M, BN] in log2 units, -inf where hidden; v [BN, D])."""
         m_new = tl.maximum(m_i, tl.max(sc, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that saw nothing yet stay at 0
-        alpha = tl.exp(m_i - m_safe)
-        p = tl.exp(sc - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(sc - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         return m_new, l_i, acc
@@ -48,8 +54,8 @@ if triton is not None:
         """Fold a partial state (m_s, l_s, acc_s) into the running one."""
         m_new = tl.maximum(m_i, m_s)
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        a = tl.exp(m_i - m_safe)
-        b = tl.exp(m_s - m_safe)
+        a = tl.exp2(m_i - m_safe)
+        b = tl.exp2(m_s - m_safe)
         return m_new, l_i * a + l_s * b, acc * a[:, None] + acc_s * b[:, None]
 
     @triton.jit
@@ -62,17 +68,17 @@ if triton is not None:
 
     @triton.jit
     def _chunk_step(q, kh, vh, qpos, m_i, l_i, acc, s, nkeys, kpos0, scale, window,
-                    D: tl.constexpr, BN: tl.constexpr, WINDOW: tl.constexpr):
-        """Keys s … s+BN-1 of a chunk of nkeys (masked: the step may pass its end)."""
+                    D: tl.constexpr, BN: tl.constexpr, WINDOW: tl.constexpr, slot0=0):
+        """Keys s … s+BN-1 of a chunk of nkeys from pool slot slot0 on (masked: the step may pass its end)."""
         dd = tl.arange(0, D)
         j = s + tl.arange(0, BN)
         j_ok = j < nkeys
-        kt = tl.load(kh + j[None, :] * D + dd[:, None], mask=j_ok[None, :], other=0.0)
+        kt = tl.load(kh + (slot0 + j)[None, :] * D + dd[:, None], mask=j_ok[None, :], other=0.0)
         vis = j_ok[None, :]
         if WINDOW:
             vis = vis & (qpos[:, None] - (kpos0 + j)[None, :] < window)
         sc = tl.where(vis, tl.dot(q, kt) * scale, float("-inf"))
-        vt = tl.load(vh + j[:, None] * D + dd[None, :], mask=j_ok[:, None], other=0.0)
+        vt = tl.load(vh + (slot0 + j)[:, None] * D + dd[None, :], mask=j_ok[:, None], other=0.0)
         return _online(sc, m_i, l_i, acc, vt)
 
     @triton.jit
@@ -148,8 +154,8 @@ if triton is not None:
         tl.store(part_ptr + row[:, None] * D + dd[None, :], acc, mask=q_ok[:, None])
 
     @triton.jit
-    def row_kernel(q_ptr, k_ptr, v_ptr, o_ptr, seq_ptr, anc_ptr, tslot_ptr, pos_ptr, tiles_ptr, ptab_ptr,
-                   plen_ptr, nsplit_ptr, part_ptr, ml_ptr, pool_len, ptab_stride, q_s0, q_s1, o_s0, kv_s_head,
+    def row_kernel(q_ptr, k_ptr, v_ptr, o_ptr, seq_ptr, anc_ptr, tslot_ptr, pos_ptr, tiles_ptr, runs_ptr,
+                   nrun_ptr, nsplit_ptr, part_ptr, ml_ptr, pool_len, runs_stride, q_s0, q_s1, o_s0, kv_s_head,
                    part_s_split, n_heads, scale, window,
                    G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, TILE: tl.constexpr, BT: tl.constexpr,
                    BN: tl.constexpr, WINDOW: tl.constexpr):
@@ -160,19 +166,19 @@ if triton is not None:
         r0 = tl.load(tiles_ptr + tile * 5 + 2)
         rlen = tl.load(tiles_ptr + tile * 5 + 3)
         prompt = tl.load(tiles_ptr + tile * 5 + 4)
-        plen = tl.load(plen_ptr + prompt)  # prefix keys walked here (0 when the prefix kernel did it)
+        nrun = tl.load(nrun_ptr + prompt)  # prefix runs walked here (0 when the prefix kernel did it)
         nsplit = tl.load(nsplit_ptr + prompt)  # partial states the prefix kernel left for this prompt
         # BT < TILE where a whole tile's query vectors would not fit the registers (d=256 on sm_75)
         for sub in tl.static_range(TILE // BT):
             if sub * BT < cnt:  # unused tiles (count 0) do nothing
-                _row_part(q_ptr, k_ptr, v_ptr, o_ptr, seq_ptr, anc_ptr, tslot_ptr, pos_ptr, ptab_ptr, ml_ptr,
-                          part_ptr, t0 + sub * BT, cnt - sub * BT, r0, rlen, prompt, plen, nsplit, pool_len,
-                          ptab_stride, q_s0, q_s1, o_s0, kv_s_head, part_s_split, n_heads, scale, window, h,
+                _row_part(q_ptr, k_ptr, v_ptr, o_ptr, seq_ptr, anc_ptr, tslot_ptr, pos_ptr, runs_ptr, ml_ptr,
+                          part_ptr, t0 + sub * BT, cnt - sub * BT, r0, rlen, prompt, nrun, nsplit, pool_len,
+                          runs_stride, q_s0, q_s1, o_s0, kv_s_head, part_s_split, n_heads, scale, window, h,
                           G, GP, D, BT, BN, WINDOW)
 
     @triton.jit
-    def _row_part(q_ptr, k_ptr, v_ptr, o_ptr, seq_ptr, anc_ptr, tslot_ptr, pos_ptr, ptab_ptr, ml_ptr, part_ptr,
-                  t0, cnt, r0, rlen, prompt, plen, nsplit, pool_len, ptab_stride, q_s0, q_s1, o_s0, kv_s_head,
+    def _row_part(q_ptr, k_ptr, v_ptr, o_ptr, seq_ptr, anc_ptr, tslot_ptr, pos_ptr, runs_ptr, ml_ptr, part_ptr,
+                  t0, cnt, r0, rlen, prompt, nrun, nsplit, pool_len, runs_stride, q_s0, q_s1, o_s0, kv_s_head,
                   part_s_split, n_heads, scale, window, h,
                   G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
                   WINDOW: tl.constexpr):
@@ -203,18 +209,16 @@ if triton is not None:
             l_s = tl.load(ml_ptr + row * 2 + 1, mask=q_ok, other=0.0)
             a_s = tl.load(part_ptr + row[:, None] * D + dd[None, :], mask=q_ok[:, None], other=0.0)
             m_i, l_i, acc = _merge(m_i, l_i, acc, m_s, l_s, a_s)
-        # 1b. or the prompt's cached prefix walked here: every slot visible (within the window)
-        for s in range(_first_key(pos_i, tok_ok, 0, window, BN, WINDOW), plen, BN):
-            j = s + jn
-            j_ok = j < plen
-            slot = tl.load(ptab_ptr + prompt * ptab_stride + j, mask=j_ok, other=0)
-            kt = tl.load(kh + slot[None, :] * D + dd[:, None], mask=j_ok[None, :], other=0.0)
-            vis = j_ok[None, :]
-            if WINDOW:
-                vis = vis & (pos_i[:, None] - j[None, :] < window)
-            sc = tl.where(vis, tl.dot(q, kt) * scale, float("-inf"))
-            vt = tl.load(vh + slot[:, None] * D + dd[None, :], mask=j_ok[:, None], other=0.0)
-            m_i, l_i, acc = _online(sc, m_i, l_i, acc, vt)
+        # 1b. or the prompt's cached prefix walked here, run by run of contiguous slots (addresses from the loop
+        # index, not from a slot table: no dependent load per step): every key visible (within the window)
+        for r in range(0, nrun):
+            rp = runs_ptr + prompt * runs_stride + r * _RUN
+            slot0 = tl.load(rp)
+            nkeys = tl.load(rp + 1)
+            kpos0 = tl.load(rp + 2)
+            for s in range(_first_key(pos_i, tok_ok, kpos0, window, BN, WINDOW), nkeys, BN):
+                m_i, l_i, acc = _chunk_step(q, kh, vh, pos_i, m_i, l_i, acc, s, nkeys, kpos0, scale, window, D, BN,
+                                            WINDOW, slot0)
         # 2. the token's own row: sequence keys causally, trie keys if they are ancestors-or-self
         for s in range(0, rlen, BN):
             j_ok = s + jn < rlen

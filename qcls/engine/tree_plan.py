@@ -18,8 +18,12 @@ chunk is read by one program for every query token that sees it:
   a prompt can have (its total query tokens + b × the prompt's row constant), so the work list and the
   grid are fixed per bucket; items past a request's real tokens return at once.
 
-Buckets whose longest prefix is at most `inline_max` keys use no chunks: the row kernel walks the prefix
-itself (one launch per layer instead of two).
+Buckets where no prompt's prefix keys × its tiles (each row-kernel program re-reads the prefix) pass
+`inline_reads` use no chunks: the row kernel walks the prefix itself (one launch per layer instead of two;
+at batch 1 a prompt has one or two tiles, at batch 4 four or more, so the same prefix is walked inline at
+batch 1 and split at batch 4 once it is long enough), run by run (`prefix_runs`: a prompt's blocks merged where
+their pool slots are contiguous, usually one or two runs), so its key addresses follow from the loop index
+and no slot table is read on the way.
 """
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from qcls.engine.prefix_cache import PrefixPlan
-from qcls.engine.tree_kernels import WORK_FIELDS
+from qcls.engine.tree_kernels import RUN_FIELDS, TILE, WORK_FIELDS
 
 if TYPE_CHECKING:  # layout imports the attention, which imports this plan
     from qcls.engine.layout import Packer
@@ -38,7 +42,7 @@ if TYPE_CHECKING:  # layout imports the attention, which imports this plan
 @dataclass(frozen=True)
 class Tuning:
     """Kernel shapes and the split rule."""
-    inline_max: int = 256  # longest prefix (keys) the row kernel walks itself
+    inline_reads: int = 512  # the row kernel walks the prefixes itself while no prompt's keys × tiles pass this
     partial_ratio: float = 0.25  # partial-state bytes ≤ this × the chunk's K/V bytes …
     min_chunk: int = 128
     max_chunk: int = 512  # … but no bigger chunks than this: a run many tokens see still spreads over programs,
@@ -66,7 +70,9 @@ TUNING: dict[int, Tuning] = {
     64: Tuning(bn=64),
     # unmasked whole steps: 2-11 % less added time on 256-token to 2k prefixes, few-shot unchanged (H100, 2026-11-24,
     # bench/RESULTS.md); 64-key steps were slower at batch 1 and no faster at batch 4
-    128: Tuning(inline_max=64, partial_ratio=0.125, stages=3, unmasked=True),
+    # inline walks up to 1536 key reads: 205-token (few-shot) prefixes inline at batch 1 and 4, 512 at batch 1, 256
+    # at batch 4 (H100, 2026-11-24, bench/RESULTS.md)
+    128: Tuning(inline_reads=1536, partial_ratio=0.125, stages=3, unmasked=True),
     256: Tuning(bn=32, row_warps=8),
 }
 
@@ -144,14 +150,40 @@ class TreePlan:
     tuning: Tuning
     work: torch.Tensor  # [items, WORK_FIELDS] int64; empty when every prefix is walked inline
     n_splits: torch.Tensor  # [P + 1] partial states per prompt
-    inline_len: torch.Tensor  # [P + 1] prefix keys the row kernel walks itself
-    prefix_slots: torch.Tensor  # [P + 1, width] pool slot of every prefix token (the inline walk)
+    inline_runs: torch.Tensor  # [P + 1] runs of its prefix the row kernel walks itself (0: split or none)
+    runs: torch.Tensor  # [P + 1, R, RUN_FIELDS] every prompt's prefix runs (prefix_runs)
     max_splits: int
     chunks: list[Chunk] = field(default_factory=list)
 
     def to(self, device) -> "TreePlan":
         return replace(self, work=self.work.to(device), n_splits=self.n_splits.to(device),
-                       inline_len=self.inline_len.to(device), prefix_slots=self.prefix_slots.to(device))
+                       inline_runs=self.inline_runs.to(device), runs=self.runs.to(device))
+
+
+def prefix_runs(pool: PrefixPlan) -> tuple[torch.Tensor, torch.Tensor]:
+    """([P + 1, R, RUN_FIELDS] (first pool slot, keys, position of the first key) of each prompt's maximal
+    runs of contiguous slots, [P + 1] runs per prompt); the last row (the pads') has none."""
+    per_prompt = []
+    for blocks in pool.prompt_blocks:
+        runs: list[list[int]] = []
+        for b in blocks:
+            blk = pool.blocks[b]
+            if runs and runs[-1][0] + runs[-1][1] == blk.start:
+                runs[-1][1] += len(blk.tokens)
+            else:
+                runs.append([blk.start, len(blk.tokens), blk.position])
+        per_prompt.append(runs)
+    table = torch.zeros(len(per_prompt) + 1, max([len(r) for r in per_prompt] + [1]), RUN_FIELDS, dtype=torch.long)
+    for p, runs in enumerate(per_prompt):
+        if runs:
+            table[p, :len(runs)] = torch.tensor(runs)
+    return table, torch.tensor([len(r) for r in per_prompt] + [0], dtype=torch.long)
+
+
+def inline_reads(prefix_len: list[int], prompt_tokens: list[int], b: int) -> int:
+    """Prefix keys the slowest prompt's tiles would read walking it inline: its keys × its tiles (at least one
+    per row, b rows)."""
+    return max([n * max(b, -(-t // TILE)) for n, t in zip(prefix_len, prompt_tokens)] + [0])
 
 
 def plan_tree(packer: "Packer", b: int, query_tokens: int, group: int, tuning: Tuning) -> TreePlan:
@@ -159,10 +191,10 @@ def plan_tree(packer: "Packer", b: int, query_tokens: int, group: int, tuning: T
     heads each serve `group` query heads."""
     order, prefix_len = packer.order, packer.prefix_len
     zeros = torch.zeros(len(order) + 1, dtype=torch.long)
-    if int(prefix_len.max()) <= tuning.inline_max:
-        return TreePlan(tuning, torch.zeros(0, WORK_FIELDS, dtype=torch.long), zeros, prefix_len.clone(),
-                        packer.prefix_slots, 0)
+    runs, n_runs = prefix_runs(packer.pool)
     prompt_tokens = packer.prompt_tokens(b, query_tokens)
+    if inline_reads(prefix_len.tolist(), prompt_tokens, b) <= tuning.inline_reads:
+        return TreePlan(tuning, torch.zeros(0, WORK_FIELDS, dtype=torch.long), zeros, n_runs, runs, 0)
     tokens_in = [0]
     for p in order:
         tokens_in.append(tokens_in[-1] + prompt_tokens[p])
@@ -181,5 +213,5 @@ def plan_tree(packer: "Packer", b: int, query_tokens: int, group: int, tuning: T
         blocks = -(-(tokens_in[c.hi] - tokens_in[c.lo]) // tuning.bq)
         work += [[c.slot, c.keys, c.pos, c.split, c.lo, c.hi, j] for j in range(0, blocks, tuning.qb)]
     splits = torch.tensor(n_splits + [0], dtype=torch.long)
-    return TreePlan(tuning, torch.tensor(work, dtype=torch.long).reshape(-1, WORK_FIELDS), splits, zeros,
-                    packer.prefix_slots, int(splits.max()), chunks)
+    return TreePlan(tuning, torch.tensor(work, dtype=torch.long).reshape(-1, WORK_FIELDS), splits, zeros, runs,
+                    int(splits.max()), chunks)

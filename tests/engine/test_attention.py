@@ -19,13 +19,13 @@ from qcls.scoring.tokenization import PromptTokens
 from qcls.scoring.trie import LabelTrie
 
 needs_triton = pytest.mark.skipif(A.triton is None, reason="Triton is not installed (pip install triton)")
-INLINE = Tuning(inline_max=1 << 30, row_bn=16)
+INLINE = Tuning(inline_reads=1 << 30, row_bn=16)
 
 
 def split(chunk: int, qb: int = 1, row_bt: int = 16, unmasked: bool = False) -> Tuning:
     """Every prefix split into chunks of `chunk` keys (tiny, so the CPU interpreter sees many of them); with
     `unmasked`, whole 16-key steps load without masks and only a chunk's last partial step is masked."""
-    return Tuning(inline_max=0, min_chunk=chunk, max_chunk=chunk, partial_limit=1e9, bq=16, qb=qb, bn=16,
+    return Tuning(inline_reads=0, min_chunk=chunk, max_chunk=chunk, partial_limit=1e9, bq=16, qb=qb, bn=16,
                   row_bt=row_bt, row_bn=16, unmasked=unmasked)
 
 
@@ -168,7 +168,7 @@ def test_turing_shapes_compute_the_same_interpreted(monkeypatch):
     t4 = tuning_for(256, 4, torch.device("cuda"))
     prompts = _chunky_prompts(random.Random(5))
     _compare("cpu", torch.float32, 4, 1, 256, prompts, 2, 5, 1e-4,
-             [t4.with_(inline_max=0, min_chunk=32, max_chunk=32, partial_limit=1e9), t4], window=20)
+             [t4.with_(inline_reads=0, min_chunk=32, max_chunk=32, partial_limit=1e9), t4], window=20)
 
 
 @pytest.mark.gpu
@@ -183,9 +183,9 @@ def test_split_prefix_equals_dense_gpu(case):
     prompts = _chunky_prompts(random.Random(batch))
     _compare("cuda", torch.float16, heads, kv, dim, prompts, batch, batch, 2e-3,
              [split(chunk, qb, row_bt), split(chunk, qb, row_bt, unmasked=True),
-              shipped.with_(inline_max=0, min_chunk=chunk, max_chunk=chunk, partial_limit=1e9),
-              shipped.with_(inline_max=0, min_chunk=chunk, max_chunk=chunk, partial_limit=1e9, unmasked=False),
-              shipped.with_(inline_max=1 << 30)], window)
+              shipped.with_(inline_reads=0, min_chunk=chunk, max_chunk=chunk, partial_limit=1e9),
+              shipped.with_(inline_reads=0, min_chunk=chunk, max_chunk=chunk, partial_limit=1e9, unmasked=False),
+              shipped.with_(inline_reads=1 << 30)], window)
 
 
 @needs_triton

@@ -206,7 +206,7 @@ def test_tree_attention_engine_split_prefixes(tiny_dirs, monkeypatch):
     inside a header that three prompts share (blocks of 8), one prompt without a prefix: batches 1–4."""
     from qcls.engine import engine as E
     from qcls.engine.tree_plan import Tuning
-    forced = Tuning(inline_max=0, min_chunk=16, max_chunk=16, partial_limit=1e9, bq=16, qb=2, bn=16, row_bn=16)
+    forced = Tuning(inline_reads=0, min_chunk=16, max_chunk=16, partial_limit=1e9, bq=16, qb=2, bn=16, row_bn=16)
     monkeypatch.setattr(E, "tuning_for", lambda *a, **k: forced)
     header = "You classify e-commerce search queries for a large online fashion store. "
     prompts = [prompt("a", MULTI, system=header + "Audience?"), prompt("b", SHARED, system=header + "Category?"),

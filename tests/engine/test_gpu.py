@@ -76,7 +76,7 @@ def test_fp16_graphs_split_prefixes_match_reference(gpu_dirs, strategy, monkeypa
     from qcls.engine import engine as E
     from qcls.engine.tree_plan import tuning_for
     shipped = tuning_for
-    monkeypatch.setattr(E, "tuning_for", lambda *a: shipped(*a).with_(inline_max=0, min_chunk=16, max_chunk=16,
+    monkeypatch.setattr(E, "tuning_for", lambda *a: shipped(*a).with_(inline_reads=0, min_chunk=16, max_chunk=16,
                                                                        partial_limit=1e9))
     header = "You classify e-commerce search queries for a large online fashion store. "
     prompts = [prompt("a", MULTI, system=header + "Audience?"), prompt("b", SHARED, system=header + "Category?"),

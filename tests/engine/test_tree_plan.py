@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from qcls.engine.layout import Packer
 from qcls.engine.prefix_cache import plan_prefixes
-from qcls.engine.tree_plan import Tuning, plan_chunks, plan_tree
+from qcls.engine.tree_plan import Tuning, inline_reads, plan_chunks, plan_tree, prefix_runs
 from tests.engine.test_layout import _layout
 
 HEADER = tuple(range(100, 140))  # 40 tokens: two full shared blocks of 16, then 8 in a mixed block
@@ -41,7 +41,7 @@ def test_prompts_sharing_blocks_are_neighbours_and_a_shared_run_is_one_chunk_lis
 
 def test_chunk_size_follows_the_tokens_that_see_it_and_short_prefixes_stay_inline():
     packer = _packer([HEADER * 8 + (1,), HEADER * 8 + (2,), (3,) * 300])  # 321, 321 and 300 tokens
-    t = Tuning(inline_max=256, partial_ratio=0.5, min_chunk=32, max_chunk=256, bq=16, qb=2)
+    t = Tuning(inline_reads=256, partial_ratio=0.5, min_chunk=32, max_chunk=256, bq=16, qb=2)
     plan = plan_tree(packer, 2, 12, 4, t)
     tokens = packer.prompt_tokens(2, 12)  # 12 query tokens + 2 rows × (1 suffix + 1 trie token... )
     by_range = {}
@@ -51,14 +51,43 @@ def test_chunk_size_follows_the_tokens_that_see_it_and_short_prefixes_stay_inlin
     want_one = min(256, max(32, 1 << (tokens[2] * 4 * 2 - 1).bit_length()))
     assert max(by_range[1]) == want_one and max(by_range[2]) >= max(by_range[1])
     assert plan.work.shape[1] == 7 and plan.max_splits == max(plan.n_splits.tolist())
-    assert plan.inline_len.sum() == 0
+    assert plan.inline_runs.sum() == 0
     blocks = {(c.slot, c.split): -(-sum(tokens[p] for p in [packer.order[i] for i in range(c.lo, c.hi)]) // 16)
               for c in plan.chunks}
     for c in plan.chunks:  # every query block of every chunk is in exactly one work item
         items = [w for w in plan.work.tolist() if (w[0], w[3]) == (c.slot, c.split)]
         assert [w[6] for w in items] == list(range(0, blocks[c.slot, c.split], 2))
-    short = plan_tree(_packer([(1,) * 200, (2,) * 100]), 4, 64, 4, t)
-    assert short.work.shape[0] == 0 and short.inline_len.tolist() == [200, 100, 0]
+    two = _packer([(1,) * 200, (2,) * 100])
+    reads = inline_reads([200, 100], two.prompt_tokens(4, 64), 4)
+    assert plan_tree(two, 4, 64, 4, t.with_(inline_reads=reads - 1)).work.shape[0] > 0
+    short = plan_tree(two, 4, 64, 4, t.with_(inline_reads=reads))
+    assert short.work.shape[0] == 0 and short.inline_runs.tolist() == [1, 1, 0]
+    assert short.runs[:2, 0, 1:].tolist() == [[200, 0], [100, 0]]  # (keys, position of the first) of each run
+
+
+def test_inline_reads_count_each_prompts_keys_once_per_tile():
+    # 40 tokens: 3 tiles of 16 at batch 1; at batch 4 at least one tile per row
+    assert inline_reads([200, 100], [40, 10], 1) == 600
+    assert inline_reads([200, 100], [40, 10], 4) == 800
+    assert inline_reads([0, 0], [40, 10], 2) == 0
+
+
+def test_prefix_runs_cover_each_prefix_in_order_with_contiguous_slots():
+    """The inline walk's runs: a prompt's slots, in prefix order, as maximal contiguous runs (a shared block
+    and the prompt's own blocks after it sit apart in the pool)."""
+    prefixes = [HEADER + (1,) * 10, (), (7,) * 16, HEADER[:32], HEADER + (2,) * 25]
+    packer = _packer(prefixes)
+    runs, n = prefix_runs(packer.pool)
+    assert n.tolist()[-1] == 0 and runs.shape[0] == len(prefixes) + 1
+    for p in range(len(prefixes)):
+        got = [s for slot, keys, _ in runs[p, :n[p]].tolist() for s in range(slot, slot + keys)]
+        assert got == packer.pool.prompt_slots(p)  # every slot once, in prefix order
+        starts = [pos for _, _, pos in runs[p, :n[p]].tolist()]
+        assert starts == [sum(runs[p, :i, 1].tolist()) for i in range(n[p])]  # positions continue run to run
+        ends = [slot + keys for slot, keys, _ in runs[p, :n[p]].tolist()]
+        assert all(e != s for e, (s, _, _) in zip(ends, runs[p, 1:n[p]].tolist()))  # maximal: no run continues
+    # prompt 0's own blocks were placed right after the shared ones (one run), prompt 4's elsewhere (two)
+    assert n.tolist()[:5] == [1, 0, 1, 1, 2]
 
 
 def test_chunk_cap_never_lets_partials_outweigh_keys():
@@ -66,7 +95,7 @@ def test_chunk_cap_never_lets_partials_outweigh_keys():
     see them, whatever max_chunk says: its partial states never cost more bytes than the keys
     (partial_limit=1)."""
     packer = _packer([(3,) * 1500, (4,) * 1500])
-    t = Tuning(inline_max=0, partial_ratio=0.25, min_chunk=64, max_chunk=128, bq=16, qb=1)
+    t = Tuning(inline_reads=0, partial_ratio=0.25, min_chunk=64, max_chunk=128, bq=16, qb=1)
     small, big = plan_tree(packer, 1, 8, 4, t), plan_tree(packer, 4, 256, 4, t)
     assert max(c.keys for c in small.chunks) == 128  # capped: 9 tokens × 4 heads / 0.25 would ask for 256
     vectors = packer.prompt_tokens(4, 256)[0] * 4
