@@ -56,6 +56,8 @@ class Tuning:
     row_bn: int = 32  # row kernel: keys per step
     row_warps: int = 4
     row_stages: int = 3
+    merge_warps: int = 0  # row kernel warps in batch-1 buckets whose prefixes are split (0: row_warps): one program
+    # per prompt and KV head then merges every partial state of its tile, and more warps share that work
     unmasked: bool = False  # prefix kernel: whole key steps without masks, then a masked last step (sm_80+: on
     # sm_75 the second copy of the step spills registers)
 
@@ -72,7 +74,9 @@ TUNING: dict[int, Tuning] = {
     # bench/RESULTS.md); 64-key steps were slower at batch 1 and no faster at batch 4
     # inline walks up to 1536 key reads: 205-token (few-shot) prefixes inline at batch 1 and 4, 512 at batch 1, 256
     # at batch 4 (H100, 2026-11-24, bench/RESULTS.md)
-    128: Tuning(inline_reads=1536, partial_ratio=0.125, stages=3, unmasked=True),
+    # merge_warps=8: batch-1 buckets with split prefixes 6-9 % less added time on 1k / 2k / the shared block, nothing
+    # else changed (H200, 2026-11-24, bench/RESULTS.md)
+    128: Tuning(inline_reads=1536, partial_ratio=0.125, stages=3, unmasked=True, merge_warps=8),
     256: Tuning(bn=32, row_warps=8),
 }
 
@@ -213,5 +217,7 @@ def plan_tree(packer: "Packer", b: int, query_tokens: int, group: int, tuning: T
         blocks = -(-(tokens_in[c.hi] - tokens_in[c.lo]) // tuning.bq)
         work += [[c.slot, c.keys, c.pos, c.split, c.lo, c.hi, j] for j in range(0, blocks, tuning.qb)]
     splits = torch.tensor(n_splits + [0], dtype=torch.long)
+    if b == 1 and tuning.merge_warps:
+        tuning = tuning.with_(row_warps=tuning.merge_warps)
     return TreePlan(tuning, torch.tensor(work, dtype=torch.long).reshape(-1, WORK_FIELDS), splits, zeros, runs,
                     int(splits.max()), chunks)

@@ -101,3 +101,12 @@ def test_chunk_cap_never_lets_partials_outweigh_keys():
     vectors = packer.prompt_tokens(4, 256)[0] * 4
     assert max(c.keys for c in big.chunks) >= vectors
     assert big.max_splits < small.max_splits
+
+
+def test_merge_warps_only_where_batch_one_prefixes_are_split():
+    packer = _packer([(3,) * 300, (4,) * 300])
+    t = Tuning(inline_reads=0, row_warps=4, merge_warps=8)
+    assert plan_tree(packer, 1, 8, 4, t).tuning.row_warps == 8  # split, one tile per prompt: 8 warps merge
+    assert plan_tree(packer, 4, 32, 4, t).tuning.row_warps == 4  # batch 4: enough tiles already
+    assert plan_tree(packer, 1, 8, 4, t.with_(inline_reads=1 << 30)).tuning.row_warps == 4  # walked inline
+    assert plan_tree(packer, 1, 8, 4, t.with_(merge_warps=0)).tuning.row_warps == 4
