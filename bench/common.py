@@ -120,6 +120,16 @@ def copy_bandwidth_gbs() -> float:
     return 2 * (1 << 30) / (ms / 1e3) / 1e9
 
 
+def matmul_tflops(n: int = 8192) -> float:
+    """Dense fp16 n×n×n matrix products through cuBLAS, TFLOP/s (random data): the rate no attention kernel's
+    dots can pass, the FLOP counterpart of copy_bandwidth_gbs."""
+    a = torch.randn(n, n, device="cuda", dtype=torch.float16)
+    b = torch.randn_like(a)
+    ms = median(timed(lambda: a @ b, 10))
+    del a, b
+    return 2 * n ** 3 / (ms / 1e3) / 1e12
+
+
 def device_name() -> str:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
 
