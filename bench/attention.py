@@ -28,7 +28,7 @@ import torch  # noqa: E402
 
 from bench import common as C  # noqa: E402
 from bench.attention_sweep import _short, sweep  # noqa: E402
-from bench.legacy_tree import LegacyTreeAttention  # noqa: E402
+from bench import legacy_tree  # noqa: E402
 from bench.latency import QUERIES  # noqa: E402
 from bench.prefix_cases import BASE, attention_flops, kv_read_bytes, prompt_sets  # noqa: E402
 from qcls.compose import compose  # noqa: E402
@@ -138,10 +138,9 @@ class Timer:
     def legacy(self) -> tuple[float, float]:
         """The pre-issue-18 kernel (bench/legacy_tree.py) on the same inputs: (ms, max |Δ| against dense)."""
         c, dev = self.case, self.hs.device
-        p = c.packer
-        max_row = max(min(c.tokens - (c.b - 1), 64) + max(x.const_len for x in p.prompts), 16)
         out = torch.empty(c.n, self.hs.heads * self.hs.dim, dtype=self.dtype, device=dev)
-        attn = LegacyTreeAttention(c.d, p.prefix_slots.to(dev), p.prefix_len.to(dev), c.pool_len, max_row, out)
+        attn = legacy_tree.for_bucket(c.d, c.packer, legacy_tree.prefix_tables(c.packer, dev), c.pool_len, c.b, c.tokens,
+                                      out)
         err = (attn(self.q, self.k[0], self.v[0])[:c.used].float() - self.ref[0][:c.used].float()).abs().max().item()
         return timed_ms(lambda: [attn(self.q, self.k[i], self.v[i]) for i in range(self.hs.layers)], dev), err
 

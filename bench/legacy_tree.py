@@ -15,6 +15,23 @@ except ImportError:  # CPU-only installs
     triton = None
 
 
+def prefix_tables(packer, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """([P + 1, width] pool slot of every prefix token, [P + 1] prefix lengths) on `device`: the slot table this
+    kernel walks (the engine's kernels walk runs of contiguous slots instead, tree_plan.prefix_runs)."""
+    slots = [packer.pool.prompt_slots(p) for p in range(len(packer.prompts))]
+    table = torch.zeros(len(slots) + 1, max([len(s) for s in slots] + [1]), dtype=torch.long)
+    for p, s in enumerate(slots):
+        table[p, :len(s)] = torch.tensor(s, dtype=torch.long)
+    return table.to(device), packer.prefix_len.to(device)
+
+
+def for_bucket(d: dict, packer, tables, pool_len: int, b: int, query_tokens: int,
+               out: torch.Tensor) -> "LegacyTreeAttention":
+    """The kernel for a bucket of b queries with query_tokens in all (its loop bounds: the longest row)."""
+    max_row = max(min(query_tokens - (b - 1), 64) + max(x.const_len for x in packer.prompts), 16)
+    return LegacyTreeAttention(d, *tables, pool_len, max_row, out)
+
+
 class LegacyTreeAttention:
     def __init__(self, d: dict, prefix_slots: torch.Tensor, prefix_len: torch.Tensor, pool_len: int, max_row: int,
                  out: torch.Tensor, key_block: int = 32, num_warps: int = 4):

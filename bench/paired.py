@@ -102,7 +102,7 @@ def legacy_decoder(clf: Classifier, elementwise: bool = True, attention: bool = 
     path, while it runs). The pre-issue-18 attention (bench/legacy_tree.py) walks every prefix key per tile
     with compile-time loop bounds sized per bucket, as it did then; it knows no windows (Qwen3/Llama only)."""
     from bench import legacy_kernels as L
-    from bench.legacy_tree import LegacyTreeAttention
+    from bench import legacy_tree
     from qcls.engine import decoder as D
     from qcls.engine import engine as E
 
@@ -116,10 +116,9 @@ def legacy_decoder(clf: Classifier, elementwise: bool = True, attention: bool = 
     current = {}
 
     def old_attention(d, plan, pool_len, heads, head_dim, dtype):
-        bk, slots, lens = current["bucket"], current["slots"], current["lens"]  # on the device before the capture
-        max_row = max(min(bk.query_tokens - (bk.b - 1), 64) + max(x.const_len for x in bk.packer.prompts), 16)
-        out = torch.empty(d["ids"].shape[0], heads * head_dim, dtype=dtype, device=slots.device)
-        attn = LegacyTreeAttention(d, slots, lens, pool_len, max_row, out)
+        bk, tables = current["bucket"], current["tables"]  # on the device before the capture
+        out = torch.empty(d["ids"].shape[0], heads * head_dim, dtype=dtype, device=tables[0].device)
+        attn = legacy_tree.for_bucket(d, bk.packer, tables, pool_len, bk.b, bk.query_tokens, out)
         return lambda q, k, v, window=None, scale=None: attn(q, k, v)
 
     saved = (D.add_rmsnorm, D.qkv_into, D.silu_mul, E.TreeAttention)
@@ -135,8 +134,7 @@ def legacy_decoder(clf: Classifier, elementwise: bool = True, attention: bool = 
         with torch.inference_mode():
             for key in sorted(eng.buckets, key=lambda k: -eng.buckets[k].n_tokens):
                 bk = current["bucket"] = eng.buckets[key]
-                current["slots"], current["lens"] = (x.to(bk.dec.device) for x in (bk.packer.prefix_slots,
-                                                                                  bk.packer.prefix_len))
+                current["tables"] = legacy_tree.prefix_tables(bk.packer, bk.dec.device)
                 eng.buckets[key].capture(pool)
         clf.classify(QUERIES[:1])
     finally:

@@ -101,15 +101,12 @@ class Packer:
         self.pool, self.pool_len = pool, pool_len
         # Which pool slots each prompt sees; the extra last row (seen by pads) sees none.
         self.visible = torch.zeros(len(prompts) + 1, pool_len, dtype=torch.bool)
-        width = max([len(pool.prompt_slots(p)) for p in range(len(prompts))] + [1])
-        self.prefix_slots = torch.zeros(len(prompts) + 1, width, dtype=torch.long)
         self.prefix_len = torch.zeros(len(prompts) + 1, dtype=torch.long)
         self.slot_pos = torch.zeros(pool_len, dtype=torch.long)  # a pool slot's position in its prefix
         for p in range(len(prompts)):
             slots = pool.prompt_slots(p)
             if slots:
                 self.visible[p, torch.tensor(slots)] = True
-                self.prefix_slots[p, :len(slots)] = torch.tensor(slots)
                 self.prefix_len[p] = len(slots)
                 self.slot_pos[torch.tensor(slots)] = torch.arange(len(slots))
         self.order = pool.prompt_order()

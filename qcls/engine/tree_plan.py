@@ -73,8 +73,7 @@ TUNING: dict[int, Tuning] = {
     # unmasked whole steps: 2-11 % less added time on 256-token to 2k prefixes, few-shot unchanged (H100, 2026-11-24,
     # bench/RESULTS.md); 64-key steps were slower at batch 1 and no faster at batch 4
     # inline walks up to 1536 key reads: 205-token (few-shot) prefixes inline at batch 1 and 4, 512 at batch 1, 256
-    # at batch 4 (H100, 2026-11-24; on an H200 384 / 512 / 768 split the few-shot prompts at batch 4, +0.09 ms:
-    # bench/RESULTS.md)
+    # at batch 4; 384 / 512 / 768 split the few-shot prompts at batch 4, +0.09 ms (H200, 2026-11-24, bench/RESULTS.md)
     # merge_warps=8: batch-1 buckets with split prefixes 6-9 % less added time on 1k / 2k / the shared block, nothing
     # else changed (H200, 2026-11-24, bench/RESULTS.md)
     128: Tuning(inline_reads=1536, partial_ratio=0.125, stages=3, unmasked=True, merge_warps=8),

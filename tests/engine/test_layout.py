@@ -45,7 +45,7 @@ def test_rows_positions_reads_and_mask():
     tiles = d["tiles"].view(-1, 5).tolist()
     assert tiles[:3] == [[0, 5, 0, 5, 0], [5, 6, 5, 6, 0], [11, 2, 11, 2, 1]]
     assert all(t[1] == 0 for t in tiles[3:]) and len(tiles) == packer.max_tiles(2, n)
-    assert packer.prefix_len.tolist() == [3, 0] and packer.prefix_slots[0, :3].tolist() == [0, 1, 2]
+    assert packer.prefix_len.tolist() == [3, 0] and packer.pool.prompt_slots(0) == [0, 1, 2]
 
 
 def test_long_rows_split_into_tiles():
