@@ -21,6 +21,8 @@ OVERRIDE = re.compile(r"^[+~]{0,2}[A-Za-z_][\w.@/-]*=")
 
 EPILOG = """examples:
   qcls classify "mens slim fit jeans" "夏季女士碎花连衣裙"
+  qcls --config-dir ./myconf classify prompts=my_prompts "red dress"   # your own prompts/my_prompts.yaml
+  qcls classify prompts=./my_prompts.yaml "red dress"                  # the same file given by path
   qcls classify --json "hoodie for boys" scoring=exact
   qcls classify model=qwen3_4b model.source=local model.path=/models/Qwen3-4B "slim jeans"
   echo "summer dress" | qcls repl
@@ -29,10 +31,7 @@ EPILOG = """examples:
   qcls sweep -m scoring=trie,first_token,exact eval=dev          # qcls sweep --help
   qcls calibrate prompts=ecommerce8                               # qcls calibrate --help
 
-config groups: model (smollm2_demo, qwen3_4b, qwen3_8b), backend (fp16, fp16-offload, bnb-int8, bnb-nf4,
-gptq), scoring (trie, first_token, exact, mean_logprob), prompts (default, ecommerce8), engine (fast,
-reference), serve (default), gpu (t4); keys such as force_single_token_labels=true, max_query_tokens=N,
-cache_dir=DIR. See README.md.
+{groups}
 
 errors: a start-up problem (config, model source, network, memory budget, missing optional package, label
 collisions) prints one `qcls: error:` paragraph with the way out and exits 2; `qcls --debug …` (or
@@ -120,10 +119,25 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def groups_text() -> str:
+    """The config groups and their options as this process sees them (the user's folders included)."""
+    import textwrap
+
+    from qcls.paths import group_options
+    groups = ", ".join(f"{g} ({', '.join(group_options(g))})" for g in
+                       ("model", "prompts", "backend", "scoring", "engine", "serve", "gpu", "eval"))
+    return textwrap.fill(f"config groups: {groups}; keys such as force_single_token_labels=true, "
+                         "max_query_tokens=N, cache_dir=DIR. See README.md.", 110)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="qcls", description="Classify search queries with N prompts in one LLM "
-                                 "forward.", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                                 "forward.", epilog=EPILOG.format(groups=groups_text()), formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--debug", action="store_true", help="print the traceback of an error (or QCLS_DEBUG=1)")
+    ap.add_argument("--version", action="store_true", help="print the version (and the commit in a checkout)")
+    ap.add_argument("--config-dir", "-cd", metavar="DIR", action="append", help="a folder of your own config "
+                    "groups (DIR/prompts/NAME.yaml, DIR/model/…), in front of the shipped ones; repeatable; or "
+                    "QCLS_CONFIG_DIR. A group may also be a file: prompts=./my_prompts.yaml")
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("classify", help="classify queries given as arguments",
                        description="Classify each query under every prompt; key=value items are Hydra overrides.")
@@ -152,12 +166,51 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def version_text() -> str:
+    """The installed version, and the commit when qcls runs from a git checkout."""
+    from qcls import __version__
+    from qcls.eval.timing import commit
+    sha = commit()
+    return f"qcls {__version__}" + (f" (commit {sha})" if sha != "unknown" else "")
+
+
+def take_config_dirs(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(the `--config-dir DIR` / `--config-dir=DIR` values, argv without them), wherever they stand."""
+    dirs, rest, i = [], [], 0
+    while i < len(argv):
+        a = argv[i]
+        if a in ("--config-dir", "-cd"):
+            if i + 1 >= len(argv):
+                raise ValueError("--config-dir needs a folder")
+            dirs.append(argv[i + 1])
+            i += 2
+            continue
+        if a.startswith("--config-dir="):
+            dirs.append(a.split("=", 1)[1])
+        else:
+            rest.append(a)
+        i += 1
+    return dirs, rest
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     literal = argv[argv.index("--") + 1:] if "--" in argv else []
     argv = argv[:argv.index("--")] if "--" in argv else argv
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]
+    if argv[:1] == ["--version"]:
+        print(version_text())
+        return 0
+    # the user's config folders (and group=FILE.yaml overrides) hold for every command, the Hydra apps included
+    config_dirs, argv = take_config_dirs(argv)
+
+    def user_config() -> int:
+        from qcls.compose import export_user_config
+        argv[:] = export_user_config(config_dirs, argv)
+        return 0
+    if run_guarded(user_config, debug) != 0:
+        return 2
     if argv and argv[0] in ROUTED:  # Hydra apps parse their own command line
         import importlib
         rest = argv[1:] + (["--", *literal] if literal else [])

@@ -1,70 +1,201 @@
-"""Hydra composition → validated `QclsConfig`. The one place config files become a config object."""
+"""Hydra composition → validated `QclsConfig`. The one place config files become a config object.
+
+The shipped config groups are `qcls/conf/`; a user's own folders (`config_dir=`, `--config-dir`,
+QCLS_CONFIG_DIR: qcls/paths.py) go in front of them. A group option may also be given as a path to a YAML file
+(`prompts=./my_prompts.yaml`): the file is used as that group's option without copying it anywhere.
+"""
 from __future__ import annotations
 
-import os
 import re
+import tempfile
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 from pydantic import ValidationError
 
 from qcls.config import QclsConfig
+from qcls.config_errors import GLOBAL_GROUPS
 from qcls.errors import ConfigError
+from qcls.paths import CONF_DIR, user_config_dirs
 
 __all__ = ["ConfigError", "compose", "conf_dir", "validate"]
 
+FILE_GROUPS = ("prompts", "model", "backend", "scoring", "engine", "serve", "gpu", "eval")
+
 
 def conf_dir() -> Path:
-    """The repository's `conf/` (QCLS_CONF_DIR overrides it, e.g. for a deployed copy)."""
-    env = os.environ.get("QCLS_CONF_DIR")
-    path = Path(env) if env else Path(__file__).resolve().parents[1] / "conf"
-    if not (path / "config.yaml").is_file():
-        raise ConfigError(f"no Hydra config at {path}/config.yaml", "install qcls from a checkout "
-                          "(pip install -e .) or set QCLS_CONF_DIR to a conf/ folder")
-    return path
+    """The shipped Hydra config folder (`qcls/conf/`, inside the package)."""
+    return CONF_DIR
 
 
-def validate(cfg: DictConfig | dict) -> QclsConfig:
-    """Validate a composed Hydra config (or a plain dict) into a frozen `QclsConfig`."""
+def validate(cfg: DictConfig | dict, sources: dict[str, Path] | None = None) -> QclsConfig:
+    """Validate a composed Hydra config (or a plain dict) into a frozen `QclsConfig`. `sources` ({group:
+    file}) lets an error in a group's file name that file and the line of the offending field."""
     data = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
     data = {k: v for k, v in data.items() if k != "hydra"}
     try:
         return QclsConfig.model_validate(data)
     except ValidationError as e:
-        lines = []
-        for err in e.errors():
-            where = ".".join(str(p) for p in err["loc"]) or "config"
-            lines.append(f"  {where}: {err['msg']}")
-        raise ConfigError("invalid qcls config:\n" + "\n".join(lines)) from None
+        from qcls.config_errors import describe
+        raise ConfigError("invalid qcls config:\n" + "\n".join(describe(e, sources or {}))) from None
 
 
-def compose(overrides: list[str] | tuple[str, ...] = ()) -> QclsConfig:
-    """Compose `conf/config.yaml` with Hydra overrides (`model=qwen3_4b scoring=exact …`) and validate."""
-    return validate(compose_raw(overrides))
+def compose(overrides: list[str] | tuple[str, ...] = (), config_dir: str | Path | list | None = None
+            ) -> QclsConfig:
+    """Compose the config with Hydra overrides (`model=qwen3_4b scoring=exact …`) and validate. `config_dir`:
+    a folder (or list of folders) of the user's own config groups, in front of the shipped ones."""
+    cfg, sources = compose_with_sources(overrides, config_dir=config_dir)
+    return validate(cfg, sources)
 
 
-def compose_raw(overrides: list[str] | tuple[str, ...] = (), config_name: str = "config") -> DictConfig:
-    """Hydra's composition of `conf/<config_name>.yaml` with overrides, not yet validated; a bad override is a
-    ConfigError."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
+def compose_raw(overrides: list[str] | tuple[str, ...] = (), config_name: str = "config",
+                config_dir: str | Path | list | None = None) -> DictConfig:
+    """Hydra's composition with overrides, not yet validated; a bad override is a ConfigError."""
+    return compose_with_sources(overrides, config_name, config_dir)[0]
+
+
+def compose_with_sources(overrides: list[str] | tuple[str, ...] = (), config_name: str = "config",
+                         config_dir: str | Path | list | None = None) -> tuple[DictConfig, dict[str, Path]]:
+    """(composed config, {group: the file its chosen option came from})."""
+    extra = _dirs(config_dir)
+    overrides, file_dirs = _file_options(list(overrides))
+    with tempfile.TemporaryDirectory(prefix="qcls-conf-") as tmp:
+        dirs = extra + _link_files(file_dirs, Path(tmp))
+        cfg = _hydra_compose(overrides, config_name, dirs)
+        sources = _sources(cfg, dirs, file_dirs)
+    if "hydra" in cfg:
+        from omegaconf import open_dict
+        with open_dict(cfg):
+            del cfg["hydra"]
+    return cfg, sources
+
+
+def export_user_config(config_dirs: list[str], overrides: list[str]) -> list[str]:
+    """For a whole process (the CLI): put the user's folders, and a folder offering any `group=FILE.yaml`
+    override's file, into QCLS_CONFIG_DIR, so every composition in this process and in the processes it starts
+    (sweep jobs, a Hydra app) finds them. Returns the overrides with such files replaced by their option name."""
+    import atexit
+    import os
+    import shutil
+
+    from qcls.paths import ENV_CONFIG_DIR
+    dirs = [str(d) for d in _dirs(config_dirs)]
+    overrides, files = _file_options(list(overrides))
+    if files:
+        tmp = Path(tempfile.mkdtemp(prefix="qcls-conf-"))
+        atexit.register(shutil.rmtree, tmp, ignore_errors=True)
+        dirs = [str(d) for d in _link_files(files, tmp)] + dirs
+    if dirs:
+        old = [p for p in os.environ.get(ENV_CONFIG_DIR, "").split(os.pathsep) if p]
+        os.environ[ENV_CONFIG_DIR] = os.pathsep.join(dirs + old)
+    return overrides
+
+
+def _dirs(config_dir) -> list[Path]:
+    given = [] if config_dir is None else ([config_dir] if isinstance(config_dir, (str, Path)) else list(config_dir))
+    for d in given:
+        if not Path(d).expanduser().is_dir():
+            raise ConfigError(f"config folder {d} does not exist", "give a folder that holds config groups "
+                              "such as prompts/NAME.yaml (qcls --config-dir DIR, QCLS_CONFIG_DIR, config_dir=)")
+    for d in user_config_dirs():
+        if not d.is_dir():
+            raise ConfigError(f"QCLS_CONFIG_DIR names {d}, which is not a folder", "fix or unset QCLS_CONFIG_DIR")
+    return [Path(d).expanduser().resolve() for d in given]
+
+
+def _file_options(overrides: list[str]) -> tuple[list[str], dict[str, Path]]:
+    """`group=path/to/file.yaml` → `group=<stem>` plus the file to offer as that option."""
+    out, files = [], {}
+    for ov in overrides:
+        m = re.match(r"^(\w+)=(.+\.ya?ml)$", ov)
+        if m and m.group(1) in FILE_GROUPS:
+            f = Path(m.group(2)).expanduser()
+            if not f.is_file():
+                raise ConfigError(f"{ov}: no such file {f.resolve()}", f"give an existing YAML file, or an option "
+                                  f"name of the {m.group(1)} group (qcls --help lists them)")
+            files[m.group(1)] = f.resolve()
+            ov = f"{m.group(1)}={f.stem}"
+        out.append(ov)
+    return out, files
+
+
+def _link_files(files: dict[str, Path], tmp: Path) -> list[Path]:
+    """A config folder holding just those files (links, so Hydra reads the user's own file)."""
+    if not files:
+        return []
+    for group, f in files.items():
+        (tmp / group).mkdir(parents=True, exist_ok=True)
+        target = tmp / group / f"{f.stem}.yaml"
+        text = f.read_text(encoding="utf-8", errors="replace")
+        if group in GLOBAL_GROUPS and "@package" not in text.split("\n", 1)[0]:
+            # a prompts file written as `prompts: [...]` needs the header that puts it at the top level; the
+            # header is a comment, so line numbers in error messages stay the user's own
+            target.write_text("# @package _global_\n" + text, encoding="utf-8")
+            files[group] = f  # errors still name the user's file
+        else:
+            target.symlink_to(f)
+    return [tmp]
+
+
+def _hydra_compose(overrides: list[str], config_name: str, dirs: list[Path]) -> DictConfig:
+    # initialize_config_dir takes one folder; the user's go in front of it the same way the search-path plugin
+    # (hydra_plugins/qcls_config_dir) puts QCLS_CONFIG_DIR's there, through the same Hydra calls it makes
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_config_search_path
+    from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
+    from hydra.types import RunMode
 
+    search_path = create_config_search_path(str(CONF_DIR))
+    for d in reversed(dirs):
+        search_path.prepend(provider="qcls-user", path=f"file://{d}")
+    gh = GlobalHydra.instance()
+    saved = gh.hydra if gh.is_initialized() else None
+    gh.clear()
     try:
-        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-            return hydra_compose(config_name=config_name, overrides=list(overrides))
+        Hydra.create_main_hydra2(task_name="qcls", config_search_path=search_path)
+        return gh.hydra.compose_config(config_name=config_name, overrides=list(overrides), run_mode=RunMode.RUN,
+                                       from_shell=False, with_log_configuration=False)
     except HydraException as e:
         # Hydra's advice to append a missing key with `+` would only meet pydantic's unknown-key refusal, and its
         # config search path is about Hydra's internals, not the user's input
         msg = str(e).split("\nConfig search path:")[0].rstrip()
         msg = "\n".join(line for line in msg.splitlines() if not line.startswith("To append to your config"))
-        raise ConfigError(f"bad override: {msg}", _override_hint(msg)) from None
+        raise ConfigError(f"bad override: {msg}", _override_hint(msg, dirs)) from None
+    finally:
+        gh.clear()
+        if saved is not None:
+            gh.initialize(saved)
 
 
-def _override_hint(msg: str) -> str | None:
+def _sources(cfg: DictConfig, dirs: list[Path], files: dict[str, Path]) -> dict[str, Path]:
+    """{group: file of its chosen option} from Hydra's record of the choices."""
+    choices = OmegaConf.select(cfg, "hydra.runtime.choices") or {}
+    search = [*dirs, *user_config_dirs(), CONF_DIR]
+    out: dict[str, Path] = {}
+    for key, option in choices.items():
+        group = str(key).split("@")[0]
+        if option is None or group.startswith("hydra") or group not in FILE_GROUPS:
+            continue
+        if group in files:
+            out[group] = files[group]
+            continue
+        for d in search:
+            f = d / group / f"{option}.yaml"
+            if f.is_file():
+                out[group] = f.resolve()  # a file given as group=FILE.yaml is linked from a temporary folder
+                break
+    return out
+
+
+def _override_hint(msg: str, dirs: list[Path]) -> str | None:
     """Hydra's own advice on a key missing from the YAML is to append it with `+`; every model YAML
     declares every ModelSpec key, so a missing key is a typo, not a key to append."""
     if re.search(r"Could not override '[\w.]+'\.", msg):  # a plain key (a defaults-list entry has '@')
         return ("the key is not in qcls's config: check its spelling against qcls/config.py (`qcls --help` "
                 "lists the groups); a group is chosen with group=option, e.g. model=qwen3_8b")
+    m = re.search(r"Could not find '(\w+)/([^']+)'", msg)
+    if m:
+        return (f"your own {m.group(1)} go in a folder given with --config-dir DIR (DIR/{m.group(1)}/NAME.yaml, then "
+                f"{m.group(1)}=NAME), or pass the file itself: {m.group(1)}=./NAME.yaml")
     return None

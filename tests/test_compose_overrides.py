@@ -10,7 +10,7 @@ from qcls.compose import compose
 from qcls.config import ModelSpec
 
 ROOT = Path(__file__).resolve().parents[1]
-MODELS = sorted(p.stem for p in (ROOT / "conf" / "model").glob("*.yaml"))
+MODELS = sorted(p.stem for p in (ROOT / "qcls" / "conf" / "model").glob("*.yaml"))
 TOKEN = re.compile(r"(?<![\w+])model\.(\w+)=([^\s`\"'|,)]+)")
 
 
@@ -33,7 +33,7 @@ def test_the_docs_show_model_overrides():
 def test_every_model_yaml_declares_every_model_spec_key():
     import yaml
     for name in MODELS:
-        data = yaml.safe_load((ROOT / "conf" / "model" / f"{name}.yaml").read_text())
+        data = yaml.safe_load((ROOT / "qcls" / "conf" / "model" / f"{name}.yaml").read_text())
         assert set(ModelSpec.model_fields) <= set(data), (name, set(ModelSpec.model_fields) - set(data))
 
 

@@ -234,14 +234,31 @@ def app_for(cfg: QclsConfig) -> Application:
     if cfg.backend.device == "cuda" and cfg.serve.num_gpus == 0:
         raise ConfigError("backend.device=cuda but serve.num_gpus=0: a replica without a GPU sees none; set "
                           "serve.num_gpus=1 (one card per replica)")
-    return QclsDeployment.options(**deployment_options(cfg)).bind(cfg)
+    return QclsDeployment.options(**deployment_options(cfg)).bind(pinned_files(cfg))
+
+
+def pinned_files(cfg: QclsConfig) -> QclsConfig:
+    """A head file found relative to this process's directory, made absolute: a replica runs in a directory
+    of Ray's choosing. A shipped head (found in the package) stays relative: each replica finds its own copy."""
+    from pathlib import Path
+
+    from qcls.paths import find_file
+    if cfg.calibration is None or Path(cfg.calibration).is_absolute():
+        return cfg
+    found = find_file(cfg.calibration)
+    if found is None or not (Path.cwd() / cfg.calibration).is_file():
+        return cfg
+    return cfg.model_copy(update={"calibration": str(found)})
 
 
 def build_app(args: dict[str, Any]) -> Application:
-    """Application builder for serve_config.yaml (`args: {overrides: [...]}`) and `serve run
-    qcls.deployments.app:build_app key=value ...` (each key=value is a Hydra override)."""
+    """Application builder for serve_config.yaml (`args: {overrides: [...], config_dir: DIR}`) and `serve run
+    qcls.deployments.app:build_app key=value ...` (each key=value is a Hydra override). The config is composed
+    here, where the builder runs (the machine `serve run` or the cluster's controller runs on), and the
+    validated config object travels to every replica: `config_dir` must exist there, replicas never read it."""
     args = dict(args or {})
     overrides = args.pop("overrides", None) or []
+    config_dir = args.pop("config_dir", None)
     if isinstance(overrides, str):
         overrides = overrides.split()
-    return app_for(compose([*overrides, *(f"{k}={v}" for k, v in args.items())]))
+    return app_for(compose([*overrides, *(f"{k}={v}" for k, v in args.items())], config_dir=config_dir))

@@ -65,21 +65,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def split_path(value: str) -> Path:
-    """`dev` / `test` → the file conf/eval/<name>.yaml names; anything else is a path."""
-    from qcls.compose import conf_dir
+    """`dev` / `test` (an option of the eval group) → the file it names; anything else is a path."""
     from qcls.eval.spec import named_split, resolve_path
-    if (conf_dir() / "eval" / f"{value}.yaml").is_file():
-        return resolve_path(named_split(value).path, f"conf/eval/{value}.yaml path")
+    from qcls.paths import group_options
+    if value in group_options("eval"):
+        return resolve_path(named_split(value).path, f"eval/{value}.yaml path")
     return resolve_path(value, "--eval")
 
 
 def prompts_group(cfg) -> str | None:
-    """The conf/prompts/<name>.yaml whose prompts are exactly the config's, if one is."""
+    """The prompts group option (a user's config folder first, then the shipped ones) whose prompts are exactly
+    the config's, if one is."""
     from omegaconf import OmegaConf
 
-    from qcls.compose import conf_dir
     from qcls.config import PromptSpec
-    for f in sorted((conf_dir() / "prompts").glob("*.yaml")):
+    from qcls.paths import group_options
+    for f in group_options("prompts").values():
         try:
             listed = OmegaConf.to_container(OmegaConf.load(f), resolve=True).get("prompts", [])
             if [PromptSpec.model_validate(p) for p in listed] == list(cfg.prompts):

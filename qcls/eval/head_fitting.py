@@ -81,14 +81,9 @@ def fit(clf, sets: dict[str, StateSet], taps: list[Tap], reads: Sequence[Read], 
 
 
 def _shown(path: str) -> str:
-    """A fitting file inside the repository by its path there (a shipped head names data/eval/…), else as is."""
-    from pathlib import Path
-
-    from qcls.compose import conf_dir
-    try:
-        return str(Path(path).resolve().relative_to(conf_dir().parent.resolve()))
-    except ValueError:
-        return path
+    """A shipped fitting file by its path inside the package (a shipped head names data/eval/…), else as is."""
+    from qcls.paths import shown
+    return shown(path)
 
 
 def pin(clf, fitted_on: str, with_scores: bool, n: dict[str, int]) -> dict:

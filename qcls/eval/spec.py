@@ -7,7 +7,7 @@ from typing import Any, Literal
 from omegaconf import DictConfig, OmegaConf
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from qcls.compose import ConfigError, conf_dir, validate
+from qcls.compose import ConfigError, validate
 from qcls.config import QclsConfig
 from qcls.eval.dataset import DatasetError
 
@@ -41,12 +41,12 @@ class EvalSpec(BaseModel):
 
 
 def resolve_path(value: str, what: str = "eval.path") -> Path:
-    """Absolute, or relative to the current directory, then to the repository root."""
-    p = Path(value).expanduser()
-    tried = [p] if p.is_absolute() else [Path.cwd() / p, conf_dir().parent / p]
-    for cand in tried:
-        if cand.is_file():
-            return cand.resolve()
+    """Absolute, or relative to the current directory, then to the package (the shipped splits: qcls/paths.py)."""
+    from qcls.paths import candidates, find_file
+    found = find_file(value)
+    if found is not None:
+        return found
+    tried = candidates(value)
     raise DatasetError(f"{what}={value!r}: no such file (looked at {', '.join(map(str, tried))}); give an "
                        f"existing JSONL file, e.g. {what}=/some/file.jsonl")
 
@@ -70,9 +70,11 @@ def split_config(cfg: DictConfig | dict[str, Any]) -> tuple[EvalSpec, QclsConfig
 
 
 def named_split(name: str) -> EvalSpec:
-    """conf/eval/<name>.yaml as an EvalSpec (for `qcls calibrate --eval dev`)."""
-    f = conf_dir() / "eval" / f"{name}.yaml"
-    if not f.is_file():
-        known = sorted(p.stem for p in (conf_dir() / "eval").glob("*.yaml"))
-        raise ConfigError(f"no eval split {name!r} (conf/eval/{name}.yaml); known: {known}, or give a path")
+    """The eval group's option <name> (a user's config folder first, then qcls/conf/eval/) as an EvalSpec (for
+    `qcls calibrate --eval dev`)."""
+    from qcls.paths import group_options
+    options = group_options("eval")
+    f = options.get(name)
+    if f is None:
+        raise ConfigError(f"no eval split {name!r} (eval/{name}.yaml); known: {sorted(options)}, or give a path")
     return EvalSpec.model_validate(OmegaConf.to_container(OmegaConf.load(f), resolve=True))

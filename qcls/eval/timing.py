@@ -68,6 +68,8 @@ def commit() -> str:
     without .git, e.g. on a device machine), as bench/common.py does."""
     if os.environ.get("QCLS_BENCH_COMMIT"):
         return os.environ["QCLS_BENCH_COMMIT"]
+    if not (REPO / ".git").exists():  # an installed package: no checkout to ask
+        return "unknown"
     try:
         sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                              cwd=REPO, timeout=10).stdout.strip()

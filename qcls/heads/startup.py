@@ -17,13 +17,12 @@ REFIT = ("refit it with `qcls calibrate --method head` under this config, or run
 
 
 def resolve_path(value: str) -> Path:
-    """Absolute, or relative to the current directory, then to the repository root."""
-    from qcls.compose import conf_dir
-    p = Path(value).expanduser()
-    tried = [p] if p.is_absolute() else [Path.cwd() / p, conf_dir().parent / p]
-    for cand in tried:
-        if cand.is_file():
-            return cand.resolve()
+    """Absolute, or relative to the current directory, then to the package (the shipped heads: qcls/paths.py)."""
+    from qcls.paths import candidates, find_file
+    found = find_file(value)
+    if found is not None:
+        return found
+    tried = candidates(value)
     raise CalibrationError(f"calibration file {value!r} not found (looked at {', '.join(map(str, tried))}): "
                            "give an existing path, or calibration=null")
 

@@ -15,7 +15,7 @@ import pytest
 from qcls.compose import compose
 
 ROOT = Path(__file__).resolve().parents[2]
-SPLITS = {"dev": ROOT / "data/eval/ecommerce_dev.jsonl", "test": ROOT / "data/eval/ecommerce_test.jsonl"}
+SPLITS = {"dev": ROOT / "qcls/data/eval/ecommerce_dev.jsonl", "test": ROOT / "qcls/data/eval/ecommerce_test.jsonl"}
 CJK = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]")
 SHOT = re.compile(r"<\|im_start\|>user\nquery: (.*?)<\|im_end\|>\n<\|im_start\|>assistant\nlabel: (.*?)<\|im_end\|>\n")
 CATEGORY_ZH = {"dress": "连衣裙", "jeans": "牛仔裤", "shirt": "衬衫", "trench": "风衣", "skirt": "半身裙", "tee": "T恤",
@@ -168,7 +168,7 @@ def test_the_sweep_loader_accepts_both_splits(prompts):
 
 def test_the_shipped_split_is_the_deterministic_split_of_the_union(splits):
     import importlib.util
-    spec = importlib.util.spec_from_file_location("make_splits", ROOT / "data/eval/make_splits.py")
+    spec = importlib.util.spec_from_file_location("make_splits", ROOT / "qcls/data/eval/make_splits.py")
     make_splits = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(make_splits)
     again = make_splits.split(list(reversed(splits["test"])) + splits["dev"])  # input order must not matter

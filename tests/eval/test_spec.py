@@ -37,11 +37,11 @@ def test_unknown_or_bad_eval_keys_are_refused():
         named_split("nope")
 
 
-def test_paths_resolve_against_cwd_then_repo_root(tmp_path, monkeypatch):
+def test_paths_resolve_against_cwd_then_the_package(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "pyproject.toml").write_text("# a file of the same name in the cwd wins\n")
     assert resolve_path("pyproject.toml") == (tmp_path / "pyproject.toml").resolve()
-    assert resolve_path("conf/config.yaml") == (conf_dir() / "config.yaml").resolve()  # the repo root
+    assert resolve_path("conf/config.yaml") == (conf_dir() / "config.yaml").resolve()  # shipped: the package
     assert resolve_path(str(tmp_path / "pyproject.toml")) == (tmp_path / "pyproject.toml").resolve()
     with pytest.raises(DatasetError, match=r"eval.path='nope.jsonl': no such file"):
         resolve_path("nope.jsonl")

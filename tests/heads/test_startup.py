@@ -59,14 +59,14 @@ def test_startup_refuses_mismatched_files(tmp_path, case, match):
 
 
 def test_startup_path_resolution(tmp_path, monkeypatch):
-    """Relative paths: the current directory first, then the repository root (conf_dir().parent)."""
+    """Relative paths: the current directory first, then the package (qcls/paths.py PACKAGE_DIR)."""
     write(tmp_path, {"a": {"man": 0.0, "woman": 0.0, "none": 0.0}})
     monkeypatch.chdir(tmp_path)
     assert head_for(cfg_with("cal.yaml"))[1] == str((tmp_path / "cal.yaml").resolve())
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
-    monkeypatch.setattr("qcls.compose.conf_dir", lambda: tmp_path / "conf")
+    monkeypatch.setattr("qcls.paths.PACKAGE_DIR", tmp_path)
     assert head_for(cfg_with("cal.yaml"))[1] == str((tmp_path / "cal.yaml").resolve())
     assert head_for(cfg_with(tmp_path / "cal.yaml"))[0] is not None  # absolute
     with pytest.raises(CalibrationError, match=r"'nope.yaml' not found \(looked at .*elsewhere/nope.yaml, "

@@ -1,0 +1,149 @@
+"""The user's own config folders and files (qcls/paths.py, qcls/compose.py, the Hydra plugin): they sit in front
+of the shipped groups, work from any directory, and a typo in them names the file, the line and the field."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from qcls.cli import take_config_dirs, version_text
+from qcls.compose import compose, compose_raw
+from qcls.errors import ConfigError
+from qcls.paths import CONF_DIR, PACKAGE_DIR, group_options, shown
+
+PROMPTS = """# @package _global_
+prompts:
+  - name: category_zh
+    template: "商品: {query}\\n类目:"
+    label_prefix: " "
+    labels: ["连衣裙", "牛仔裤", "其他"]
+  - name: audience
+    template: "query: {query}\\naudience:"
+    labels: ["man", "woman", "none"]
+"""
+
+
+@pytest.fixture
+def myconf(tmp_path) -> Path:
+    (tmp_path / "myconf" / "prompts").mkdir(parents=True)
+    (tmp_path / "myconf" / "prompts" / "mine.yaml").write_text(PROMPTS, encoding="utf-8")
+    return tmp_path / "myconf"
+
+
+def names(cfg) -> list[str]:
+    return [p.name for p in cfg.prompts]
+
+
+def test_shipped_config_is_package_data():
+    assert CONF_DIR == PACKAGE_DIR / "conf" and (CONF_DIR / "config.yaml").is_file()
+    assert (PACKAGE_DIR / "data" / "heads" / "smollm2_demo.yaml").is_file()
+    assert (PACKAGE_DIR / "data" / "eval" / "ecommerce_dev.jsonl").is_file()
+    assert shown(PACKAGE_DIR / "data" / "eval" / "ecommerce_dev.jsonl") == "data/eval/ecommerce_dev.jsonl"
+    assert shown("/elsewhere/x.jsonl") == "/elsewhere/x.jsonl"
+
+
+def test_a_config_dir_adds_options_from_any_directory(myconf, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert names(compose(["prompts=mine"], config_dir=myconf)) == ["category_zh", "audience"]
+    assert "mine" in group_options("prompts", [myconf]) and "default" in group_options("prompts", [myconf])
+    # the shipped options are still there beside it
+    assert names(compose(["prompts=ecommerce8"], config_dir=myconf))[0] == "category"
+    with pytest.raises(ConfigError, match="Could not find 'prompts/mine'") as e:
+        compose(["prompts=mine"])  # without the folder
+    assert "--config-dir" in e.value.way_out
+
+
+def test_a_config_dir_overrides_a_shipped_option_of_the_same_name(myconf):
+    (myconf / "prompts" / "default.yaml").write_text(PROMPTS, encoding="utf-8")
+    assert names(compose(["prompts=default"], config_dir=myconf)) == ["category_zh", "audience"]
+    assert names(compose(["prompts=default"])) == ["category", "audience"]
+
+
+def test_the_environment_variable_reaches_every_composition(myconf, monkeypatch):
+    """QCLS_CONFIG_DIR (what `qcls --config-dir` sets) works through the Hydra plugin, so Hydra apps see it too."""
+    monkeypatch.setenv("QCLS_CONFIG_DIR", str(myconf))
+    assert names(compose(["prompts=mine"])) == ["category_zh", "audience"]
+    raw = compose_raw(["prompts=mine", "eval=test"], config_name="sweep")  # the sweep's own config
+    assert raw.eval.path.endswith("ecommerce_test.jsonl") and raw.prompts[0].name == "category_zh"
+    monkeypatch.setenv("QCLS_CONFIG_DIR", str(myconf / "missing"))
+    with pytest.raises(ConfigError, match="QCLS_CONFIG_DIR names .*missing, which is not a folder"):
+        compose([])
+
+
+def test_a_prompt_file_by_path_with_or_without_the_package_header(tmp_path):
+    f = tmp_path / "p.yaml"
+    f.write_text(PROMPTS, encoding="utf-8")
+    assert names(compose([f"prompts={f}"])) == ["category_zh", "audience"]
+    bare = tmp_path / "bare.yml"
+    bare.write_text(PROMPTS.split("\n", 1)[1], encoding="utf-8")  # without `# @package _global_`
+    assert names(compose([f"prompts={bare}"])) == ["category_zh", "audience"]
+    with pytest.raises(ConfigError, match=r"prompts=.*nope\.yaml: no such file"):
+        compose([f"prompts={tmp_path / 'nope.yaml'}"])
+
+
+def test_a_typo_names_the_file_the_line_and_the_field(myconf):
+    bad = PROMPTS.replace('    labels: ["man"', '    lables: ["man"')
+    (myconf / "prompts" / "typo.yaml").write_text(bad, encoding="utf-8")
+    with pytest.raises(ConfigError) as e:
+        compose(["prompts=typo"], config_dir=myconf)
+    text = str(e.value)
+    where = f"{myconf / 'prompts' / 'typo.yaml'}, line 9: prompts.1.lables: Extra inputs are not permitted"
+    assert where in text and "unknown key" in text
+    assert "prompts.1.labels: Field required" in text
+    (myconf / "prompts" / "nohead.yaml").write_text(PROMPTS.split("\n", 1)[1], encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"nohead.yaml, line 2: prompts: Input should be a valid list.*"
+                                          r"# @package _global_"):
+        compose(["prompts=nohead"], config_dir=myconf)
+
+
+def test_a_missing_config_dir_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match=r"config folder .*nowhere does not exist"):
+        compose([], config_dir=tmp_path / "nowhere")
+
+
+def test_cli_takes_config_dirs_anywhere_on_the_line():
+    assert take_config_dirs(["--config-dir", "a", "classify", "--config-dir=b", "x", "-cd", "c"]) == (
+        ["a", "b", "c"], ["classify", "x"])
+    with pytest.raises(ValueError, match="needs a folder"):
+        take_config_dirs(["classify", "--config-dir"])
+
+
+def test_version():
+    from qcls import __version__
+    assert version_text().startswith(f"qcls {__version__}")
+    p = subprocess.run([sys.executable, "-m", "qcls.cli", "--version"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.startswith("qcls ")
+
+
+def test_cli_check_with_a_config_dir(myconf, tiny_dirs, tmp_path):
+    """`qcls --config-dir DIR check prompts=NAME` from another directory, on a local tiny model."""
+    model = ["model=qwen3_4b", "model.source=local", f"model.path={tiny_dirs['qwen3_qwentok']}", "calibration=null"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("QCLS_CONFIG_DIR", None)
+    p = subprocess.run([sys.executable, "-m", "qcls.cli", "--config-dir", str(myconf), "check", "prompts=mine",
+                        *model], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert p.returncode == 0, p.stderr
+    assert "prompt category_zh" in p.stdout and "prompt audience" in p.stdout
+    p = subprocess.run([sys.executable, "-m", "qcls.cli", "check", "prompts=mine", *model], capture_output=True,
+                       text=True, timeout=300, cwd=tmp_path, env=env)
+    assert p.returncode == 2 and "Could not find 'prompts/mine'" in p.stderr and "--config-dir" in p.stderr
+
+
+def test_serve_config_builder_takes_a_config_dir(myconf):
+    from qcls.deployments.app import build_app
+    app = build_app({"overrides": ["prompts=mine", "calibration=null"], "config_dir": str(myconf)})
+    cfg = app._bound_deployment.init_args[0]
+    assert names(cfg) == ["category_zh", "audience"]
+
+
+def test_a_head_found_in_the_working_directory_travels_as_an_absolute_path(tmp_path, monkeypatch):
+    from qcls.deployments.app import pinned_files
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.yaml").write_text("method: head\n")
+    cfg = compose(["calibration=mine.yaml"])
+    assert pinned_files(cfg).calibration == str((tmp_path / "mine.yaml").resolve())
+    shipped = compose([])
+    assert pinned_files(shipped).calibration == shipped.calibration == "data/heads/smollm2_demo.yaml"
