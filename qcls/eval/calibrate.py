@@ -105,6 +105,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
     from qcls.eval.calibration import contextual
     from qcls.eval.dataset import load_eval_set
     from qcls.eval.scores import by_prompt, classify_set
+    from qcls.paths import shown
 
     cfg = compose(overrides)
     data = load_eval_set(split_path(args.eval), cfg.prompts, args.limit)  # refused before the model loads
@@ -117,7 +118,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
     if args.method == "contextual":
         cal = contextual(clf)
     else:
-        meta = {"strategy": cfg.strategy, "model": cfg.model.name, "fitted_on": str(data.path)}
+        meta = {"strategy": cfg.strategy, "model": cfg.model.name, "fitted_on": shown(data.path)}
         cal = calibrated_metrics.fit_on_split(per, args.method, meta)
     out.parent.mkdir(parents=True, exist_ok=True)
     cal.save(out)

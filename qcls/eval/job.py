@@ -16,6 +16,7 @@ from qcls.eval import agreement, calibrated_metrics, metrics, models, timing
 from qcls.eval.dataset import EvalSet, load_eval_set
 from qcls.eval.scores import PromptScores, by_prompt, classify_set
 from qcls.eval.spec import EvalSpec, resolve_path, split_config
+from qcls.paths import shown
 from qcls.progress import step_note
 
 MEAN_KEYS = ("accuracy", "macro_f1", "majority_accuracy", "nll", "brier", "ece")
@@ -103,7 +104,7 @@ def _calibration(spec, cfg, clf, per, fit_data: EvalSet | None, data: EvalSet, o
     if fit_data is not None:
         fit_results, _ = classify_set(clf, fit_data)
         fit_per = by_prompt(fit_results, fit_data)
-        meta = {"strategy": cfg.strategy, "model": cfg.model.name, "fitted_on": str(fit_data.path)}
+        meta = {"strategy": cfg.strategy, "model": cfg.model.name, "fitted_on": shown(fit_data.path)}
         cal = calibrated_metrics.fit_on_split(fit_per, spec.fit_method, meta)
         cal.save(out_dir / "calibration.yaml")
         block = calibrated_metrics.fitted_columns(per, cal, f"fitted on {fit_data.path}")
