@@ -26,8 +26,8 @@ NUMBER = r"-?\d+(?:\.\d+)?"
 
 
 def docs() -> list[Path]:
-    """README.md and every docs/*.md."""
-    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    """README.md (and a README_*.md draft of it) and every docs/*.md."""
+    return [ROOT / "README.md", *sorted(ROOT.glob("README_*.md")), *sorted((ROOT / "docs").glob("*.md"))]
 
 
 @dataclass
@@ -70,7 +70,7 @@ def stray_markers(path: Path) -> list[str]:
     lines, bad = path.read_text(encoding="utf-8").splitlines(), []
     for n, line in enumerate(lines):
         m = MARKER.match(line)
-        if not m and "doc-test" in line and line.lstrip().startswith("<!--"):
+        if not m and re.match(r"^\s*<!--\s*doc-test\b", line):
             bad.append(f"{path.name}:{n + 1}: malformed marker {line.strip()!r}")
             continue
         if not m:
@@ -105,6 +105,22 @@ def links(path: Path) -> list[tuple[int, str]]:
             if not re.match(r"^(https?:|mailto:|#)", target):
                 found.append((n, target))
     return found
+
+
+def anchors(path: Path) -> set[str]:
+    """GitHub's anchors of a file's headings: lower case, backticks and punctuation dropped, spaces → '-', and a
+    heading's repeats get '-1', '-2', … in order."""
+    counts: dict[str, int] = {}
+    out = set()
+    for _, line in prose(path):
+        m = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if not m:
+            continue
+        slug = re.sub(r"[^\w\- ]", "", m.group(1).lower()).replace(" ", "-")
+        n = counts.get(slug, 0)
+        counts[slug] = n + 1
+        out.add(slug if n == 0 else f"{slug}-{n}")
+    return out
 
 
 def code_paths(path: Path) -> list[tuple[int, str]]:

@@ -36,7 +36,7 @@ from pathlib import Path
 import pytest
 
 from tests.docs.commands import check_qcls
-from tests.docs.markdown import (ROOT, blocks, code_paths, commands, docs, links, match_output, runnable,
+from tests.docs.markdown import (ROOT, anchors, blocks, code_paths, commands, docs, links, match_output, runnable,
                                  stray_markers)
 
 DOCS = docs()
@@ -65,6 +65,8 @@ def test_links_resolve_inside_the_repository(path: Path) -> None:
             bad.append(f"{path.name}:{line}: {target} points outside the repository")
         elif not resolved.exists():
             bad.append(f"{path.name}:{line}: {target} does not exist")
+        elif "#" in target and resolved.suffix == ".md" and target.split("#", 1)[1] not in anchors(resolved):
+            bad.append(f"{path.name}:{line}: {target}: no heading of {file} has that anchor")
     for line, token in code_paths(path):
         if not (ROOT / token).exists():
             bad.append(f"{path.name}:{line}: `{token}` is not a file of the repository (paths in backticks are "

@@ -1,7 +1,7 @@
 """The doc tests' own machinery: what it compares, skips and splits (tests/docs/markdown.py)."""
 from __future__ import annotations
 
-from tests.docs.markdown import blocks, commands, match_output, runnable, stray_markers
+from tests.docs.markdown import anchors, blocks, commands, match_output, runnable, stray_markers
 
 PRINTED = """query: mens slim fit jeans  (4 tokens, batch 2, 190.01 ms: tokenize 0.35 · prepare 0.55 · forward 188.51)
   category  shirt      0.363   | skirt 0.340, jeans 0.060
@@ -49,3 +49,13 @@ def test_markers_attach_to_the_next_fence(tmp_path) -> None:
         ("run", "bash", "qcls classify a"), ("output", "text", "query: a"), (None, "bash", "ls"), ("runn", "bash", "")]
     assert [m.split(": ", 1)[1] for m in stray_markers(doc)] == [
         "unknown marker 'runn'; known: ('run', 'output', 'check')", "marker 'check' is not followed by a fenced block"]
+
+
+def test_anchors_follow_githubs_rule(tmp_path) -> None:
+    doc = tmp_path / "x.md"
+    doc.write_text("# qcls — one forward\n## latency: qwen3_4b, scoring=trie\n## latency: qwen3_4b, scoring=trie\n"
+                   "```bash\n# not a heading\n```\n### `serve.ingress` (HTTP)\n<!-- doc-test run -->\n",
+                   encoding="utf-8")
+    assert anchors(doc) == {"qcls--one-forward", "latency-qwen3_4b-scoringtrie", "latency-qwen3_4b-scoringtrie-1",
+                            "serveingress-http"}
+    assert stray_markers(doc) == ["x.md:8: malformed marker '<!-- doc-test run -->'"]
