@@ -11,8 +11,9 @@ from pathlib import Path
 from qcls.results import STAGES
 
 ROOT = Path(__file__).resolve().parents[2]
-MARKER = re.compile(r"^<!--\s*doc-test:\s*(\w+)\s*-->\s*$")
-MARKERS = ("run", "output", "check")
+MARKER = re.compile(r"^<!--\s*doc-test:\s*(\w+)(?:\s+([\w./-]+))?\s*-->\s*$")
+MARKERS = ("run", "output", "check", "file")
+HEREDOC = re.compile(r"<<-?\s*(['\"]?)(\w+)\1")
 FENCE = re.compile(r"^(```+|~~~+)\s*([\w-]*)")
 LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 CODE_SPAN = re.compile(r"`([^`\n]+)`")
@@ -35,12 +36,14 @@ class Block:
     path: Path
     line: int  # 1-based line of the opening fence
     lang: str
-    marker: str | None  # run | output | check | None
+    marker: str | None  # run | output | check | file | None
     text: str
+    arg: str | None = None  # the file name of a `file` marker
 
     @property
     def where(self) -> str:
-        return f"{self.path.relative_to(ROOT)}:{self.line}"
+        name = self.path.relative_to(ROOT) if self.path.is_relative_to(ROOT) else self.path.name
+        return f"{name}:{self.line}"
 
 
 def blocks(path: Path) -> list[Block]:
@@ -60,7 +63,8 @@ def blocks(path: Path) -> list[Block]:
         while k >= 0 and not lines[k].strip():
             k -= 1
         mk = MARKER.match(lines[k]) if k >= 0 else None
-        out.append(Block(path, start + 1, m.group(2), mk.group(1) if mk else None, "\n".join(lines[start + 1:j])))
+        out.append(Block(path, start + 1, m.group(2), mk.group(1) if mk else None, "\n".join(lines[start + 1:j]),
+                         mk.group(2) if mk else None))
         i = j + 1
     return out
 
@@ -78,6 +82,8 @@ def stray_markers(path: Path) -> list[str]:
         nxt = next((x for x in lines[n + 1:] if x.strip()), "")
         if m.group(1) not in MARKERS:
             bad.append(f"{path.name}:{n + 1}: unknown marker {m.group(1)!r}; known: {MARKERS}")
+        elif (m.group(1) == "file") != bool(m.group(2)) or (m.group(2) or "").startswith(("/", "..")):
+            bad.append(f"{path.name}:{n + 1}: `file` takes a relative file name, the other markers none")
         elif not FENCE.match(nxt):
             bad.append(f"{path.name}:{n + 1}: marker {m.group(1)!r} is not followed by a fenced block")
     return bad
@@ -163,18 +169,25 @@ def _split_top(text: str, seps: tuple[str, ...]) -> list[str]:
     return parts + [cur]
 
 
-def logical_lines(text: str) -> list[tuple[int, str]]:
-    """(0-based line offset, command line) with backslash continuations joined and blank/comment lines dropped."""
-    out, buf, start = [], "", 0
-    for n, line in enumerate(text.splitlines()):
+def logical_lines(text: str) -> list[tuple[int, str, str]]:
+    """(0-based line offset, command line, heredoc body) with backslash continuations joined, blank and comment
+    lines dropped, and the body of a heredoc (`<<'EOF'` … `EOF`) kept verbatim with the line that opens it."""
+    out, buf, start, lines, n = [], "", 0, text.splitlines(), 0
+    while n < len(lines):
+        line = lines[n]
         if not buf:
             start = n
+        n += 1
         if line.rstrip().endswith("\\"):
             buf += line.rstrip()[:-1] + " "
             continue
         buf += line
+        body = ""
+        if (h := HEREDOC.search(buf)) and not buf.lstrip().startswith("#"):
+            end = next((k for k in range(n, len(lines)) if lines[k].strip() == h.group(2)), len(lines) - 1)
+            body, n = "\n".join(lines[n:end + 1]), end + 1
         if buf.strip() and not buf.lstrip().startswith("#"):
-            out.append((start, buf))
+            out.append((start, buf, body))
         buf = ""
     return out
 
@@ -183,7 +196,7 @@ def commands(text: str) -> list[tuple[int, list[str]]]:
     """(line offset, argv) of every simple command: lines split at &&, ||, ;, | outside quotes; comments and
     leading VAR=value assignments dropped."""
     out = []
-    for off, line in logical_lines(text):
+    for off, line, _ in logical_lines(text):
         for part in _split_top(line, ("&&", "||", ";", "|")):
             argv = shlex.split(part, comments=True)
             while argv and re.match(r"^[A-Za-z_]\w*=", argv[0]):
@@ -201,10 +214,10 @@ def runnable(text: str) -> str:
     """A run block as a script without its setup steps (installs, venv creation and activation): each line's
     `&&` steps whose command is one of SETUP are dropped; the rest is kept as written."""
     keep = []
-    for _, line in logical_lines(text):
+    for _, line, body in logical_lines(text):
         steps = [s for s in _split_top(line, ("&&",)) if not is_setup(shlex.split(s, comments=True))]
         if steps:
-            keep.append(" && ".join(s.strip() for s in steps))
+            keep.append(" && ".join(s.strip() for s in steps) + ("\n" + body if body else ""))
     return "\n".join(keep)
 
 

@@ -8,13 +8,15 @@ above a fenced block; GitHub does not render it.
                                 next), with `qcls` being this checkout. Setup steps are skipped: every `&&` step
                                 or line whose command is `pip …`, `python[3] -m pip|venv …`, `. FILE` or
                                 `source FILE` (the test already runs inside an installed environment). A block
-                                must exit 0.
+                                must exit 0. A heredoc (`cat > f <<'EOF'` … `EOF`) is kept verbatim.
     <!-- doc-test: output -->   the block below is what the run block above it printed on stdout (stderr, where
                                 progress goes, is not compared). Lines starting with `$ ` are the command and
                                 are skipped; a line `…` stands for any number of lines, `…` inside a line for
                                 any text. Words must be equal (whitespace runs compare equal); integers must be
                                 equal and decimals within 0.01, except timings (a number after a stage name
                                 such as `forward 12.3` or `"total": 12.3`, or before `ms`), which are not compared.
+    <!-- doc-test: file NAME -->  the block's text is written to NAME (relative) in the run blocks' folder before
+                                the next run block: a prompt set or a CSV shown as YAML/CSV and then used.
     <!-- doc-test: check -->    the block is not run (a GPU, a server, a model this machine lacks): `bash -n`
                                 checks its syntax, and every `qcls …` command in it must parse as the CLI parses
                                 it and its overrides must compose and validate into a config (no weights or
@@ -106,6 +108,7 @@ def test_command_blocks_are_valid(path: Path) -> None:
         syntax = subprocess.run(["bash", "-n"], input=b.text, capture_output=True, text=True)
         if syntax.returncode:
             bad.append(f"{b.where}: bash -n: {syntax.stderr.strip()}")
+            continue
         for off, argv in commands(b.text):
             if argv[:3] in (["python", "-m", "qcls.cli"], ["python3", "-m", "qcls.cli"]):
                 argv = ["qcls", *argv[3:]]
@@ -118,11 +121,10 @@ def test_command_blocks_are_valid(path: Path) -> None:
     assert not bad, "\n".join(bad)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("path", _with("run"), ids=_ids(_with("run")))
-def test_run_blocks_print_what_the_docs_show(path: Path, tmp_path: Path) -> None:
+def run_doc(path: Path, tmp_path: Path) -> None:
+    """Run a file's run blocks in order (writing its file blocks) and compare each output block."""
     shim = tmp_path / "bin"
-    shim.mkdir()
+    shim.mkdir(parents=True)
     (shim / "qcls").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m qcls.cli "$@"\n')  # this checkout's qcls
     (shim / "qcls").chmod(0o755)
     env = {**os.environ, "PATH": os.pathsep.join([str(shim), str(Path(sys.executable).parent), os.environ["PATH"]]),
@@ -136,6 +138,27 @@ def test_run_blocks_print_what_the_docs_show(path: Path, tmp_path: Path) -> None
                                   capture_output=True, text=True, timeout=1200)
             assert proc.returncode == 0, f"{b.where}: exit status {proc.returncode}\n{proc.stderr[-3000:]}"
             printed = proc.stdout
+        elif b.marker == "file":
+            (work / b.arg).parent.mkdir(parents=True, exist_ok=True)
+            (work / b.arg).write_text(b.text + "\n", encoding="utf-8")
         elif b.marker == "output":
             diff = match_output(b.text, printed or "")
             assert diff is None, f"{b.where}: {diff}\n--- printed:\n{printed}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", _with("run"), ids=_ids(_with("run")))
+def test_run_blocks_print_what_the_docs_show(path: Path, tmp_path: Path) -> None:
+    run_doc(path, tmp_path)
+
+
+def test_the_runner_writes_files_skips_setup_and_compares_output(tmp_path: Path) -> None:
+    doc = tmp_path / "doc.md"
+    doc.write_text("<!-- doc-test: file data/q.txt -->\n```text\nred dress\n```\n"
+                   "<!-- doc-test: run -->\n```bash\npip install nothing-at-all && cat data/q.txt && "
+                   "cat <<'EOF'\nscore 0.51 · forward 9.1\nEOF\n```\n"
+                   "<!-- doc-test: output -->\n```text\nred dress\nscore 0.50 · forward 1.0\n```\n", encoding="utf-8")
+    run_doc(doc, tmp_path / "a")  # `score` is a stage name: its number is a timing, not compared
+    doc.write_text(doc.read_text(encoding="utf-8").replace("red dress\nscore", "blue dress\nscore"), encoding="utf-8")
+    with pytest.raises(AssertionError, match="blue dress"):
+        run_doc(doc, tmp_path / "b")

@@ -48,7 +48,7 @@ def test_markers_attach_to_the_next_fence(tmp_path) -> None:
     assert [(b.marker, b.lang, b.text) for b in blocks(doc)] == [
         ("run", "bash", "qcls classify a"), ("output", "text", "query: a"), (None, "bash", "ls"), ("runn", "bash", "")]
     assert [m.split(": ", 1)[1] for m in stray_markers(doc)] == [
-        "unknown marker 'runn'; known: ('run', 'output', 'check')", "marker 'check' is not followed by a fenced block"]
+        "unknown marker 'runn'; known: ('run', 'output', 'check', 'file')", "marker 'check' is not followed by a fenced block"]
 
 
 def test_anchors_follow_githubs_rule(tmp_path) -> None:
@@ -59,3 +59,19 @@ def test_anchors_follow_githubs_rule(tmp_path) -> None:
     assert anchors(doc) == {"qcls--one-forward", "latency-qwen3_4b-scoringtrie", "latency-qwen3_4b-scoringtrie-1",
                             "serveingress-http"}
     assert stray_markers(doc) == ["x.md:8: malformed marker '<!-- doc-test run -->'"]
+
+
+def test_heredocs_are_kept_verbatim() -> None:
+    block = ("pip install x && cat > p.yaml <<'EOF'\nprompts:\n  # a comment\n\n  - template: \"don't | {query}\"\nEOF\n"
+             "qcls classify --config-dir . prompts=p \"x\"")
+    assert runnable(block) == block.removeprefix("pip install x && ")
+    assert [argv[0] for _, argv in commands(block)] == ["pip", "cat", "qcls"]
+
+
+def test_file_marker_names_a_relative_file(tmp_path) -> None:
+    doc = tmp_path / "x.md"
+    doc.write_text("<!-- doc-test: file conf/p.yaml -->\n```yaml\nprompts: []\n```\n"
+                   "<!-- doc-test: file /etc/p.yaml -->\n```yaml\n```\n<!-- doc-test: run x -->\n```bash\n```\n",
+                   encoding="utf-8")
+    assert (blocks(doc)[0].marker, blocks(doc)[0].arg, blocks(doc)[0].text) == ("file", "conf/p.yaml", "prompts: []")
+    assert [m.split(": ", 1)[0] for m in stray_markers(doc)] == ["x.md:5", "x.md:8"]
