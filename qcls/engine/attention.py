@@ -1,4 +1,4 @@
-"""Attention over the packed sequence: which keys a token sees is design.md §4's tree mask.
+"""Attention over the packed sequence: which keys a token sees is docs/design.md §4's tree mask.
 
 Two implementations of the same function (tests hold them equal); both are called per layer as
 `attend(q, k, v, window=None, scale=None)`: `window` > 0 is a sliding window (a key is visible only if

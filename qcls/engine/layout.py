@@ -1,4 +1,4 @@
-"""Packing a batch into one flat forward (design.md §4), with no padding inside rows.
+"""Packing a batch into one flat forward (docs/design.md §4), with no padding inside rows.
 
 All rows lie back to back after the prefix pool, each exactly as long as it needs:
 

@@ -1,4 +1,4 @@
-"""Prefix KV cache (design.md §5): every prompt's prefix split into fixed-size blocks keyed by a chain hash
+"""Prefix KV cache (docs/design.md §5): every prompt's prefix split into fixed-size blocks keyed by a chain hash
 (parent block's hash + the block's token ids), laid out in one pool of KV slots. Prompts that share
 leading blocks (a common system header) share their slots, so that KV is stored and computed once.
 

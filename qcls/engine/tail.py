@@ -1,4 +1,4 @@
-"""The tail (design.md §4, §10): read hidden states × label rows of the LM head → every label's score, and
+"""The tail (docs/design.md §4, §10): read hidden states × label rows of the LM head → every label's score, and
 the prompts' heads on top.
 
 For one batch size, every prompt's ScorePlan and head are stacked into flat tables once at start-up, so the
@@ -10,7 +10,7 @@ tail is a fixed handful of kernels (capturable in the same CUDA graph as the for
     out     = table @ [x, 1]                   [2 × labels of all prompts × b]: raw, then head logits
     out[n:] += W_f · read states               (only when a head reads hidden states)
 
-`table` = [[W, 0], [W_s · W, c]] per (query, prompt) (design.md §9–10): a head's score weights and bias are
+`table` = [[W, 0], [W_s · W, c]] per (query, prompt) (docs/design.md §9–10): a head's score weights and bias are
 one more block of the same product, built at start-up. Without a head that block is the identity
 (W_s = I, c = 0), so a temperature/bias calibration adds no kernel. A head that reads hidden states adds one
 gather and one batched product over the taps the forward recorded (engine/taps.py).

@@ -1,4 +1,4 @@
-"""Hidden states kept from the forward for learned heads (design.md §10), one vector per (query, prompt) row.
+"""Hidden states kept from the forward for learned heads (docs/design.md §10), one vector per (query, prompt) row.
 
 A tap is the residual stream after `layer` decoder layers, or the final norm's output, at the row's read
 position (the trie root: the last suffix token) or averaged over the row's query tokens. All taps of one

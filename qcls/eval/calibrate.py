@@ -1,5 +1,5 @@
 """`qcls calibrate`: fit a per-prompt calibration or learned head on a labelled split and write the file that
-the `calibration` config option loads (design.md §9–10; qcls/eval/calibration.py and qcls/eval/heads.py do
+the `calibration` config option loads (docs/design.md §9–10; qcls/eval/calibration.py and qcls/eval/heads.py do
 the math)."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Fitting per-prompt temperature/bias calibrations (design.md §9): affine heads on the raw scores alone
+"""Fitting per-prompt temperature/bias calibrations (docs/design.md §9): affine heads on the raw scores alone
 (qcls/heads/head.py; learned heads on hidden states are fitted in qcls/eval/heads.py).
 
 `fit` minimises the NLL of the gold labels on dev scores; `contextual` measures the bias on content-free

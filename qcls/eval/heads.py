@@ -1,4 +1,4 @@
-"""Fitting learned heads (design.md §10): per prompt, a multinomial logistic regression with an L2 penalty on
+"""Fitting learned heads (docs/design.md §10): per prompt, a multinomial logistic regression with an L2 penalty on
 the hidden state the engine reads (optionally with the prompt's raw label scores appended), its strength
 chosen by stratified k-fold cross-validation on the fitting split alone (scikit-learn).
 

@@ -1,4 +1,4 @@
-"""Classification metrics of one prompt (design.md §9), pure functions on numpy arrays.
+"""Classification metrics of one prompt (docs/design.md §9), pure functions on numpy arrays.
 
 Inputs: `scores` [n, L] raw label scores (probabilities are their softmax over the L labels), `gold` [n]
 label indices; only queries that carry a gold label for the prompt are passed in. The winner is the

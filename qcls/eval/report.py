@@ -221,7 +221,7 @@ def _markdown(rows: list[dict[str, Any]], fixed: list[str], jobs: list[Job], ima
         lines += [f"![{name}]({p.name})" for name, p in images.items()]
     lines += ["", "## Columns", "",
               "Metrics are means over prompts of per-prompt values on the queries with a gold label for that "
-              "prompt (design.md §9): accuracy, macro-F1, NLL = mean −log p(gold), Brier, ECE over 15 "
+              "prompt (docs/design.md §9): accuracy, macro-F1, NLL = mean −log p(gold), Brier, ECE over 15 "
               "equal-width bins of the winner's probability. `(cal/head)`: on the same split after a per-prompt "
               "temperature/bias calibration or learned head (fitted on `eval.fit_on` with `eval.fit_method`, or "
               "the config's `calibration` file). "

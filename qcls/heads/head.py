@@ -1,4 +1,4 @@
-"""Per-prompt affine heads (design.md §9–10): what a calibration or a learned head computes.
+"""Per-prompt affine heads (docs/design.md §9–10): what a calibration or a learned head computes.
 
 For one prompt with labels 1…L, raw label scores s [L] and, optionally, a read state f [F]:
 

@@ -1,4 +1,4 @@
-"""Scoring strategies (design.md §3) as tensor plans.
+"""Scoring strategies (docs/design.md §3) as tensor plans.
 
 A strategy turns a prompt's trie into a `ScorePlan`: which trie nodes need a hidden state (`read_nodes`,
 root first), the (node, token) *entries* whose logits are read, how entries are normalised, and a matrix

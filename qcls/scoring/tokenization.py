@@ -1,4 +1,4 @@
-"""Canonical tokenization (design.md §1): prefix, query, suffix and label_prefix+label are each encoded on
+"""Canonical tokenization (docs/design.md §1): prefix, query, suffix and label_prefix+label are each encoded on
 their own, with no special tokens added, and concatenated. Reference and engine both use these ids."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The label trie of one prompt (design.md §2), rooted at "after the suffix".
+"""The label trie of one prompt (docs/design.md §2), rooted at "after the suffix".
 
 Node 0 is the root. Nodes are created parent-first, so a node's index is larger than its ancestors'.
 A label that is a strict token-prefix of another gets an *end child* (the end token) at its last node.

@@ -1,4 +1,4 @@
-"""Learned heads in the engine (design.md §10): a head fitted on a tiny model gives the same probabilities
+"""Learned heads in the engine (docs/design.md §10): a head fitted on a tiny model gives the same probabilities
 through the fast engine (packed rows, taps, the tail's feature product) as through plain transformers
 forwards with the head applied in numpy (≤ 1e-4), for every read, every strategy, multi-token and colliding
 labels, batch 1–4; raw scores are untouched."""

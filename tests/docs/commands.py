@@ -1,0 +1,74 @@
+"""Checking a documented `qcls …` command line without running it: its options parse as the CLI parses them and
+its overrides compose and validate into a config (no weights, tokenizer or GPU are touched, so model.path
+may name a directory this machine lacks)."""
+from __future__ import annotations
+
+import contextlib
+import inspect
+import io
+
+from qcls.compose import compose
+
+
+def _parse(parser, argv: list[str], known: bool):
+    """argparse's result, or a ValueError with its message (argparse exits instead of raising)."""
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            return parser.parse_known_args(argv) if known else (parser.parse_args(argv), [])
+    except SystemExit as e:
+        if e.code == 0:  # --help / --version
+            return None
+        raise ValueError(err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else str(e)) from None
+
+
+def _compose(overrides: list[str], args) -> object:
+    """compose(overrides), with the command's config folder when the CLI has one (--config-dir)."""
+    kw = {}
+    config_dir = getattr(args, "config_dir", None)
+    if config_dir is not None and "config_dir" in inspect.signature(compose).parameters:
+        kw["config_dir"] = config_dir
+    return compose(overrides, **kw)
+
+
+def check_qcls(argv: list[str]) -> None:
+    """Raise (ConfigError, ValueError) if `qcls argv…` would be refused for its options or overrides."""
+    from qcls import cli
+    argv = list(argv)
+    literal = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = [a for a in (argv[:argv.index("--")] if "--" in argv else argv) if a != "--debug"]
+    if not argv or argv[0] in ("-h", "--help", "--version"):
+        return
+    if argv[0] == "sweep":
+        from qcls.eval.sweep import preflight
+        if "--report" in argv[1:] or "-h" in argv or "--help" in argv:
+            return
+        preflight(argv[1:])
+        return
+    if argv[0] == "calibrate":
+        from qcls.eval.calibrate import build_parser
+        parsed = _parse(build_parser(), argv[1:], known=False)
+        if parsed is None:
+            return
+        args = parsed[0]
+        stray, overrides = cli.split_args(args.items)
+        if stray:
+            raise ValueError(f"qcls calibrate takes key=value overrides, not {stray}")
+        _compose(overrides, args)
+        return
+    parsed = _parse(cli.build_parser(), argv, known=True)
+    if parsed is None:
+        return
+    args, rest = parsed
+    bad = [r for r in rest if r.startswith("-")]
+    if bad:
+        raise ValueError(f"unrecognized arguments: {bad}")
+    queries, overrides = cli.split_args(list(args.items) + rest, literal)
+    if args.cmd == "classify" and not queries:
+        raise ValueError("qcls classify: give at least one query")
+    if args.cmd in ("repl", "serve", "check") and queries:
+        raise ValueError(f"qcls {args.cmd} takes overrides only (key=value), not {queries}")
+    cfg = _compose(overrides, args)
+    if args.cmd == "serve":  # the deployment options Serve would get (autoscaling checked against Ray's schema)
+        from qcls.deployments.app import deployment_options
+        deployment_options(cfg)
