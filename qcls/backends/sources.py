@@ -44,7 +44,8 @@ def convert_gguf(gguf: Path, out: Path) -> Path:
     """Dequantise a GGUF once into a plain safetensors checkpoint + tokenizer at `out` (atomic)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    tmp = out.with_name(out.name + ".tmp")
+    # a temporary folder of this process's own: two processes converting at once must not delete each other's
+    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
@@ -60,8 +61,14 @@ def convert_gguf(gguf: Path, out: Path) -> Path:
     plain.save_pretrained(tmp)
     tok.save_pretrained(tmp)
     (tmp / "qcls_source.json").write_text(json.dumps({"gguf": str(gguf), "size": gguf.stat().st_size}))
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    if (out / "qcls_source.json").is_file():  # another process finished first: keep its copy, which may be in use
+        shutil.rmtree(tmp, ignore_errors=True)
+        return out
+    shutil.rmtree(out, ignore_errors=True)  # an incomplete copy (no marker): ours replaces it
+    try:
+        tmp.rename(out)
+    except OSError:  # another process renamed its copy into place in between
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
