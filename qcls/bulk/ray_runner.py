@@ -32,7 +32,7 @@ from qcls.bulk.outputs import Columns, Format
 from qcls.bulk.progress import Progress, Tally, format_summary, summary
 from qcls.bulk.readers import Row, _with_query, parse_bytes
 from qcls.bulk.runner import plan, process_chunk
-from qcls.errors import ConfigError, missing_package
+from qcls.errors import ConfigError, MissingPackageError, missing_package
 from qcls.progress import warn
 
 QUERY, ERROR, KIND, LINE, REC, OUT = "__qcls_query", "__qcls_error", "__qcls_kind", "__qcls_line", "__qcls_rec", "__qcls_out"
@@ -117,7 +117,10 @@ def run(opts: BulkOptions, clf_factory=None) -> dict:
         import ray
         import ray.data
     except ImportError as e:
-        raise (missing_package(e, "qcls bulk --ray") or e) from None
+        if missing_package(e) is None:
+            raise
+        raise MissingPackageError(f"qcls bulk --ray needs Ray Data ({e.name!r} is not installed)",
+                                  "install it with: pip install 'qcls[bulk]'") from None
     from qcls.compose import compose
     cfg = compose(opts.all_overrides())
     reader, cols, fmt = plan(opts, cfg)
@@ -185,7 +188,8 @@ def run(opts: BulkOptions, clf_factory=None) -> dict:
     pool_full = max(ready_at) if ready_at else end
     startup = pool_full - wall0
     result = summary(tally, end - pool_full, startup, {"output": opts.output, "actors": opts.actors,
-                                                       "gpus_per_actor": gpus, "batch_size": cfg.engine.max_batch_size,
+                                                       "gpus_per_actor": gpus, "actors_ready": len(ready_at),
+                                                       "batch_size": cfg.engine.max_batch_size,
                                                        "files": sorted(p.name for p in out.iterdir())})
     if not opts.quiet:
         import sys

@@ -38,7 +38,7 @@ def log_queries(n: int, seed: int = 0, vocab: int = 60) -> list[str]:
     rng = random.Random(seed)
     distinct = []
     while len(distinct) < vocab:
-        q = " ".join(rng.sample(WORDS, rng.randint(1, 2)))
+        q = " ".join(rng.sample(WORDS, rng.randint(1, 2)) + [str(rng.randint(1, 99))] * rng.randint(0, 1))
         if len(q.encode()) <= 16 and q not in distinct:
             distinct.append(q)
     weights = [1 / (r + 1) for r in range(vocab)]
