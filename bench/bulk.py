@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -85,35 +86,58 @@ def main() -> None:
     ckpt_s = time.perf_counter() - t0
     overrides = [f"model.path={ckpt}", "model.source=local", f"model.name=random_{args.model}", "model.head=null",
                  "prompts=ecommerce8", "scoring=trie"]
-    from qcls.classifier import Classifier
     from qcls.progress import set_quiet
     set_quiet(True)
-    loaded, rows, lbytes, lparams = None, {}, 0, 0
-    for b in args.batch_sizes:
-        opts = BulkOptions(str(log), str(work / f"out_b{b}.parquet"), overrides, batch_size=b, quiet=True)
-        from qcls.compose import compose
-        cfg = compose(opts.all_overrides())
-        t1 = time.perf_counter()
-        clf = Classifier(cfg, loaded=loaded)
-        startup = time.perf_counter() - t1
-        loaded = clf.loaded
-        lbytes, lparams = C.layer_bytes(loaded.model), C.layer_params(loaded.model)
-        eng_rate, tokens = engine_rate(clf, queries, args.engine_queries)
-        summary = runner.run(opts, lambda _cfg, c=clf: c)
-        mem = {k: round(v / 2**30, 2) for k, v in clf.measured_memory.items()}
-        rows[b] = {"startup_s": round(startup, 1), "phases": clf.startup_s, "buckets": len(clf.engine.buckets),
-                   "graphs": clf.engine.graphs, "memory_gib": mem, "engine": eng_rate, "tokens": tokens,
-                   "file": summary, "t4": b / t4_projection(lbytes, lparams, round(tokens)) * 1e3}
-        print(json.dumps({b: {k: v for k, v in rows[b].items() if k != "file"}}, default=str), flush=True)
-        del clf
-        C.free()
+    loaded, rows = None, {}
+    signal.signal(signal.SIGTERM, _stop)  # `timeout` ends the run: report the batch sizes measured so far
+    try:
+        for b in args.batch_sizes:
+            loaded = measure(b, log, work, overrides, queries, loaded, rows, args)
+    except Stopped:
+        args.stopped = f"stopped by SIGTERM (time limit) after batch sizes {sorted(rows)}"
+    if not rows:
+        sys.exit("no batch size measured")
     best = max(rows, key=lambda b: rows[b]["file"]["distinct_per_s"])
     ray = None
-    if args.ray:
+    if args.ray and not getattr(args, "stopped", None):
         del loaded
         C.free()
-        ray = run_ray(log, work, overrides, best)
+        try:
+            ray = run_ray(log, work, overrides, best)
+        except Stopped:
+            ray = {"error": "stopped by SIGTERM (time limit) during the Ray run"}
     report(args, rows, best, ray, len(queries), len(set(queries)), ckpt_s)
+
+
+class Stopped(Exception):
+    pass
+
+
+def _stop(*_):
+    raise Stopped()
+
+
+def measure(b, log, work, overrides, queries, loaded, rows, args):
+    """One batch size: a Classifier (reusing the loaded weights), the engine's rate, the file command's."""
+    from qcls.classifier import Classifier
+    from qcls.compose import compose
+    opts = BulkOptions(str(log), str(work / f"out_b{b}.parquet"), overrides, batch_size=b, quiet=True)
+    cfg = compose(opts.all_overrides())
+    t1 = time.perf_counter()
+    clf = Classifier(cfg, loaded=loaded)
+    startup = time.perf_counter() - t1
+    loaded = clf.loaded
+    lbytes, lparams = C.layer_bytes(loaded.model), C.layer_params(loaded.model)
+    eng_rate, tokens = engine_rate(clf, queries, args.engine_queries)
+    summary = runner.run(opts, lambda _cfg, c=clf: c)
+    mem = {k: round(v / 2**30, 2) for k, v in clf.measured_memory.items()}
+    rows[b] = {"startup_s": round(startup, 1), "phases": clf.startup_s, "buckets": len(clf.engine.buckets),
+               "graphs": clf.engine.graphs, "memory_gib": mem, "engine": eng_rate, "tokens": tokens,
+               "file": summary, "t4": b / t4_projection(lbytes, lparams, round(tokens)) * 1e3}
+    print(json.dumps({b: {k: v for k, v in rows[b].items() if k != "file"}}, default=str), flush=True)
+    del clf
+    C.free()
+    return loaded
 
 
 def run_ray(log: Path, work: Path, overrides: list[str], b: int) -> dict:
@@ -158,6 +182,8 @@ def report(args, rows: dict, best: int, ray: dict | None, n_rows: int, n_distinc
                      f"classified (the actor's cache; single process {rows[best]['file']['classified']:,}); "
                      f"pool full {ray['startup_s']:.1f} s after the command started (Ray start + model load + "
                      f"warm-up); wall {ray['wall_s']} s; errors {ray['errors']}.\n")
+    if getattr(args, "stopped", None):
+        text += f"\nIncomplete: {args.stopped}.\n"
     f = rows[best]["file"]
     text += f"\nFile run at batch {best}: errors {f['errors']}; cache evictions {f['cache_evicted']}.\n"
     if args.no_append:

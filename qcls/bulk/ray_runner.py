@@ -30,7 +30,7 @@ from qcls.bulk.cache import ResultCache
 from qcls.bulk.options import BulkOptions
 from qcls.bulk.outputs import Columns, Format
 from qcls.bulk.progress import Progress, Tally, format_summary, summary
-from qcls.bulk.readers import Row, _with_query, parse_bytes
+from qcls.bulk.readers import Row, with_query, parse_bytes
 from qcls.bulk.runner import plan, process_chunk
 from qcls.errors import ConfigError, MissingPackageError, missing_package
 from qcls.progress import warn
@@ -65,7 +65,7 @@ class BulkActor:
             rows = [Row(line, json.loads(rec), q, err, kind) for line, q, err, kind, rec in
                     zip(*(batch.column(c).to_pylist() for c in (LINE, QUERY, ERROR, KIND, REC)))]
         else:  # Parquet: the columns themselves
-            rows = [_with_query(i, values, self.column) for i, values in enumerate(batch.to_pylist(), 1)]
+            rows = [with_query(i, values, self.column) for i, values in enumerate(batch.to_pylist(), 1)]
         tally = Tally()
         records, pairs = process_chunk(self.clf, rows, self.cols, self.cache, tally, self.prompts)
         self.cache.absorb(pairs)

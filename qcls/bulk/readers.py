@@ -105,10 +105,10 @@ def parse_jsonl(f: IO[bytes], column: str = "query") -> Iterator[Row]:
         if not isinstance(obj, dict):
             yield Row(n, {}, None, f"malformed: line {n} is a JSON {type(obj).__name__}, not an object", "malformed")
             continue
-        yield _with_query(n, obj, column)
+        yield with_query(n, obj, column)
 
 
-def _with_query(n: int, values: dict, column: str) -> Row:
+def with_query(n: int, values: dict, column: str) -> Row:
     q = values.get(column)
     if q is None:
         return Row(n, values, None, f"missing: no value in column {column!r}", "missing")
@@ -136,7 +136,7 @@ def parse_csv(f: IO[bytes], column: str = "query", delimiter: str = ",") -> Iter
         elif any(bad for _, bad in fixed):
             yield Row(line, values, None, undecodable(line, "a field"), "undecodable")
         else:
-            yield _with_query(line, values, column)
+            yield with_query(line, values, column)
 
 
 def parse_bytes(fmt: str, data: bytes, column: str) -> Iterator[Row]:
@@ -250,7 +250,7 @@ class Reader:
         for batch in pf.iter_batches(batch_size=8192):
             for values in batch.to_pylist():
                 n += 1
-                yield _with_query(n, values, self.column)
+                yield with_query(n, values, self.column)
             self._pos = int(self.size * n / max(1, self.total_rows or 1))
 
 
