@@ -26,6 +26,7 @@ EPILOG = """examples:
   qcls classify --json "hoodie for boys" scoring=exact
   qcls classify model=qwen3_4b model.source=local model.path=/models/Qwen3-4B "slim jeans"
   echo "summer dress" | qcls repl
+  qcls bulk queries.csv labels.parquet prompts=ecommerce8 --all-labels   # a file in, a file out
   qcls serve model=qwen3_4b serve.num_gpus=1
   qcls check model=qwen3_8b model.source=local model.path=/models/Qwen3-8B gpu=t4   # no weights, no GPU
   qcls sweep -m scoring=trie,first_token,exact eval=dev          # qcls sweep --help
@@ -119,6 +120,23 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bulk(args: argparse.Namespace) -> int:
+    stray, overrides = split_args(args.items, args.literal)
+    if len(stray) != 2:
+        raise ValueError(f"qcls bulk takes INPUT OUTPUT and overrides (key=value), got {stray}")
+    from qcls.bulk.options import BulkOptions
+    opts = BulkOptions(stray[0], stray[1], overrides, column=args.column, all_labels=args.all_labels,
+                       quiet=args.quiet, ray=args.ray, actors=args.actors, address=args.address,
+                       **{k: v for k, v in (("batch_size", args.batch_size), ("chunk_rows", args.chunk_rows),
+                                            ("cache_size", args.cache_size)) if v is not None})
+    if opts.ray or opts.address:
+        from qcls.bulk.ray_runner import run
+    else:
+        from qcls.bulk.runner import run
+    out = run(opts)
+    return 0 if out["rows"] == 0 or sum(out["errors"].values()) < out["rows"] else 1
+
+
 def groups_text() -> str:
     """The config groups and their options as this process sees them (the user's folders included)."""
     import textwrap
@@ -161,6 +179,22 @@ def build_parser() -> argparse.ArgumentParser:
                    "forward (default 8)")
     k.add_argument("items", nargs="*", metavar="OVERRIDE")
     k.set_defaults(fn=cmd_check)
+    b = sub.add_parser("bulk", help="classify a file of queries into a file of results (docs/bulk.md)",
+                       description="Classify every row of INPUT (.txt one query a line, .csv/.tsv with a query "
+                       "column, .jsonl, .parquet) into OUTPUT (.jsonl, .csv, .tsv or .parquet): each distinct query "
+                       "once, bad rows as error rows, resumable after a kill (same command again).")
+    b.add_argument("--column", help="the query column or key (default: query)")
+    b.add_argument("--all-labels", action="store_true", help="every label's probability, not only the winner's")
+    b.add_argument("--quiet", action="store_true", help="no progress line and no summary on stderr")
+    b.add_argument("--batch-size", type=int, metavar="N", help="engine.max_batch_size for this run")
+    b.add_argument("--chunk-rows", type=int, metavar="N", help="rows per part file (default 65536)")
+    b.add_argument("--cache-size", type=int, metavar="N", help="distinct results kept (default 1,000,000)")
+    b.add_argument("--ray", action="store_true", help="run through Ray Data (OUTPUT becomes a folder of files)")
+    b.add_argument("--actors", type=int, default=1, metavar="N", help="Ray actors, one Classifier each (one GPU "
+                   "each on GPUs)")
+    b.add_argument("--address", metavar="A", help="an existing Ray cluster (implies --ray), e.g. auto")
+    b.add_argument("items", nargs="*", metavar="INPUT OUTPUT|OVERRIDE")
+    b.set_defaults(fn=cmd_bulk)
     for name in ROUTED:
         sub.add_parser(name, help=f"see qcls {name} --help", add_help=False)
     return ap

@@ -59,7 +59,8 @@ class MissingPackageError(QclsError, ImportError):
 
 # Optional packages → the pyproject extra that installs them (pyproject.toml [project.optional-dependencies]).
 EXTRAS = {"bitsandbytes": "bnb", "gptqmodel": "gptq", "optimum": "gptq", "ray": "serve", "fastapi": "serve",
-          "matplotlib": "eval", "sklearn": "eval", "threadpoolctl": "eval", "hydra_plugins": "sweep"}
+          "matplotlib": "eval", "sklearn": "eval", "threadpoolctl": "eval", "hydra_plugins": "sweep",
+          "pyarrow": "bulk", "pandas": "bulk"}
 
 
 def missing_package(err: ImportError, purpose: str | None = None) -> MissingPackageError | None:

@@ -61,7 +61,7 @@ def test_config_error_is_one_line_not_a_traceback(demo_cfg_overrides):
 
 def test_help_lists_commands():
     p = subprocess.run([sys.executable, "-m", "qcls.cli", "--help"], capture_output=True, text=True)
-    assert p.returncode == 0 and all(c in p.stdout for c in ("classify", "repl", "serve", "check", "sweep",
+    assert p.returncode == 0 and all(c in p.stdout for c in ("classify", "repl", "serve", "check", "bulk", "sweep",
                                                               "calibrate", "--debug", "qcls check model="))
 
 
@@ -95,3 +95,24 @@ def test_the_table_shows_the_heads_probabilities():
     line = format_result(r).splitlines()[1]
     assert "jeans      0.550" in line and "dress 0.400" in line and "tee 0.050" in line
     assert "(raw scores: dress 0.700)" in line
+
+
+def test_bulk_file_in_file_out_with_the_demo_model(demo_cfg_overrides, tmp_path):
+    """`qcls bulk` end to end: CSV in, JSONL out, pass-through columns, an error row, the log-line progress
+    and the summary on stderr (not a terminal here)."""
+    inp = tmp_path / "log.csv"
+    inp.write_text("id,query\n1,mens slim fit jeans\n2,\n3,mens slim fit jeans\n4,hoodie for boys\n", encoding="utf-8")
+    p = run(["bulk", str(inp), str(tmp_path / "out.jsonl")], demo_cfg_overrides)
+    assert p.returncode == 0, p.stderr
+    rows = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert [r["id"] for r in rows] == ["1", "2", "3", "4"] and rows[1]["error"].startswith("empty query")
+    assert rows[0]["category"] == rows[2]["category"] and rows[0]["category_prob"] == rows[2]["category_prob"]
+    assert "[qcls bulk]" in p.stderr and "2 distinct queries classified" in p.stderr and '"empty": 1' in p.stderr
+
+
+def test_bulk_refuses_a_file_that_is_not_what_its_name_says(demo_cfg_overrides, tmp_path):
+    inp = tmp_path / "log.csv"
+    inp.write_text("id,text\n1,jeans\n", encoding="utf-8")
+    p = run(["bulk", str(inp), str(tmp_path / "out.jsonl")], demo_cfg_overrides)
+    assert p.returncode == 2 and f"{inp} line 1: no column 'query'" in p.stderr and "--column" in p.stderr
+    assert "loading" not in p.stderr  # refused before the model loads

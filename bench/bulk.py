@@ -1,0 +1,196 @@
+"""The file command's throughput against the engine's own (issue 31): a 200k-row synthetic e-commerce log
+(bench/querylog.py: Zipf-like repeats, English and Chinese) through random-weight Qwen3-4B × prompts=ecommerce8
+with the real Qwen tokenizer, at engine.max_batch_size 4, 8 and 16.
+
+Per batch size, one Classifier (start-up, graphs and GPU memory reported apart), then:
+  engine   the engine alone: the log's distinct queries (first --engine-queries of them), tokenized up front,
+           launched and collected with two batches in flight (FastEngine.launch / collect): its distinct/s;
+  file     `qcls bulk` single-process on the whole log (CSV in, Parquet out) with that Classifier: distinct
+           queries classified per second after start-up (goal ≥ 0.9 × engine), rows/s;
+then, with --ray, the same file through Ray Data with one actor (one GPU) at the best batch size: distinct/s
+counted from the moment the pool is full (goal ≥ 0.85 × single process), the pool's start-up apart.
+A T4 projection per batch size from the measured tokens per forward (bench/latency.py's model).
+
+    QCLS_BENCH_COMMIT=<sha> PYTHONPATH=. python bench/bulk.py --ray                     # GPU: appends to RESULTS.md
+    PYTHONPATH=. python bench/bulk.py --model tiny --rows 2000 --batch-sizes 4 8 --ray --no-append   # CPU smoke
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+from collections import deque
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench import common as C  # noqa: E402
+from bench.backends import write_checkpoint  # noqa: E402
+from bench.latency import t4_projection  # noqa: E402
+from bench.querylog import write_csv, zipf_log  # noqa: E402
+from qcls.bulk import runner  # noqa: E402
+from qcls.bulk.options import BulkOptions  # noqa: E402
+from qcls.scoring.tokenization import QueryError, encode_query  # noqa: E402
+
+
+def engine_rate(clf, queries: list[str], n: int) -> tuple[float, float]:
+    """(distinct queries/s, mean tokens per forward) of the engine alone, two batches in flight."""
+    ids = []
+    for q in dict.fromkeys(queries):
+        try:
+            ids.append(encode_query(clf.tokenizer, q, clf.cfg.max_query_tokens))
+        except QueryError:
+            continue
+        if len(ids) == n:
+            break
+    b, eng = clf.cfg.engine.max_batch_size, clf.engine
+    batches = [ids[i:i + b] for i in range(0, len(ids), b)]
+    for bt in batches[:4]:  # warm
+        eng.collect(eng.launch(bt))
+    C.sync()
+    pending, tokens = deque(), 0
+    t0 = time.perf_counter()
+    for bt in batches:
+        pending.append(eng.launch(bt))
+        if len(pending) == 2:
+            tokens += eng.collect(pending.popleft())[3]
+    while pending:
+        tokens += eng.collect(pending.popleft())[3]
+    dt = time.perf_counter() - t0
+    return len(ids) / dt, tokens / len(batches)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="qwen3_4b", choices=["qwen3_4b", "qwen3_8b", "tiny"])
+    ap.add_argument("--rows", type=int, default=200_000)
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[4, 8, 16])
+    ap.add_argument("--engine-queries", type=int, default=4096, help="distinct queries timed on the engine alone")
+    ap.add_argument("--ray", action="store_true", help="also run the file through Ray Data with one actor")
+    ap.add_argument("--ckpt", default=None, help="random-weight checkpoint folder (written once; default in /tmp)")
+    ap.add_argument("--workdir", default=None)
+    ap.add_argument("--no-append", action="store_true", help="print the section, do not append to RESULTS.md")
+    args = ap.parse_args()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="qcls_bulk_bench_"))
+    work.mkdir(parents=True, exist_ok=True)
+    queries = zipf_log(args.rows)
+    log = write_csv(work / "log.csv", queries)
+    t0 = time.perf_counter()
+    ckpt = write_checkpoint(Path(args.ckpt or f"/tmp/qcls_random_{args.model}"), args.model, dev)
+    ckpt_s = time.perf_counter() - t0
+    overrides = [f"model.path={ckpt}", "model.source=local", f"model.name=random_{args.model}", "model.head=null",
+                 "prompts=ecommerce8", "scoring=trie"]
+    from qcls.progress import set_quiet
+    set_quiet(True)
+    loaded, rows = None, {}
+    signal.signal(signal.SIGTERM, _stop)  # `timeout` ends the run: report the batch sizes measured so far
+    try:
+        for b in args.batch_sizes:
+            loaded = measure(b, log, work, overrides, queries, loaded, rows, args)
+    except Stopped:
+        args.stopped = f"stopped by SIGTERM (time limit) after batch sizes {sorted(rows)}"
+    if not rows:
+        sys.exit("no batch size measured")
+    best = max(rows, key=lambda b: rows[b]["file"]["distinct_per_s"])
+    ray = None
+    if args.ray and not getattr(args, "stopped", None):
+        del loaded
+        C.free()
+        try:
+            ray = run_ray(log, work, overrides, best)
+        except Stopped:
+            ray = {"error": "stopped by SIGTERM (time limit) during the Ray run"}
+    report(args, rows, best, ray, len(queries), len(set(queries)), ckpt_s)
+
+
+class Stopped(Exception):
+    pass
+
+
+def _stop(*_):
+    raise Stopped()
+
+
+def measure(b, log, work, overrides, queries, loaded, rows, args):
+    """One batch size: a Classifier (reusing the loaded weights), the engine's rate, the file command's."""
+    from qcls.classifier import Classifier
+    from qcls.compose import compose
+    opts = BulkOptions(str(log), str(work / f"out_b{b}.parquet"), overrides, batch_size=b, quiet=True)
+    cfg = compose(opts.all_overrides())
+    t1 = time.perf_counter()
+    clf = Classifier(cfg, loaded=loaded)
+    startup = time.perf_counter() - t1
+    loaded = clf.loaded
+    lbytes, lparams = C.layer_bytes(loaded.model), C.layer_params(loaded.model)
+    eng_rate, tokens = engine_rate(clf, queries, args.engine_queries)
+    summary = runner.run(opts, lambda _cfg, c=clf: c)
+    mem = {k: round(v / 2**30, 2) for k, v in clf.measured_memory.items()}
+    rows[b] = {"startup_s": round(startup, 1), "phases": clf.startup_s, "buckets": len(clf.engine.buckets),
+               "graphs": clf.engine.graphs, "memory_gib": mem, "engine": eng_rate, "tokens": tokens,
+               "file": summary, "t4": b / t4_projection(lbytes, lparams, round(tokens)) * 1e3}
+    print(json.dumps({b: {k: v for k, v in rows[b].items() if k != "file"}}, default=str), flush=True)
+    del clf
+    C.free()
+    return loaded
+
+
+def run_ray(log: Path, work: Path, overrides: list[str], b: int) -> dict:
+    try:
+        import ray  # noqa: F401
+        import ray.data  # noqa: F401
+    except ImportError as e:
+        return {"error": f"not run: {e}"}
+    from qcls.bulk import ray_runner
+    opts = BulkOptions(str(log), str(work / "out_ray.parquet"), overrides, batch_size=b, quiet=True, ray=True,
+                       actors=1)
+    t0 = time.perf_counter()
+    out = ray_runner.run(opts)
+    out["wall_s"] = round(time.perf_counter() - t0, 1)
+    return out
+
+
+def report(args, rows: dict, best: int, ray: dict | None, n_rows: int, n_distinct: int, ckpt_s: float) -> None:
+    text = C.header(f"bulk: a {n_rows:,}-row query log through `qcls bulk` ({args.model} random weights, ecommerce8)",
+                    f"bench/bulk.py --model {args.model} --rows {args.rows} --batch-sizes "
+                    f"{' '.join(map(str, args.batch_sizes))}{' --ray' if args.ray else ''}; scoring=trie; CSV in, "
+                    f"Parquet out; bench/querylog.py (Zipf s=1.05 over 120k templated EN/ZH queries, seed 0)")
+    text += (f"Log: {n_rows:,} rows, {n_distinct:,} distinct (rows / distinct {n_rows / n_distinct:.2f}). "
+             f"Checkpoint written/reused in {ckpt_s:.0f} s.\n\n"
+             "| batch | engine distinct/s | file distinct/s | file / engine (goal ≥ 0.9) | file rows/s | tokens / "
+             "forward | start-up s (engine build + warm-up) | buckets | GPU GiB after start-up | T4 projection "
+             "distinct/s |\n|---|---|---|---|---|---|---|---|---|---|\n")
+    for b, r in rows.items():
+        f, ph = r["file"], r["phases"]
+        text += (f"| {b} | {r['engine']:.0f} | {f['distinct_per_s']:.0f} | {f['distinct_per_s'] / r['engine']:.3f} | "
+                 f"{f['rows_per_s']:.0f} | {r['tokens']:.0f} | {r['startup_s']} ({ph.get('engine', 0)} + "
+                 f"{ph.get('warmup', 0)}) | {r['buckets']} | {r['memory_gib'] or '-'} | {r['t4']:.0f} |\n")
+    text += f"\nMost distinct/s through the file command: batch {best}.\n"
+    if ray is not None:
+        if "error" in ray:
+            text += f"\nRay Data, one actor: {ray['error']}\n"
+        else:
+            single = rows[best]["file"]["distinct_per_s"]
+            text += (f"\nRay Data, one actor (num_gpus={ray['gpus_per_actor']:g}), batch {best}: "
+                     f"{ray['distinct_per_s']:.0f} distinct/s after the pool was full, {ray['distinct_per_s'] / single:.3f}"
+                     f" × single process (goal ≥ 0.85); {ray['rows_per_s']:.0f} rows/s; {ray['classified']:,} "
+                     f"classified (the actor's cache; single process {rows[best]['file']['classified']:,}); "
+                     f"pool full {ray['startup_s']:.1f} s after the command started (Ray start + model load + "
+                     f"warm-up); wall {ray['wall_s']} s; errors {ray['errors']}.\n")
+    if getattr(args, "stopped", None):
+        text += f"\nIncomplete: {args.stopped}.\n"
+    f = rows[best]["file"]
+    text += f"\nFile run at batch {best}: errors {f['errors']}; cache evictions {f['cache_evicted']}.\n"
+    if args.no_append:
+        print(text)
+    else:
+        C.append(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""`qcls bulk --ray`: Ray Data with 2 CPU actors gives the single-process path's rows and errors; an existing
+cluster is joined with --address; actors that would take every CPU are refused. One Ray per module."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from qcls.bulk import ray_runner, runner
+from qcls.bulk.options import BulkOptions
+from tests.bulk.conftest import log_queries
+from tests.bulk.test_runner import PROMPTS, write_log
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    pytest.importorskip("ray.data")
+    # 4 logical CPUs on the 2-core CI machine: 2 actors × 1 CPU and room for read and write tasks
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
+def folder_rows(folder: Path) -> list[dict]:
+    out = []
+    for f in sorted(folder.iterdir()):
+        if f.suffix == ".parquet":
+            import pyarrow.parquet as pq
+            out += pq.read_table(f).to_pylist()
+        elif f.suffix == ".csv":
+            with f.open(encoding="utf-8", newline="") as fh:
+                out += list(csv.DictReader(fh))
+        else:
+            out += [json.loads(x) for x in f.read_text(encoding="utf-8").splitlines()]
+    return out
+
+
+def same(a: list[dict], b: list[dict]) -> None:
+    """Same rows, labels and errors; probabilities to 1e-5 (an actor's batches hold other queries than the
+    single process's, and a forward's last bits depend on its batch)."""
+    key = lambda r: int(r["id"])  # noqa: E731
+    a, b = sorted(a, key=key), sorted(b, key=key)
+    assert [key(r) for r in a] == [key(r) for r in b]
+    for x, y in zip(a, b):
+        assert {k: v for k, v in x.items() if not k.endswith("_prob")} == \
+               {k: v for k, v in y.items() if not k.endswith("_prob")}
+        for p in PROMPTS:
+            if x[p + "_prob"] not in (None, ""):
+                assert float(x[p + "_prob"]) == pytest.approx(float(y[p + "_prob"]), abs=1e-5)
+
+
+@pytest.mark.slow
+def test_ray_two_actors_equal_single_process(tmp_path, tiny_overrides, clf_factory, ray_cluster):
+    queries = log_queries(500, seed=5)
+    inp = tmp_path / "log.csv"
+    write_log(inp, queries, "csv")
+    with inp.open("ab") as f:  # a short record, a bad byte, one field too many
+        f.write(b"500\n501,bad\xff,1\n502,a,1,extra\n")
+    kw = dict(quiet=True, chunk_rows=100)
+    single = runner.run(BulkOptions(str(inp), str(tmp_path / "one.csv"), tiny_overrides, **kw), clf_factory)
+    opts = BulkOptions(str(inp), str(tmp_path / "ray.csv"), tiny_overrides, ray=True, actors=2, ray_batch_rows=128,
+                       **kw)
+    summary = ray_runner.run(opts)
+    with (tmp_path / "one.csv").open(encoding="utf-8", newline="") as f:
+        one = list(csv.DictReader(f))
+    got = folder_rows(tmp_path / "ray.csv")
+    same(got, one)
+    assert summary["rows"] == single["rows"] == len(queries) + 3 and summary["errors"] == single["errors"]
+    assert {"missing", "undecodable", "malformed"} <= set(summary["errors"])
+    assert summary["labels"] == single["labels"] and summary["actors_ready"] == 2
+    assert not (tmp_path / "ray.csv.tmp").exists()
+
+
+@pytest.mark.slow
+def test_existing_cluster_through_the_cli(tmp_path, tiny_overrides, clf_factory, ray_cluster):
+    queries = log_queries(200, seed=6)
+    inp = tmp_path / "log.parquet"
+    write_log(inp, queries, "parquet")
+    runner.run(BulkOptions(str(inp), str(tmp_path / "one.parquet"), tiny_overrides, quiet=True), clf_factory)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "qcls.cli", "bulk", str(inp), str(tmp_path / "ray.parquet"), *tiny_overrides,
+           "--address", ray_cluster, "--actors", "2", "--quiet"]
+    subprocess.run(cmd, env=env, check=True, timeout=600)
+    import pyarrow.parquet as pq
+    one = pq.read_table(tmp_path / "one.parquet").to_pylist()
+    got = folder_rows(tmp_path / "ray.parquet")
+    same(got, one)
+    assert isinstance(got[0]["id"], int)  # a Parquet input's column types pass through
+
+
+@pytest.mark.slow
+def test_actors_may_not_take_every_cpu(tmp_path, tiny_overrides, ray_cluster):
+    inp = tmp_path / "log.txt"
+    inp.write_text("red dress\n", encoding="utf-8")
+    opts = BulkOptions(str(inp), str(tmp_path / "out.jsonl"), tiny_overrides, ray=True, actors=4, quiet=True)
+    with pytest.raises(ValueError, match="would take all 4 CPUs"):
+        ray_runner.run(opts)
