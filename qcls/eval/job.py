@@ -76,7 +76,7 @@ def evaluate(spec: EvalSpec, cfg: QclsConfig, out_dir: Path) -> tuple[dict[str, 
     body: dict[str, Any] = {
         "model_reused": reused, "startup_s": round(startup, 3), "startup_phases_s": dict(clf.startup_s),
         "load_s": None if reused else clf.startup_s.get("load"), "device": timing.device_name(loaded.device),
-        "strategy": cfg.strategy, "engine_notes": list(clf.notes),
+        "strategy": cfg.strategy, "engine_notes": list(clf.notes), "heads": clf.heads_meta,
         "eval": {"path": str(data.path), "n_queries": len(data.examples), "ignored_prompts": data.ignored_prompts,
                  "unlabelled_lines": len(data.unlabelled_lines), "limit": spec.limit},
         "latency_ms": {"batch1": timing.latency(b1, 1),
@@ -117,7 +117,8 @@ def _calibration(spec, cfg, clf, per, fit_data: EvalSet | None, data: EvalSet, o
         if fitted_on and _same_file(fitted_on, data.path):
             block["warning"] = (f"the file was fitted on this split ({fitted_on}): its columns are not held out "
                                 "(eval=test scores the held-out split)")
-        return block, {p: metrics.softmax(ps.calibrated) for p, ps in per.items()}
+        block["heads"] = clf.heads_meta
+        return block, {p: metrics.softmax(v) for p, v in calibrated_metrics.file_logits(per).items()}
     return None, None
 
 
@@ -167,5 +168,6 @@ def _prediction_rows(data: EvalSet, per: dict[str, PromptScores], exact: dict[st
 def _config_summary(cfg: QclsConfig, spec: EvalSpec) -> dict[str, Any]:
     return {"model": cfg.model.name, "backend": cfg.backend.name, "strategy": cfg.strategy,
             "engine": cfg.engine.kind, "max_batch_size": cfg.engine.max_batch_size,
-            "prompts": [p.name for p in cfg.prompts], "calibration": cfg.calibration,
+            "prompts": [p.name for p in cfg.prompts], "calibration": cfg.calibration_file,
+            "calibration_is_default": cfg.calibration_is_default,
             "eval": spec.model_dump()}
