@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
                                  description="Fit per-prompt calibration on a gold-labelled split and write it "
                                              "as YAML; key=value arguments are Hydra overrides.")
     ap.add_argument("--eval", default="dev", metavar="dev|test|PATH",
-                    help="a split of conf/eval/ (default dev) or a JSONL file")
+                    help="a split of conf/eval/ (default dev) or a JSONL, CSV or TSV file")
     ap.add_argument("--method", default="temperature_bias", choices=METHODS)
     ap.add_argument("--out", metavar="FILE.yaml",
                     help="default: calibration/<model>_<prompts>_<strategy>.yaml under the current directory")

@@ -61,7 +61,7 @@ class HeadChoice:
             return "no head (calibration=null): every prompt uses the LLM's own label scores"
         what = f"the model's default head {self.file}" if self.default else f"head {self.file}"
         used = ", ".join(self.with_head()) or "no prompt"
-        out = f"{what}: {used} {'uses' if len(self.with_head()) == 1 else 'use'} it"
+        out = f"{what}: {used} {'uses' if len(self.with_head()) <= 1 else 'use'} it"
         if self.own:
             why = "; ".join(f"{n} ({w})" for n, w in self.own.items())
             out += f"; the LLM's own label scores for {why}"
