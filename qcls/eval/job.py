@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from qcls.config import QclsConfig
-from qcls.eval import agreement, calibrated_metrics, metrics, models, timing
+from qcls.eval import agreement, baseline, calibrated_metrics, metrics, models, timing
 from qcls.eval.dataset import EvalSet, load_eval_set
 from qcls.eval.scores import PromptScores, by_prompt, classify_set
 from qcls.eval.spec import EvalSpec, resolve_path, split_config
@@ -85,6 +85,8 @@ def evaluate(spec: EvalSpec, cfg: QclsConfig, out_dir: Path) -> tuple[dict[str, 
     }
     body["per_prompt"] = {p: metrics.prompt_metrics(*ps.labelled(), ps.labels) for p, ps in per.items()}
     body["mean"] = metrics.mean_over_prompts(body["per_prompt"], MEAN_KEYS)
+    # the cheap baselines on the same splits (fitted on eval.fit_on, else cross-validated on the scored split)
+    body["baseline"] = baseline.block(cfg.prompts, data, fit_data, spec.head.cv_folds)
     if fit_data is not None and spec.fit_method == "head":
         from qcls.eval.head_fitting import sweep_block
         body["calibration"], cal_probs = sweep_block(spec, cfg, loaded, per, fit_data, data, out_dir)
