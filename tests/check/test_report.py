@@ -107,7 +107,7 @@ def test_a_calibration_file_is_checked_against_the_config(qwen_tiny, tmp_path):
     assert rep.head["own_scores"] == {"audience": "its head was fitted for another label set",
                                       "category": "no head in the file"}
     assert (f"the model's default head {tmp_path / 'bad.yaml'}: no prompt uses it; the LLM's own label scores for "
-            "audience (its head was fitted for another label set); category (no head in the file)") in format_report(rep)
+            "category (no head in the file); audience (its head was fitted for another label set)") in format_report(rep)
 
 
 def test_qwen3_8b_on_a_t4_without_weights(qwen3_8b_dir, capsys):
