@@ -87,10 +87,18 @@ def choose(cfg) -> HeadChoice:
     file = cfg.calibration_file
     if file is None:
         return HeadChoice(None, None, [], cfg.calibration_is_default)
+    if cfg.calibration_is_default:
+        try:
+            path = resolve_path(file)
+            head = load(path)
+        except CalibrationError as e:  # the model config's own file: say where it was named
+            raise CalibrationError(f"model {cfg.model.name!r} names its default head model.head={file!r} "
+                                   f"(calibration=model), which cannot be used: {e.what}",
+                                   "give a head file with model.head=FILE or calibration=FILE, or run without a "
+                                   "head: calibration=null") from None
+        return _fitted_part(cfg, head, path, file)
     path = resolve_path(file)
     head = load(path)
-    if cfg.calibration_is_default:
-        return _fitted_part(cfg, head, path, file)
     where, notes = f"calibration file {path}", []
     fitted = head.meta.get("strategy")
     if head.reads_scores:  # scores of different strategies are on different scales

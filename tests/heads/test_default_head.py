@@ -137,3 +137,9 @@ def test_explicit_file_with_foreign_prompts_exits_2(tiny_dirs, head_file, capfd)
     assert "qcls: error:" in err and str(head_file) in err and "Traceback" not in err
     assert "fitted under another template" in err
     assert main(["classify", *base, f"model.head={head_file}", "red dress"]) == 0  # calibration=model
+
+
+def test_a_missing_default_head_file_names_model_head(tiny_dirs, tmp_path):
+    with pytest.raises(files.CalibrationError, match=r"model 'tiny' names its default head model.head='.*gone.yaml' "
+                                                     r"\(calibration=model\), which cannot be used: .*no such file"):
+        choose(cfg(tiny_dirs, tmp_path / "gone.yaml", [AUD]))
