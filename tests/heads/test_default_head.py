@@ -3,6 +3,8 @@ labels); every other prompt keeps the LLM's own label scores, and start-up, `qcl
 sweep results say which. A file the user names is still refused when it does not fit."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from transformers import AutoModelForCausalLM
@@ -143,3 +145,33 @@ def test_a_missing_default_head_file_names_model_head(tiny_dirs, tmp_path):
     with pytest.raises(files.CalibrationError, match=r"model 'tiny' names its default head model.head='.*gone.yaml' "
                                                      r"\(calibration=model\), which cannot be used: .*no such file"):
         choose(cfg(tiny_dirs, tmp_path / "gone.yaml", [AUD]))
+
+
+def test_a_sweep_job_scores_the_mix(tiny_dirs, tmp_path):
+    """A sweep job under calibration=model whose head fits `category` only: the calibrated columns are the
+    head's for category and the raw scores' for audience; result.json says which."""
+    from qcls.compose import compose
+    from qcls.eval import models
+    from qcls.eval.sweep import main as sweep_main
+    from tests.eval.sweep_helpers import EVAL10, tiny, write_set
+    spec = next(p for p in compose(tiny(tiny_dirs["qwen3"])).prompts if p.name == "category")
+    model = AutoModelForCausalLM.from_pretrained(tiny_dirs["qwen3"])
+    n, hidden = len(spec.labels), model.config.hidden_size
+    ph = PromptHead(list(spec.labels), np.linspace(-1, 1, n), None,
+                    np.random.default_rng(1).normal(size=(n, hidden)), Read("final", "position"),
+                    {"template_sha256": template_sha256(spec.template, spec.label_prefix)})
+    meta = {"model": "tiny", "fingerprint": {"config": fp.config_fingerprint(model.config),
+                                             "weights": fp.weights_fingerprint(model)}}
+    files.save(Head({"category": ph}, "head", meta), tmp_path / "h.yaml")
+    ev, out = write_set(tmp_path / "ev.jsonl", EVAL10), tmp_path / "run"
+    overrides = [x for x in tiny(tiny_dirs["qwen3"]) if x != "model.head=null"]
+    assert sweep_main([*overrides, f"model.head={tmp_path / 'h.yaml'}", f"eval.path={ev}", "eval.batch1_queries=0",
+                       "eval.agreement_with_exact=false", f"hydra.run.dir={out}"]) == 0
+    models.release()
+    r = json.loads((out / "result.json").read_text())
+    assert r["status"] == "ok", r.get("reason")
+    assert r["heads"]["with_head"] == ["category"] and r["heads"]["own_scores"] == {"audience": "no head in the file"}
+    assert r["config"]["calibration_is_default"] and r["calibration"]["heads"] == r["heads"]
+    cal = r["calibration"]["per_prompt"]
+    assert cal["audience"]["calibrated"] == cal["audience"]["raw"]
+    assert cal["category"]["calibrated"]["nll"] != cal["category"]["raw"]["nll"]
