@@ -85,8 +85,10 @@ def evaluate(spec: EvalSpec, cfg: QclsConfig, out_dir: Path) -> tuple[dict[str, 
     }
     body["per_prompt"] = {p: metrics.prompt_metrics(*ps.labelled(), ps.labels) for p, ps in per.items()}
     body["mean"] = metrics.mean_over_prompts(body["per_prompt"], MEAN_KEYS)
-    # the cheap baselines on the same splits (fitted on eval.fit_on, else cross-validated on the scored split)
-    body["baseline"] = baseline.block(cfg.prompts, data, fit_data, spec.head.cv_folds)
+    # the cheap baselines on the same splits: fitted on eval.fit_on, else on the split the loaded head file was
+    # fitted on, else cross-validated on the scored split
+    body["baseline"] = baseline.block(cfg.prompts, data, fit_data or _head_split(clf, data, cfg, spec),
+                                      spec.head.cv_folds)
     if fit_data is not None and spec.fit_method == "head":
         from qcls.eval.head_fitting import sweep_block
         body["calibration"], cal_probs = sweep_block(spec, cfg, loaded, per, fit_data, data, out_dir)
@@ -122,6 +124,20 @@ def _calibration(spec, cfg, clf, per, fit_data: EvalSet | None, data: EvalSet, o
         block["heads"] = clf.heads_meta
         return block, {p: metrics.softmax(v) for p, v in calibrated_metrics.file_logits(per).items()}
     return None, None
+
+
+def _head_split(clf, data: EvalSet, cfg: QclsConfig, spec: EvalSpec) -> EvalSet | None:
+    """The split the loaded head file records as its fitting split (meta.fitted_on), when it is here and is not
+    the scored split: the baselines then see what the head saw."""
+    fitted_on = clf.head.meta.get("fitted_on") if clf.head is not None else None
+    if not fitted_on or _same_file(fitted_on, data.path):
+        return None
+    try:
+        return load_eval_set(resolve_path(fitted_on, "fitted_on"), cfg.prompts, spec.limit)
+    except Exception as e:  # a file that is not here: the baselines are cross-validated instead (and say so)
+        step_note(f"the head's fitting split {fitted_on} cannot be read ({e}): baselines cross-validated on "
+                  f"{data.path}")
+        return None
 
 
 def _same_file(recorded: str, path: Path) -> bool:

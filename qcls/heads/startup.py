@@ -63,8 +63,10 @@ class HeadChoice:
         used = ", ".join(self.with_head()) or "no prompt"
         out = f"{what}: {used} {'uses' if len(self.with_head()) <= 1 else 'use'} it"
         if self.own:
-            why = "; ".join(f"{n} ({w})" for n, w in self.own.items())
-            out += f"; the LLM's own label scores for {why}"
+            by_why: dict[str, list[str]] = {}
+            for n, w in self.own.items():
+                by_why.setdefault(w, []).append(n)
+            out += "; the LLM's own label scores for " + "; ".join(f"{', '.join(ns)} ({w})" for w, ns in by_why.items())
         return out
 
     def meta(self) -> dict:

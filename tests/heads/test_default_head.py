@@ -68,8 +68,8 @@ def test_choice_per_prompt(tiny_dirs, head_file, prompts, with_head, own):
     line = c.line()
     assert line.startswith(f"the model's default head {head_file}: ")
     assert (", ".join(with_head) or "no prompt") in line
-    for name, why in own.items():
-        assert f"{name} ({why})" in line
+    for name, why in own.items():  # prompts grouped by why
+        assert name in line.split(f"({why})")[0].rsplit(";", 1)[-1]
 
 
 def test_mix_uses_the_head_where_fitted_and_own_scores_elsewhere(tiny_dirs, head_file, capsys):
@@ -153,15 +153,16 @@ def test_a_sweep_job_scores_the_mix(tiny_dirs, tmp_path):
     from qcls.compose import compose
     from qcls.eval import models
     from qcls.eval.sweep import main as sweep_main
-    from tests.eval.sweep_helpers import EVAL10, tiny, write_set
+    from tests.eval.sweep_helpers import EVAL10, FIT10, tiny, write_set
     spec = next(p for p in compose(tiny(tiny_dirs["qwen3"])).prompts if p.name == "category")
     model = AutoModelForCausalLM.from_pretrained(tiny_dirs["qwen3"])
     n, hidden = len(spec.labels), model.config.hidden_size
     ph = PromptHead(list(spec.labels), np.linspace(-1, 1, n), None,
                     np.random.default_rng(1).normal(size=(n, hidden)), Read("final", "position"),
                     {"template_sha256": template_sha256(spec.template, spec.label_prefix)})
+    fit = write_set(tmp_path / "fit.jsonl", FIT10)
     meta = {"model": "tiny", "fingerprint": {"config": fp.config_fingerprint(model.config),
-                                             "weights": fp.weights_fingerprint(model)}}
+                                             "weights": fp.weights_fingerprint(model)}, "fitted_on": str(fit)}
     files.save(Head({"category": ph}, "head", meta), tmp_path / "h.yaml")
     ev, out = write_set(tmp_path / "ev.jsonl", EVAL10), tmp_path / "run"
     overrides = [x for x in tiny(tiny_dirs["qwen3"]) if x != "model.head=null"]
@@ -175,3 +176,5 @@ def test_a_sweep_job_scores_the_mix(tiny_dirs, tmp_path):
     cal = r["calibration"]["per_prompt"]
     assert cal["audience"]["calibrated"] == cal["audience"]["raw"]
     assert cal["category"]["calibrated"]["nll"] != cal["category"]["raw"]["nll"]
+    # the baselines are fitted on the split the head file records (meta.fitted_on), scored on eval.path
+    assert r["baseline"]["source"] == f"fitted on {fit}, scored on {ev}"
