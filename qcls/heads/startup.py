@@ -58,7 +58,8 @@ class HeadChoice:
     def line(self) -> str:
         """One line: which prompts use a head, which their own label scores (start-up, qcls check, meta)."""
         if self.file is None:
-            return "no head (calibration=null): every prompt uses the LLM's own label scores"
+            why = next(iter(self.own.values()), "calibration=null")
+            return f"no head ({why}): every prompt uses the LLM's own label scores"
         what = f"the model's default head {self.file}" if self.default else f"head {self.file}"
         used = ", ".join(self.with_head()) or "no prompt"
         out = f"{what}: {used} {'uses' if len(self.with_head()) <= 1 else 'use'} it"
@@ -88,7 +89,8 @@ def choose(cfg) -> HeadChoice:
     check_model_config / check_model_weights."""
     file = cfg.calibration_file
     if file is None:
-        return HeadChoice(None, None, [], cfg.calibration_is_default)
+        why = "the model has no default head (model.head=null)" if cfg.calibration_is_default else "calibration=null"
+        return HeadChoice(None, None, [], cfg.calibration_is_default, {p.name: why for p in cfg.prompts})
     if cfg.calibration_is_default:
         try:
             path = resolve_path(file)

@@ -49,7 +49,8 @@ def head_file(tiny_dirs, tmp_path_factory):
 
 def cfg(tiny_dirs, head_file, prompts, calibration="model", **extra):
     return tiny_cfg(tiny_dirs["qwen3"], prompts, calibration=calibration,
-                    model={"name": "tiny", "source": "local", "path": tiny_dirs["qwen3"], "head": str(head_file)},
+                    model={"name": "tiny", "source": "local", "path": tiny_dirs["qwen3"],
+                           "head": None if head_file is None else str(head_file)},
                     **extra)
 
 
@@ -178,3 +179,12 @@ def test_a_sweep_job_scores_the_mix(tiny_dirs, tmp_path):
     assert cal["category"]["calibrated"]["nll"] != cal["category"]["raw"]["nll"]
     # the baselines are fitted on the split the head file records (meta.fitted_on), scored on eval.path
     assert r["baseline"]["source"] == f"fitted on {fit}, scored on {ev}"
+
+
+def test_no_head_file_says_why_per_prompt(tiny_dirs, head_file):
+    c = choose(cfg(tiny_dirs, head_file, [AUD, COLOR], calibration=None))
+    assert c.head is None and c.own == {"audience": "calibration=null", "color": "calibration=null"}
+    c = choose(cfg(tiny_dirs, None, [AUD]))
+    assert c.default and c.own == {"audience": "the model has no default head (model.head=null)"}
+    assert c.line() == ("no head (the model has no default head (model.head=null)): every prompt uses the LLM's "
+                        "own label scores")
