@@ -51,7 +51,8 @@ class Classifier:
         self.taps = list(taps)
         t0 = time.perf_counter()
         # checked against the prompts before anything else loads: a file that does not fit fails in milliseconds
-        self.head, self.head_path, cal_notes = heads.head_for(cfg)
+        self.heads = heads.choose(cfg)
+        self.head, self.head_path, cal_notes = self.heads.head, self.heads.path, self.heads.notes
         backend = get_backend(cfg.backend.name)
         if loaded is None:  # the tokenizer first: label sets are checked before any weight is read
             with step("loading the tokenizer", self.startup_s, "tokenizer"):
@@ -62,13 +63,17 @@ class Classifier:
             self.layouts = self._prepare_prompts()
         if loaded is None:
             if self.head is not None and self.head.reads_states:  # the architecture before any weight is read
-                heads.check_model_config(self.head, self.head_path, sources.load_config(backend.source(cfg)))
+                self._check_head(heads.check_model_config, sources.load_config(backend.source(cfg)))
             with step(f"loading {cfg.model.name} with backend {backend.name}", self.startup_s, "load"):
                 loaded = backend.load(cfg)
-        heads.check_model_config(self.head, self.head_path, loaded.model.config)
-        heads.check_model_weights(self.head, self.head_path, loaded.model)
+        self._check_head(heads.check_model_config, loaded.model.config)
+        self._check_head(heads.check_model_weights, loaded.model)
+        if self.heads.file is not None:
+            step_note(self.heads.line())
+        self.heads_meta = self.heads.meta()
         self.loaded = loaded
         torch.manual_seed(cfg.seed)
+        self._headed = [self.head is not None and n in self.head.prompts for n in self.prompt_names]
         with step(f"building the {cfg.engine.kind} engine", self.startup_s, "engine"):
             self.engine = self._build_engine()
         self.notes = cal_notes + list(loaded.notes) + list(getattr(self.engine, "notes", []))
@@ -83,6 +88,17 @@ class Classifier:
         if self.measured_memory:
             gib = {k: round(v / 2**30, 2) for k, v in self.measured_memory.items()}
             step_note(f"GPU memory after start-up (GiB): {gib}")
+
+    def _check_head(self, check, against) -> None:
+        """A named file that does not fit the model is refused; the model's default head is then not used."""
+        try:
+            check(self.head, self.head_path, against)
+        except heads.CalibrationError as e:
+            if not self.heads.default:
+                raise
+            self.heads.drop("the model's default head does not fit these weights")
+            self.heads.notes.append(f"the model's default head is not used: {e.what}")
+            self.head = self.head_path = None
 
     def _prepare_prompts(self) -> list[PromptLayout]:
         strategy = get_strategy(self.cfg.strategy)
@@ -141,7 +157,8 @@ class Classifier:
         meta = {"model": cfg.model.name, "backend": ld.backend, "device": str(ld.device),
                 "dtype": str(ld.dtype).replace("torch.", ""), "engine": cfg.engine.kind, "strategy": cfg.strategy,
                 "prompts": self.prompt_names, "startup_s": self.startup_s, "memory": dict(ld.memory),
-                "calibration": self.head_path, "head": self._head_meta(), "notes": self.notes}
+                "calibration": self.head_path, "head": self._head_meta(), "heads": self.heads_meta,
+                "notes": self.notes}
         if isinstance(self.engine, FastEngine):
             st = self.engine.stats()
             meta.update(graphs=st.graphs, attention=st.attention, prefix_cache=st.prefix, buckets=st.buckets)
@@ -189,7 +206,7 @@ class Classifier:
                 r.timings_ms["device_wait"] = round(wait, 4)
             r.meta = {"engine": self.cfg.engine.kind, "strategy": self.cfg.strategy,
                       "tokens_per_forward": n_tokens, "graphs": getattr(self.engine, "graphs", False),
-                      "calibration": self.head_path, "notes": self.notes}
+                      "calibration": self.head_path, "heads": self.heads_meta, "notes": self.notes}
         return batch.results
 
     def _tokenize(self, queries: list[str]) -> tuple[list[QueryResult], list[tuple[int, list[int], float]]]:
@@ -239,11 +256,11 @@ class Classifier:
         beside them. Plain Python: for a handful of labels per prompt it is faster than any tensor op's
         overhead."""
         out = []
-        for lay, vals, hvals in zip(self.layouts, scores, heads_):
+        for lay, vals, hvals, headed in zip(self.layouts, scores, heads_, self._headed):
             probs = _softmax(vals)
             names, counts = lay.tokens.labels, lay.label_token_counts
             best = max(range(len(vals)), key=vals.__getitem__)
-            if self.head is None:
+            if not headed:  # no head, or none for this prompt: the LLM's own label scores
                 out.append(PromptResult(lay.tokens.name, names[best], probs[best],
                                         list(map(LabelScore, names, vals, probs, counts))))
                 continue

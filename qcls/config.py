@@ -10,6 +10,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 MAX_PROMPTS = 16
+# `calibration: model` (conf/config.yaml's default): the model's own head file (model.head), for the prompts it
+# was fitted for only; a file named by the user is held to every prompt (qcls/heads/startup.py)
+MODEL_HEAD = "model"
 STRATEGIES = ("first_token", "trie", "exact", "mean_logprob")
 
 
@@ -68,7 +71,8 @@ class ModelSpec(_Strict):
     revision: str | None = None
     # Architecture facts for the memory estimate when the config cannot be read yet (informational).
     family: Literal["llama", "qwen2", "qwen3", "gemma3"] | None = None
-    # The head file this model's configs load by default (conf/config.yaml: calibration: ${model.head})
+    # The head file this model's configs load by default (conf/config.yaml: calibration: model), for the prompts
+    # it was fitted for
     head: str | None = None
 
     @model_validator(mode="after")
@@ -176,7 +180,8 @@ class QclsConfig(_Strict):
     cache_dir: str | None = None  # demo-model conversion cache; None = ~/.cache/qcls
     seed: int = 0
     serve: ServeSpec = ServeSpec()
-    # a head or calibration file (qcls/heads/files.py): absolute, or relative to the cwd, then the repo
+    # a head or calibration file (qcls/heads/files.py): absolute, or relative to the cwd, then the repo;
+    # `model` = model.head where it fits (see MODEL_HEAD); null = the LLM's own label scores
     calibration: str | None = None
 
     @field_validator("prompts")
@@ -212,6 +217,16 @@ class QclsConfig(_Strict):
     def max_ongoing_requests(self) -> int:
         """Requests one replica accepts at once (serve.max_ongoing_requests, or 16 × engine.max_batch_size)."""
         return self.serve.max_ongoing_requests or 16 * self.engine.max_batch_size
+
+    @property
+    def calibration_is_default(self) -> bool:
+        """Whether the head file is the model's default (calibration=model), not one the user named."""
+        return self.calibration == MODEL_HEAD
+
+    @property
+    def calibration_file(self) -> str | None:
+        """The head or calibration file to load: model.head under calibration=model, else the named file."""
+        return self.model.head if self.calibration_is_default else self.calibration
 
     @property
     def strategy(self) -> str:

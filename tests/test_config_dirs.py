@@ -140,10 +140,11 @@ def test_serve_config_builder_takes_a_config_dir(myconf):
 
 
 def test_a_head_found_in_the_working_directory_travels_as_an_absolute_path(tmp_path, monkeypatch):
-    from qcls.deployments.app import pinned_files
+    from qcls.heads.startup import portable
     monkeypatch.chdir(tmp_path)
     (tmp_path / "mine.yaml").write_text("method: head\n")
     cfg = compose(["calibration=mine.yaml"])
-    assert pinned_files(cfg).calibration == str((tmp_path / "mine.yaml").resolve())
-    shipped = compose([])
-    assert pinned_files(shipped).calibration == shipped.calibration == "data/heads/smollm2_demo.yaml"
+    assert portable(cfg).calibration == str((tmp_path / "mine.yaml").resolve())
+    shipped = compose([])  # the model's own head: found in the package by every process itself
+    assert portable(shipped) == shipped and shipped.calibration == "model"
+    assert shipped.model.head == "data/heads/smollm2_demo.yaml"

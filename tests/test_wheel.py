@@ -75,12 +75,12 @@ def test_wheel_runs_the_readme_commands_as_the_checkout_does(wheel_env, demo_cfg
     assert answers(qcls(bin_dir, base, work, env)) == answers(qcls(None, base, work, dev_env))
 
     # a config folder of the user's own, from a folder outside the repository
-    own = ["--config-dir", "myconf", "classify", "--json", "prompts=mine", "calibration=null", *fast, *QUERIES]
+    own = ["--config-dir", "myconf", "classify", "--json", "prompts=mine", *fast, *QUERIES]
     wheel_own = answers(qcls(bin_dir, own, work, env))
     assert list(wheel_own[0]) == ["category_zh", "audience"]
     assert wheel_own == answers(qcls(None, own, work, dev_env))
 
-    check = qcls(bin_dir, ["--config-dir", "myconf", "check", "prompts=mine", "calibration=null", *fast], work, env)
+    check = qcls(bin_dir, ["--config-dir", "myconf", "check", "prompts=mine", *fast], work, env)
     assert check.returncode == 0, check.stderr
     assert "prompt category_zh" in check.stdout and "tokens per forward" in check.stdout
 

@@ -122,6 +122,7 @@ def run(opts: BulkOptions, clf_factory=None) -> dict:
         raise MissingPackageError(f"qcls bulk --ray needs Ray Data ({e.name!r} is not installed)",
                                   "install it with: pip install 'qcls[bulk]'") from None
     from qcls.compose import compose
+    from qcls.heads.startup import portable
     cfg = compose(opts.all_overrides())
     reader, cols, fmt = plan(opts, cfg)
     out = Path(opts.output)
@@ -160,7 +161,7 @@ def run(opts: BulkOptions, clf_factory=None) -> dict:
     ds = ds.repartition(target_num_rows_per_block=opts.ray_batch_rows)
     schema = fmt.input_schema
     ds = ds.map_batches(BulkActor, fn_constructor_kwargs=dict(
-        cfg_json=cfg.model_dump_json(), cols=cols, out_fmt=fmt.fmt, column=reader.column,
+        cfg_json=portable(cfg).model_dump_json(), cols=cols, out_fmt=fmt.fmt, column=reader.column,
         cache_size=opts.cache_size, input_schema=schema, tally=tally_ref),
         batch_size=opts.ray_batch_rows, batch_format="pyarrow",
         compute=ray.data.ActorPoolStrategy(size=opts.actors), num_gpus=gpus,

@@ -74,7 +74,8 @@ class CheckReport:
     prefix_pool_tokens: int = 0
     forward: list[ForwardTokens] = field(default_factory=list)
     backends: list[BackendFit] = field(default_factory=list)
-    head: dict[str, Any] | None = None  # the calibration=FILE head: file, method, per prompt what it reads
+    # the head file (calibration=FILE or the model's default): which prompts use it, method, what each reads
+    head: dict[str, Any] | None = None
     problems: list[str] = field(default_factory=list)  # what would stop `qcls classify` with this config
 
     def to_dict(self) -> dict[str, Any]:
@@ -194,18 +195,27 @@ def head_check(cfg: QclsConfig, mc, problems: list[str]) -> dict[str, Any] | Non
     from qcls.heads import startup
     from qcls.heads.files import CalibrationError
     try:
-        head, path, notes = startup.head_for(cfg)
-        startup.check_model_config(head, path, mc)
+        c = startup.choose(cfg)
+        try:
+            startup.check_model_config(c.head, c.path, mc)
+        except CalibrationError as e:
+            if not c.default:
+                raise
+            c.drop("the model's default head does not fit this architecture")
+            c.notes.append(f"the model's default head is not used: {e.what}")
     except CalibrationError as e:
         problems.append(str(e))
         return None
-    if head is None:
+    if c.file is None:
         return None
-    return {"file": path, "method": head.method, "notes": notes, "weights_checked_at_start_up": head.reads_states,
+    head = c.head
+    return {"file": c.path or c.file, "default": c.default, "line": c.line(), "with_head": c.with_head(),
+            "own_scores": dict(c.own), "method": head.method if head else None, "notes": c.notes,
+            "weights_checked_at_start_up": bool(head and head.reads_states),
             "prompts": {n: ("raw scores (affine)" if ph.read is None else
                             f"{ph.read.kind} @ layer {ph.read.layer}" + (" + raw scores" if ph.score_weights is not None
                                                                            else ""))
-                        for n, ph in head.prompts.items()}}
+                        for n, ph in (head.prompts.items() if head else [])}}
 
 
 def verdict(rep: CheckReport) -> QclsError | None:

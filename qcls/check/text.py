@@ -40,9 +40,12 @@ def format_report(rep: CheckReport) -> str:
                 "(computed once at start-up)", ""]
     if rep.head:
         reads = "; ".join(f"{n}: {r}" for n, r in rep.head["prompts"].items())
-        out += [f"head {rep.head['file']} ({rep.head['method']}): {reads}"
-                + ("; fitted on these weights? checked at start-up" if rep.head["weights_checked_at_start_up"] else ""),
-                *[f"  note: {n}" for n in rep.head["notes"]], ""]
+        out += [rep.head["line"]]
+        if reads:
+            out += [f"  reads ({rep.head['method']}): {reads}"
+                    + ("; fitted on these weights? checked at start-up" if rep.head["weights_checked_at_start_up"]
+                       else "")]
+        out += [*[f"  note: {n}" for n in rep.head["notes"]], ""]
     budget = f"{rep.budget_gib:.2f} GiB" if rep.budget_gib is not None else \
         "none (no GPU here: set gpu=t4 or gpu_memory_gib=N)"
     out.append(f"GPU memory estimate per backend (from the model config; budget {budget}):")

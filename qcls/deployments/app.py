@@ -25,6 +25,7 @@ from ray.serve import Application
 from qcls.classifier import Classifier
 from qcls.compose import ConfigError, compose
 from qcls.config import QclsConfig
+from qcls.heads.startup import portable
 from qcls.deployments.http import build_http_app
 from qcls.deployments.ingress import replica_env_vars
 from qcls.deployments.metrics import ReplicaMetrics, memory_now
@@ -234,21 +235,7 @@ def app_for(cfg: QclsConfig) -> Application:
     if cfg.backend.device == "cuda" and cfg.serve.num_gpus == 0:
         raise ConfigError("backend.device=cuda but serve.num_gpus=0: a replica without a GPU sees none; set "
                           "serve.num_gpus=1 (one card per replica)")
-    return QclsDeployment.options(**deployment_options(cfg)).bind(pinned_files(cfg))
-
-
-def pinned_files(cfg: QclsConfig) -> QclsConfig:
-    """A head file found relative to this process's directory, made absolute: a replica runs in a directory
-    of Ray's choosing. A shipped head (found in the package) stays relative: each replica finds its own copy."""
-    from pathlib import Path
-
-    from qcls.paths import find_file
-    if cfg.calibration is None or Path(cfg.calibration).is_absolute():
-        return cfg
-    found = find_file(cfg.calibration)
-    if found is None or not (Path.cwd() / cfg.calibration).is_file():
-        return cfg
-    return cfg.model_copy(update={"calibration": str(found)})
+    return QclsDeployment.options(**deployment_options(cfg)).bind(portable(cfg))
 
 
 def build_app(args: dict[str, Any]) -> Application:

@@ -33,6 +33,8 @@ scores as features; the weights go into FILE.safetensors beside FILE.yaml). A ca
 prompts and scoring strategy it was fitted under; a head for the model's weights, prompt templates and label
 sets (refused at start-up otherwise). The metrics printed are on the split it was fitted on (optimistic;
 a head's CV accuracy is held out within the split); `qcls sweep -m ... eval=test` reports held-out numbers.
+Beside them: the majority class and a character n-gram TF-IDF + logistic regression per prompt, cross-validated
+on the split with the head's folds (qcls/eval/baseline.py).
 Load the file with the override calibration=FILE. See docs/evaluation.md."""
 
 
@@ -43,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
                                  description="Fit per-prompt calibration on a gold-labelled split and write it "
                                              "as YAML; key=value arguments are Hydra overrides.")
     ap.add_argument("--eval", default="dev", metavar="dev|test|PATH",
-                    help="a split of conf/eval/ (default dev) or a JSONL file")
+                    help="a split of conf/eval/ (default dev) or a JSONL, CSV or TSV file")
     ap.add_argument("--method", default="temperature_bias", choices=METHODS)
     ap.add_argument("--out", metavar="FILE.yaml",
                     help="default: calibration/<model>_<prompts>_<strategy>.yaml under the current directory")
@@ -101,7 +103,7 @@ def default_out(cfg, method: str) -> Path:
 def run(args: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
     from qcls.classifier import Classifier
     from qcls.compose import compose
-    from qcls.eval import calibrated_metrics
+    from qcls.eval import baseline, calibrated_metrics
     from qcls.eval.calibration import contextual
     from qcls.eval.dataset import load_eval_set
     from qcls.eval.scores import by_prompt, classify_set
@@ -111,7 +113,9 @@ def run(args: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
     data = load_eval_set(split_path(args.eval), cfg.prompts, args.limit)  # refused before the model loads
     out = Path(args.out) if args.out else default_out(cfg, args.method)
     if args.method == "head":
-        return fit_head(args, cfg, data, out)
+        res = fit_head(args, cfg, data, out)
+        res["baseline"] = baseline.block(cfg.prompts, data, None, args.cv_folds)  # the head's folds
+        return res
     clf = Classifier(cfg)
     results, _ = classify_set(clf, data)
     per = by_prompt(results, data)
@@ -130,6 +134,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
     return {"file": str(out.resolve()), "override": f"calibration={shown}", "method": cal.method,
             "split": str(data.path), "n_queries": len(data.examples), "strategy": cfg.strategy,
             "model": cfg.model.name, "per_prompt": cols["per_prompt"], "mean": cols["mean"],
+            "baseline": baseline.block(cfg.prompts, data, None, max(2, args.cv_folds)),
             "calibration": {p: {"temperature": pc.temperature, "bias": dict(zip(pc.labels, pc.bias))}
                             for p, pc in cal.prompts.items()}}
 
@@ -198,8 +203,14 @@ def format_table(res: dict[str, Any]) -> str:
     lines = [f"calibration {res['method']} of {res['model']} (scoring={res['strategy']}) on {res['split']} "
              f"({res['n_queries']} queries; metrics on this same split):"]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [head] + rows]
+    lines += _baseline_lines(res)
     lines += [f"wrote {res['file']}", f"use it with the override: {res['override']}"]
     return "\n".join(lines)
+
+
+def _baseline_lines(res: dict[str, Any], llm: dict[str, float] | None = None, name: str = "") -> list[str]:
+    from qcls.eval import baseline
+    return baseline.table(res["baseline"], llm, name) if res.get("baseline") else []
 
 
 def _head_table(res: dict[str, Any]) -> str:
@@ -216,6 +227,7 @@ def _head_table(res: dict[str, Any]) -> str:
              f"{res['heads'][next(iter(res['heads']))]['cv_folds'] if res['heads'] else 3}-fold cross-validated "
              "within this split; `qcls sweep … eval=test eval.fit_method=head` measures it on held-out queries):"]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [head] + rows]
+    lines += _baseline_lines(res, {p: h["cv_accuracy"] for p, h in res["heads"].items()}, "head (cv)")
     lines += [f"note: {n}" for n in res.get("notes", [])]
     lines += [f"wrote {res['file']} and {res['weights']}", f"use it with the override: {res['override']}"]
     return "\n".join(lines)

@@ -50,5 +50,10 @@ def fitted_columns(per: dict[str, PromptScores], cal: Head, source: str) -> dict
 
 
 def file_columns(per: dict[str, PromptScores], path: str, method: str) -> dict[str, Any]:
-    """From the engine's head logits (LabelScore.head_score) under `calibration=FILE`."""
-    return columns(per, {p: ps.calibrated for p, ps in per.items()}, f"file {path}", method)
+    """From the engine's head logits (LabelScore.head_score) under `calibration=FILE`; a prompt without a head
+    in the file (the model's default head covers only the prompts it was fitted for) keeps its raw scores."""
+    return columns(per, file_logits(per), f"file {path}", method)
+
+
+def file_logits(per: dict[str, PromptScores]) -> dict[str, np.ndarray]:
+    return {p: ps.scores if ps.calibrated is None else ps.calibrated for p, ps in per.items()}

@@ -1,6 +1,7 @@
-"""Gold-labelled evaluation sets: JSONL, one query a line, checked whole before any model loads.
+"""Gold-labelled evaluation sets, checked whole before any model loads: JSONL (one query a line), or a CSV /
+TSV table (qcls/eval/tables.py: a `query` column and one column per prompt name; an empty cell = no gold label).
 
-A line is `{"query": "...", "labels": {"<prompt name>": "<gold label>", ...}}` (an optional string `note`
+A JSONL line is `{"query": "...", "labels": {"<prompt name>": "<gold label>", ...}}` (an optional string `note`
 may say why a label was chosen). A prompt missing from `labels` is not scored for that query. Labels for
 prompts that the config does not have are ignored, so a set labelled for `prompts=ecommerce8` also serves
 `prompts=default`; a label outside a configured prompt's label set is refused.
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 from qcls.config import PromptSpec
+from qcls.eval import tables
 
 KEYS = {"query", "labels", "note"}
 
@@ -51,29 +53,43 @@ class EvalSet:
 
 
 def load_eval_set(path: str | Path, prompts: Sequence[PromptSpec], limit: int | None = None) -> EvalSet:
-    """Read and check a JSONL set against the config's prompts; keep the first `limit` usable examples."""
+    """Read and check a JSONL, CSV or TSV set against the config's prompts; keep the first `limit` usable
+    examples."""
     path = Path(path)
     if limit is not None and limit < 1:
         raise DatasetError(f"eval limit must be a positive number of queries or null, got {limit}")
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise DatasetError(f"{path}: no such file (give eval.path=FILE.jsonl)") from None
+        raise DatasetError(f"{path}: no such file (give eval.path=FILE.jsonl, .csv or .tsv)") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise DatasetError(f"{path}: cannot be read as UTF-8 text ({e})") from None
+        raise DatasetError(f"{path}: cannot be read as UTF-8 text ({e}); save it as UTF-8 (a spreadsheet's "
+                           "\"CSV UTF-8\")") from None
+    if tables.is_table(path):
+        try:
+            rows = tables.table_rows(path, text)
+        except tables.TableError as e:
+            raise DatasetError(str(e)) from None
+        if not rows:
+            raise DatasetError(f"{path}: the table has a header but no data rows")
+        return _checked(path, rows, prompts, limit, tables.where)
+    rows = [(no, *_parse_line(path, no, raw)) for no, raw in enumerate(text.splitlines(), start=1) if raw.strip()]
+    if not rows:
+        raise DatasetError(f"{path}: the file is empty (want one JSON object per line)")
+    return _checked(path, rows, prompts, limit, lambda p, no: f"{p}:{no}")
+
+
+def _checked(path: Path, rows: list[tuple[int, str, dict[str, str]]], prompts: Sequence[PromptSpec],
+             limit: int | None, where) -> EvalSet:
+    """The rows (line, query, {prompt: gold}) checked against the config's prompts, whatever the format."""
     specs = {p.name: p for p in prompts}
     examples: list[Example] = []
     ignored: set[str] = set()
     unlabelled: list[int] = []
     first_line: dict[str, int] = {}
-    nonblank = 0
-    for no, raw in enumerate(text.splitlines(), start=1):
-        if not raw.strip():
-            continue
-        nonblank += 1
-        query, labels = _parse_line(path, no, raw)
+    for no, query, labels in rows:
         if query in first_line:
-            raise DatasetError(f"{path}:{no}: duplicate query {query!r} (first on line {first_line[query]}); "
+            raise DatasetError(f"{where(path, no)}: duplicate query {query!r} (first on line {first_line[query]}); "
                                "every query must appear once")
         first_line[query] = no
         kept = {}
@@ -83,7 +99,7 @@ def load_eval_set(path: str | Path, prompts: Sequence[PromptSpec], limit: int | 
                 ignored.add(name)
                 continue
             if gold not in spec.labels:
-                raise DatasetError(f"{path}:{no}: gold label {gold!r} for prompt {name!r} is not one of its "
+                raise DatasetError(f"{where(path, no)}: gold label {gold!r} for prompt {name!r} is not one of its "
                                    f"labels {spec.labels}")
             kept[name] = gold
         if not kept:
@@ -91,8 +107,6 @@ def load_eval_set(path: str | Path, prompts: Sequence[PromptSpec], limit: int | 
             continue
         if limit is None or len(examples) < limit:
             examples.append(Example(query, kept, no))
-    if nonblank == 0:
-        raise DatasetError(f"{path}: the file is empty (want one JSON object per line)")
     if not examples:
         raise DatasetError(f"{path}: no line has a gold label for any of the config's prompts {list(specs)} "
                            f"(the file labels {sorted(ignored)}): choose prompts=... that the file labels")

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from qcls.config import QclsConfig
-from qcls.eval import agreement, calibrated_metrics, metrics, models, timing
+from qcls.eval import agreement, baseline, calibrated_metrics, metrics, models, timing
 from qcls.eval.dataset import EvalSet, load_eval_set
 from qcls.eval.scores import PromptScores, by_prompt, classify_set
 from qcls.eval.spec import EvalSpec, resolve_path, split_config
@@ -77,7 +77,7 @@ def evaluate(spec: EvalSpec, cfg: QclsConfig, out_dir: Path) -> tuple[dict[str, 
     body: dict[str, Any] = {
         "model_reused": reused, "startup_s": round(startup, 3), "startup_phases_s": dict(clf.startup_s),
         "load_s": None if reused else clf.startup_s.get("load"), "device": timing.device_name(loaded.device),
-        "strategy": cfg.strategy, "engine_notes": list(clf.notes),
+        "strategy": cfg.strategy, "engine_notes": list(clf.notes), "heads": clf.heads_meta,
         "eval": {"path": str(data.path), "n_queries": len(data.examples), "ignored_prompts": data.ignored_prompts,
                  "unlabelled_lines": len(data.unlabelled_lines), "limit": spec.limit},
         "latency_ms": {"batch1": timing.latency(b1, 1),
@@ -86,6 +86,10 @@ def evaluate(spec: EvalSpec, cfg: QclsConfig, out_dir: Path) -> tuple[dict[str, 
     }
     body["per_prompt"] = {p: metrics.prompt_metrics(*ps.labelled(), ps.labels) for p, ps in per.items()}
     body["mean"] = metrics.mean_over_prompts(body["per_prompt"], MEAN_KEYS)
+    # the cheap baselines on the same splits: fitted on eval.fit_on, else on the split the loaded head file was
+    # fitted on, else cross-validated on the scored split
+    body["baseline"] = baseline.block(cfg.prompts, data, fit_data or _head_split(clf, data, cfg, spec),
+                                      spec.head.cv_folds)
     if fit_data is not None and spec.fit_method == "head":
         from qcls.eval.head_fitting import sweep_block
         body["calibration"], cal_probs = sweep_block(spec, cfg, loaded, per, fit_data, data, out_dir)
@@ -118,8 +122,23 @@ def _calibration(spec, cfg, clf, per, fit_data: EvalSet | None, data: EvalSet, o
         if fitted_on and _same_file(fitted_on, data.path):
             block["warning"] = (f"the file was fitted on this split ({fitted_on}): its columns are not held out "
                                 "(eval=test scores the held-out split)")
-        return block, {p: metrics.softmax(ps.calibrated) for p, ps in per.items()}
+        block["heads"] = clf.heads_meta
+        return block, {p: metrics.softmax(v) for p, v in calibrated_metrics.file_logits(per).items()}
     return None, None
+
+
+def _head_split(clf, data: EvalSet, cfg: QclsConfig, spec: EvalSpec) -> EvalSet | None:
+    """The split the loaded head file records as its fitting split (meta.fitted_on), when it is here and is not
+    the scored split: the baselines then see what the head saw."""
+    fitted_on = clf.head.meta.get("fitted_on") if clf.head is not None else None
+    if not fitted_on or _same_file(fitted_on, data.path):
+        return None
+    try:
+        return load_eval_set(resolve_path(fitted_on, "fitted_on"), cfg.prompts, spec.limit)
+    except Exception as e:  # a file that is not here: the baselines are cross-validated instead (and say so)
+        step_note(f"the head's fitting split {fitted_on} cannot be read ({e}): baselines cross-validated on "
+                  f"{data.path}")
+        return None
 
 
 def _same_file(recorded: str, path: Path) -> bool:
@@ -168,5 +187,6 @@ def _prediction_rows(data: EvalSet, per: dict[str, PromptScores], exact: dict[st
 def _config_summary(cfg: QclsConfig, spec: EvalSpec) -> dict[str, Any]:
     return {"model": cfg.model.name, "backend": cfg.backend.name, "strategy": cfg.strategy,
             "engine": cfg.engine.kind, "max_batch_size": cfg.engine.max_batch_size,
-            "prompts": [p.name for p in cfg.prompts], "calibration": cfg.calibration,
+            "prompts": [p.name for p in cfg.prompts], "calibration": cfg.calibration_file,
+            "calibration_is_default": cfg.calibration_is_default,
             "eval": spec.model_dump()}

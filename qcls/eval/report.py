@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from qcls.eval import plots
+from qcls.eval import report_baselines as baselines
 
 CAL = ("accuracy", "nll", "ece")
 
@@ -87,8 +88,13 @@ def row(job: Job, out_dir: Path, vary: list[str]) -> dict[str, Any]:
     out["gpu_peak_gib"] = _get(r, "gpu_memory", "peak_gib")
     for k in ("device", "commit", "date", "reason"):
         out[k] = r.get(k)
+    out["majority_accuracy"] = _get(r, "baseline", "mean", "majority_accuracy")
+    out["base_accuracy"] = _get(r, "baseline", "mean", "accuracy")
+    out["base_macro_f1"] = _get(r, "baseline", "mean", "macro_f1")
     for p, m in (r.get("per_prompt") or {}).items():
         out[f"accuracy[{p}]"] = m.get("accuracy")
+    for p, m in (_get(r, "calibration", "per_prompt") or {}).items():
+        out[f"cal_accuracy[{p}]"] = _get(m, "calibrated", "accuracy")
     for size, acc in (_get(r, "calibration", "learning_curve", "mean_accuracy") or {}).items():
         out[f"curve[{size}]"] = acc
     return out
@@ -159,6 +165,7 @@ def _csv(rows: list[dict[str, Any]]) -> str:
 
 
 TABLE = [("job", "job"), ("label", "configuration"), ("mean_accuracy", "accuracy"), ("mean_macro_f1", "macro-F1"),
+         ("majority_accuracy", "majority acc"), ("base_accuracy", "TF-IDF acc"), ("base_macro_f1", "TF-IDF F1"),
          ("mean_nll", "NLL"), ("mean_brier", "Brier"), ("mean_ece", "ECE"), ("cal_accuracy", "acc (cal/head)"),
          ("cal_nll", "NLL (cal/head)"), ("cal_ece", "ECE (cal/head)"), ("agreement_exact", "agree exact"),
          ("b1_p50_ms", "p50 ms b=1"), ("b1_p90_ms", "p90 ms b=1"), ("batch_p50_ms", "p50 ms full batch"),
@@ -194,12 +201,13 @@ def _markdown(rows: list[dict[str, Any]], fixed: list[str], jobs: list[Job], ima
     cols = [c for c in TABLE if any(x.get(c[0]) is not None for x in ok)]
     lines += _md_table([h for _, h in cols], [[_fmt(x.get(k), 3 if k.endswith(("_ms", "_s")) else 4) for k, _ in cols]
                                               for x in ok])
-    prompts = [k for x in ok for k in x if k.startswith("accuracy[")]
+    prompts = [k for x in ok for k in x if k.startswith("accuracy[")]  # raw scores' accuracy per prompt
     prompts = list(dict.fromkeys(prompts))
     if prompts:
         lines += ["", "## Accuracy per prompt", ""]
         lines += _md_table(["job", "configuration"] + [p[9:-1] for p in prompts],
                            [[x["job"], x["label"]] + [_fmt(x.get(p), 3) for p in prompts] for x in ok])
+    lines += baselines.section(ok, by_job)
     curve = list(dict.fromkeys(k for x in ok for k in x if k.startswith("curve[")))
     if curve:
         lines += ["", "## Learning curve", "",
@@ -224,7 +232,9 @@ def _markdown(rows: list[dict[str, Any]], fixed: list[str], jobs: list[Job], ima
               "prompt (docs/design.md §9): accuracy, macro-F1, NLL = mean −log p(gold), Brier, ECE over 15 "
               "equal-width bins of the winner's probability. `(cal/head)`: on the same split after a per-prompt "
               "temperature/bias calibration or learned head (fitted on `eval.fit_on` with `eval.fit_method`, or "
-              "the config's `calibration` file). "
+              "the config's `calibration` file). `majority acc`, `TF-IDF acc`, `TF-IDF F1`: the baselines of "
+              "qcls/eval/baseline.py (the fitting split's most frequent label; a character n-gram TF-IDF + "
+              "logistic regression fitted on `eval.fit_on`, else cross-validated on the scored split). "
               "`agree exact`: share of queries whose winner equals the `exact` strategy's (how: result.json "
               "`agreement_with_exact.method`). Latency: p50/p90 ms of requests of one query and of full "
               "batches (`engine.max_batch_size`), from the results' stage timings. Per-job details: "

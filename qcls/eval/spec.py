@@ -28,7 +28,8 @@ class HeadSpec(BaseModel):
 class EvalSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    # JSONL file: absolute, or relative to the current directory, then to the repository root
+    # JSONL, CSV or TSV file (qcls/eval/dataset.py): absolute, or relative to the current directory, then to the
+    # repository root
     path: str = Field(min_length=1)
     limit: int | None = Field(default=None, ge=1)  # at most this many queries of each split (eval and fit_on)
     # a second split to fit calibration on inside the job (the "with calibration" columns); null = none
@@ -48,7 +49,7 @@ def resolve_path(value: str, what: str = "eval.path") -> Path:
         return found
     tried = candidates(value)
     raise DatasetError(f"{what}={value!r}: no such file (looked at {', '.join(map(str, tried))}); give an "
-                       f"existing JSONL file, e.g. {what}=/some/file.jsonl")
+                       f"existing JSONL, CSV or TSV file, e.g. {what}=/some/file.jsonl or {what}=/some/file.csv")
 
 
 def split_config(cfg: DictConfig | dict[str, Any]) -> tuple[EvalSpec, QclsConfig]:

@@ -26,6 +26,8 @@ A prompt missing from `labels` is not scored for that query; labels for prompts 
 have are ignored (a set labelled for prompts=ecommerce8 serves prompts=default). Refused at start-up with
 file, line and reason: a label outside the prompt's label set, a duplicate query, an empty file, a line
 that is not a JSON object with a non-empty string `query` and an object `labels` (optional string `note`).
+Or a .csv / .tsv table (UTF-8): a header `query,<prompt>,<prompt>,…` and one row per query; an empty cell
+means no gold label for that prompt; refusals name the row (docs/evaluation.md).
   eval.path=FILE     absolute, or relative to the current directory, then to the repository root
   eval.limit=N       score the first N queries (of each split)
   eval.fit_on=FILE   also fit a per-prompt calibration on FILE and report metrics with and without it
@@ -39,8 +41,9 @@ loaded by an earlier job of the same process when only scoring / prompts / engin
 classifies the set in batches of engine.max_batch_size, times batch1_queries queries alone, and writes
 result.json (per prompt accuracy, macro-F1, confusion matrix, NLL, Brier, ECE over 15 bins; their means;
 winner agreement with scoring=exact and how it was computed; latency p50/p90 at batch 1 and full batches;
-tokens per forward; start-up and load seconds; GPU memory allocated and peak; device, commit, date) and
-predictions.jsonl. A configuration that cannot run (memory budget, colliding first tokens, a missing
+tokens per forward; start-up and load seconds; GPU memory allocated and peak; device, commit, date; the
+baselines: majority class and a character n-gram TF-IDF + logistic regression per prompt, fitted on
+eval.fit_on, else cross-validated on the scored split) and predictions.jsonl. A configuration that cannot run (memory budget, colliding first tokens, a missing
 backend package, a bad dataset line) is a failed job with its reason; the sweep goes on and exits 0.
 
 Report: at the end of every run the callback writes summary.md, summary.csv (one row per job, sorted by

@@ -41,6 +41,13 @@ class CalibrationError(ConfigError):
     """A head or calibration file that cannot be used; the message names the file and the reason."""
 
 
+EXPECTED = ("calibration= takes the YAML file that `qcls calibrate` writes (keys method, meta, prompts; a learned "
+            "head's weights sit beside it in a .safetensors file of the same name)")
+HOW_TO_GET = ("fit one with `qcls calibrate --method head --out FILE.yaml` (or --method temperature_bias), pass "
+              "calibration=model for the model's own head, or calibration=null for the LLM's own label scores")
+SAFETENSORS_MAGIC = b'{"'  # after the 8-byte header length: a safetensors header is a JSON object
+
+
 def template_sha256(template: str, label_prefix: str) -> str:
     """What a learned head is tied to besides its labels: the text around {query} and the label prefix."""
     return hashlib.sha256(f"{template}\x00{label_prefix}".encode()).hexdigest()[:16]
@@ -132,12 +139,7 @@ def _entry(ph: PromptHead, prefix: str, tensors: dict[str, np.ndarray]) -> dict[
 
 def load(path) -> Head:
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise CalibrationError(f"calibration file {path}: cannot be read ({e.strerror or e})") from None
-    except yaml.YAMLError as e:
-        raise CalibrationError(f"calibration file {path}: not valid YAML ({e})") from None
+    data = _read_yaml(path)
     try:
         f = _File.model_validate(data)
     except ValidationError as e:
@@ -152,6 +154,52 @@ def load(path) -> Head:
             prompts[name] = _learned(path, name, p, tensors)
     variants = {name: [_learned(path, name, p, tensors) for p in ps] for name, ps in f.variants.items()}
     return Head(prompts, f.method, dict(f.meta), variants)
+
+
+def _read_yaml(path: Path) -> dict:
+    """The file's YAML mapping; anything else (the weights file, a binary, an empty file, a YAML of another
+    kind) is refused naming the file, what it is, what was expected and how to get one."""
+    where = f"calibration file {path}"
+    try:
+        raw = path.read_bytes()
+    except IsADirectoryError:
+        raise CalibrationError(f"{where} is a directory; {EXPECTED}", HOW_TO_GET) from None
+    except OSError as e:
+        raise CalibrationError(f"{where} cannot be read ({e.strerror or e})", HOW_TO_GET) from None
+    if path.suffix == ".safetensors" or _is_safetensors(raw):
+        yaml_twin = path.with_suffix(".yaml")
+        hint = f"pass the YAML beside it: calibration={yaml_twin}" if yaml_twin.is_file() else HOW_TO_GET
+        raise CalibrationError(f"{where} is a head's weights (safetensors), not its head file; {EXPECTED}", hint)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise CalibrationError(f"{where} is a binary file, not YAML text; {EXPECTED}", HOW_TO_GET) from None
+    if not text.strip():
+        raise CalibrationError(f"{where} is empty; {EXPECTED}", HOW_TO_GET)
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise CalibrationError(f"{where} is not valid YAML ({e}); {EXPECTED}", HOW_TO_GET) from None
+    if isinstance(data, dict) and "method" in data:
+        return data
+    raise CalibrationError(f"{where} is not a head file: {_kind(data)}; {EXPECTED}", HOW_TO_GET)
+
+
+def _is_safetensors(raw: bytes) -> bool:
+    """A little-endian header length that fits the file, then a JSON object: the safetensors layout."""
+    return len(raw) > 10 and raw[8:10] == SAFETENSORS_MAGIC and int.from_bytes(raw[:8], "little") < len(raw)
+
+
+def _kind(data: Any) -> str:
+    """What a YAML that is not a head file looks like, for the refusal."""
+    if not isinstance(data, dict):
+        return f"it holds a {type(data).__name__}, not a mapping"
+    keys = sorted(map(str, data))[:8]
+    if isinstance(data.get("prompts"), list):
+        return f"it looks like a prompt set (a `prompts` list; keys {keys}), which goes in prompts=..."
+    if "defaults" in data or "model" in data:
+        return f"it looks like a qcls/Hydra config (keys {keys})"
+    return f"it has keys {keys} and no `method`"
 
 
 def _weights(path: Path, f: _File) -> dict[str, np.ndarray]:

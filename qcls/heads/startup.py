@@ -6,34 +6,101 @@ the CLI) naming what differs and the way out; harmless differences are notes tha
 metadata."""
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from qcls.heads import fingerprint as fp
-from qcls.heads.files import CalibrationError, load, template_sha256
+from qcls.heads.files import EXPECTED, HOW_TO_GET, CalibrationError, load, template_sha256
 from qcls.heads.head import FINAL, Head, PromptHead
 
 REFIT = ("refit it with `qcls calibrate --method head` under this config, or run without it: calibration=null "
-         "(a model config's default head is model.head)")
+         "(calibration=model uses the model's own head file, model.head, for the prompts it was fitted for)")
 
 
 def resolve_path(value: str) -> Path:
     """Absolute, or relative to the current directory, then to the package (the shipped heads: qcls/paths.py)."""
-    from qcls.paths import candidates, find_file
-    found = find_file(value)
-    if found is not None:
-        return found
+    from qcls.paths import candidates
     tried = candidates(value)
-    raise CalibrationError(f"calibration file {value!r} not found (looked at {', '.join(map(str, tried))}): "
-                           "give an existing path, or calibration=null")
+    for cand in tried:
+        if cand.is_file():
+            return cand.resolve()
+        if cand.is_dir():
+            yamls = sorted(x.name for x in cand.glob("*.yaml"))[:5]
+            raise CalibrationError(f"calibration={value!r}: {cand} is a directory, not a file; {EXPECTED}"
+                                   + (f" (YAML files in it: {yamls})" if yamls else ""), HOW_TO_GET)
+    raise CalibrationError(f"calibration={value!r}: no such file (looked at {', '.join(map(str, tried))}); "
+                           f"{EXPECTED}", HOW_TO_GET)
+
+
+@dataclass
+class HeadChoice:
+    """What start-up serves each prompt with: `head` holds, in the config's label order, the heads that apply
+    (None when none does); `own` names the prompts on the LLM's own label scores and why. `default`: the file is
+    the model's own (calibration=model), used only where it fits; a file the user named must fit every prompt
+    it has a head for."""
+    head: Head | None
+    path: str | None
+    notes: list[str]
+    default: bool = False
+    own: dict[str, str] = field(default_factory=dict)
+    file: str | None = None  # the file asked for, even when no prompt uses it
+
+    def drop(self, why: str) -> None:
+        """The model's default head does not fit this model's weights or architecture: no prompt uses it."""
+        for name in (self.head.prompts if self.head else {}):
+            self.own[name] = why
+        self.head, self.path = None, None
+
+    def with_head(self) -> list[str]:
+        return list(self.head.prompts) if self.head else []
+
+    def line(self) -> str:
+        """One line: which prompts use a head, which their own label scores (start-up, qcls check, meta)."""
+        if self.file is None:
+            why = next(iter(self.own.values()), "calibration=null")
+            return f"no head ({why}): every prompt uses the LLM's own label scores"
+        what = f"the model's default head {self.file}" if self.default else f"head {self.file}"
+        used = ", ".join(self.with_head()) or "no prompt"
+        out = f"{what}: {used} {'uses' if len(self.with_head()) <= 1 else 'use'} it"
+        if self.own:
+            by_why: dict[str, list[str]] = {}
+            for n, w in self.own.items():
+                by_why.setdefault(w, []).append(n)
+            out += "; the LLM's own label scores for " + "; ".join(f"{', '.join(ns)} ({w})" for w, ns in by_why.items())
+        return out
+
+    def meta(self) -> dict:
+        """For results' and metadata's `heads`: the file, whether it is the model's default, per prompt."""
+        return {"file": self.path or self.file, "default": self.default, "with_head": self.with_head(),
+                "own_scores": dict(self.own)}
 
 
 def head_for(cfg) -> tuple[Head | None, str | None, list[str]]:
-    """The config's head file checked against its prompts: (head in the config's label order, its path,
-    notes). Refused: scores of another strategy, prompts the config lacks, another label set, another
-    template. Nothing about the model is known yet: see check_model_config / check_model_weights."""
-    if cfg.calibration is None:
-        return None, None, []
-    path = resolve_path(cfg.calibration)
+    """(head, path, notes) of `choose`."""
+    c = choose(cfg)
+    return c.head, c.path, c.notes
+
+
+def choose(cfg) -> HeadChoice:
+    """The config's head file checked against its prompts. A file the user named is refused for scores of
+    another strategy, prompts the config lacks, another label set or template; the model's default head
+    (calibration=model) serves only the prompts it was fitted for. Nothing about the model is known yet: see
+    check_model_config / check_model_weights."""
+    file = cfg.calibration_file
+    if file is None:
+        why = "the model has no default head (model.head=null)" if cfg.calibration_is_default else "calibration=null"
+        return HeadChoice(None, None, [], cfg.calibration_is_default, {p.name: why for p in cfg.prompts})
+    if cfg.calibration_is_default:
+        try:
+            path = resolve_path(file)
+            head = load(path)
+        except CalibrationError as e:  # the model config's own file: say where it was named
+            raise CalibrationError(f"model {cfg.model.name!r} names its default head model.head={file!r} "
+                                   f"(calibration=model), which cannot be used: {e.what}",
+                                   "give a head file with model.head=FILE or calibration=FILE, or run without a "
+                                   "head: calibration=null") from None
+        return _fitted_part(cfg, head, path, file)
+    path = resolve_path(file)
     head = load(path)
     where, notes = f"calibration file {path}", []
     fitted = head.meta.get("strategy")
@@ -65,7 +132,46 @@ def head_for(cfg) -> tuple[Head | None, str | None, list[str]]:
     missing = [n for n in specs if n not in head.prompts]
     if missing:
         notes.append(f"{where} has no entry for prompts {missing}: their probabilities are the raw scores' softmax")
-    return Head(out, head.method, head.meta), str(path), notes
+    return HeadChoice(Head(out, head.method, head.meta), str(path), notes, False,
+                      {n: "no head in the file" for n in missing}, file)
+
+
+def _fitted_part(cfg, head: Head, path: Path, file: str) -> HeadChoice:
+    """The model's default head on the prompts it was fitted for (same name, template and label set, and for a
+    head on the scores the same strategy); every other prompt keeps the LLM's own label scores."""
+    out, own = {}, {}
+    for spec in cfg.prompts:
+        ph, why = _fitted_for(head, spec, cfg.strategy)
+        if ph is None:
+            own[spec.name] = why
+        else:
+            out[spec.name] = ph.reorder(list(spec.labels))
+    notes = []
+    if head.meta.get("model") not in (None, cfg.model.name):
+        notes.append(f"the model's default head {path} was fitted on model {head.meta['model']}, this is "
+                     f"{cfg.model.name}")
+    return HeadChoice(Head(out, head.method, head.meta) if out else None, str(path) if out else None, notes, True,
+                      own, file)
+
+
+def _fitted_for(head: Head, spec, strategy: str) -> tuple[PromptHead | None, str]:
+    """The head entry fitted for this prompt, or None and why there is none."""
+    cands = head.candidates(spec.name)
+    if not cands:
+        return None, "no head in the file"
+    sha = template_sha256(spec.template, spec.label_prefix)
+    cands = [ph for ph in cands if ph.info.get("template_sha256") in (None, sha)]
+    if not cands:
+        return None, "its head was fitted under another template"
+    want = sorted(spec.labels)
+    cands = [ph for ph in cands if sorted(ph.labels) == want]
+    if not cands:
+        return None, "its head was fitted for another label set"
+    fitted = head.meta.get("strategy")
+    cands = [ph for ph in cands if ph.score_weights is None or fitted in (None, strategy)]
+    if not cands:
+        return None, f"its head reads scores of scoring={fitted}"
+    return cands[0], ""
 
 
 def _pick(head: Head, spec, where: str) -> PromptHead:
@@ -129,3 +235,18 @@ def _facts(meta: dict) -> str:
 def prompt_heads(head: Head | None, names: list[str]) -> list[PromptHead | None]:
     """Per prompt in the engine's order: its head, or None (raw scores)."""
     return [None if head is None else head.prompts.get(n) for n in names]
+
+
+def portable(cfg):
+    """The config with head files found relative to this process's directory made absolute, for processes that
+    run elsewhere (Serve replicas, Ray Data actors: a directory of Ray's choosing). A file found in the package
+    (a shipped head) stays relative, so each process finds its own installed copy."""
+    from qcls.config import MODEL_HEAD
+
+    def pinned(value: str | None) -> str | None:
+        if value is None or value == MODEL_HEAD or Path(value).is_absolute():
+            return value
+        here = Path.cwd() / Path(value).expanduser()
+        return str(here.resolve()) if here.is_file() else value
+    model = cfg.model.model_copy(update={"head": pinned(cfg.model.head)})
+    return cfg.model_copy(update={"calibration": pinned(cfg.calibration), "model": model})

@@ -91,13 +91,23 @@ def test_a_calibration_file_is_checked_against_the_config(qwen_tiny, tmp_path):
     rep = build(tiny_cfg(qwen_tiny, PROMPTS, calibration=str(tmp_path / "ok.yaml")), query_tokens=4)
     assert rep.problems == [] and rep.head["prompts"] == {"audience": "raw scores (affine)"}
     assert any("no entry for prompts ['category']" in n for n in rep.head["notes"])
-    assert f"head {tmp_path / 'ok.yaml'} (temperature_bias): audience: raw scores (affine)" in format_report(rep)
+    text = format_report(rep)
+    assert (f"head {tmp_path / 'ok.yaml'}: audience uses it; the LLM's own label scores for category (no head in "
+            "the file)\n  reads (temperature_bias): audience: raw scores (affine)") in text
     bad = Head({"audience": PromptHead.temperature_bias(["boy", "girl", "woman"], 2.0, [0.0, 0.1, -0.1])},
                "temperature_bias", {"strategy": "trie", "model": "tiny"})
     files.save(bad, tmp_path / "bad.yaml")
     rep = build(tiny_cfg(qwen_tiny, PROMPTS, calibration=str(tmp_path / "bad.yaml")), query_tokens=4)
     assert rep.head is None and verdict(rep) is not None
     assert "missing from the file: ['man'], not in the config: ['woman']" in str(verdict(rep))
+    # the same file as the model's default head (calibration=model): no prompt fits it, nothing is refused
+    model = {"name": "tiny", "source": "local", "path": qwen_tiny, "head": str(tmp_path / "bad.yaml")}
+    rep = build(tiny_cfg(qwen_tiny, PROMPTS, calibration="model", model=model), query_tokens=4)
+    assert rep.problems == [] and rep.head["default"] and rep.head["with_head"] == []
+    assert rep.head["own_scores"] == {"audience": "its head was fitted for another label set",
+                                      "category": "no head in the file"}
+    assert (f"the model's default head {tmp_path / 'bad.yaml'}: no prompt uses it; the LLM's own label scores for "
+            "category (no head in the file); audience (its head was fitted for another label set)") in format_report(rep)
 
 
 def test_qwen3_8b_on_a_t4_without_weights(qwen3_8b_dir, capsys):

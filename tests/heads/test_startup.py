@@ -69,9 +69,10 @@ def test_startup_path_resolution(tmp_path, monkeypatch):
     monkeypatch.setattr("qcls.paths.PACKAGE_DIR", tmp_path)
     assert head_for(cfg_with("cal.yaml"))[1] == str((tmp_path / "cal.yaml").resolve())
     assert head_for(cfg_with(tmp_path / "cal.yaml"))[0] is not None  # absolute
-    with pytest.raises(CalibrationError, match=r"'nope.yaml' not found \(looked at .*elsewhere/nope.yaml, "
-                                               r".*nope.yaml\).*calibration=null"):
+    with pytest.raises(CalibrationError, match=r"'nope.yaml': no such file \(looked at .*elsewhere/nope.yaml, "
+                                               r".*nope.yaml\)") as e:
         head_for(cfg_with("nope.yaml"))
+    assert "qcls calibrate" in str(e.value) and "calibration=null" in str(e.value)
 
 
 def test_classifier_refuses_before_weights_load(tmp_path, monkeypatch):
