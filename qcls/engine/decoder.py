@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from qcls.engine.family import SUPPORTED, describe  # noqa: F401  (SUPPORTED: the engine's families)
-from qcls.engine.kernels import add_rmsnorm, gelu_tanh_mul, qkv_into, silu_mul
+from qcls.engine.kernels import act_mul, add_rmsnorm, gelu_tanh_mul, qkv_into, silu_mul
 
 
 
@@ -124,8 +124,9 @@ class Decoder:
             if self.gate_up[i] is not None:
                 gu = F.linear(x, *self.gate_up[i])  # (module names looked up per call: benches swap them)
                 delta = layer.mlp.down_proj(gelu_tanh_mul(gu) if self.gelu else silu_mul(gu))
-            else:
-                delta = layer.mlp(x)
+            else:  # gate and up as modules (quantized, streamed): the same float32 activation, one rounding
+                m = layer.mlp
+                delta = m.down_proj(act_mul(m.gate_proj(x), m.up_proj(x), self.gelu))
             if lp.mlp_out is not None:
                 delta, _ = self._norm(delta, None, lp.mlp_out, torch.float32)
         # the read rows' final states stay float32: the tail multiplies them by float32 label rows

@@ -167,12 +167,12 @@ def qkv_into(qp: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, cos: torch.Te
 # ---- gated activation: SiLU·mul (Llama/Qwen), GELU-tanh·mul (Gemma3) ------------------------------------
 if triton is not None:
     @triton.jit
-    def _act_mul_kernel(gu_ptr, out_ptr, I, GELU: tl.constexpr, BLOCK: tl.constexpr):
+    def _act_mul_kernel(g_ptr, u_ptr, out_ptr, I, g_s0, u_s0, GELU: tl.constexpr, BLOCK: tl.constexpr):
         row = tl.program_id(0)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         m = cols < I
-        g = tl.load(gu_ptr + row * 2 * I + cols, mask=m, other=0.0).to(tl.float32)
-        u = tl.load(gu_ptr + row * 2 * I + I + cols, mask=m, other=0.0).to(tl.float32)
+        g = tl.load(g_ptr + row * g_s0 + cols, mask=m, other=0.0).to(tl.float32)
+        u = tl.load(u_ptr + row * u_s0 + cols, mask=m, other=0.0).to(tl.float32)
         if GELU:  # 0.5·g·(1 + tanh(z)) = g·sigmoid(2z), z = √(2/π)·(g + 0.044715·g³)
             z = 0.7978845608028654 * (g + 0.044715 * g * g * g)
             a = g / (1.0 + tl.exp(-2.0 * z))
@@ -181,17 +181,27 @@ if triton is not None:
         tl.store(out_ptr + row * I + cols, (a * u).to(out_ptr.dtype.element_ty), mask=m)
 
 
+def act_mul(g: torch.Tensor, u: torch.Tensor, gelu: bool) -> torch.Tensor:
+    """act(g) * u for [N, I] gate and up (rows may be strided, e.g. the halves of one fused GEMM's output),
+    float32 inside, rounded once. Modules that run gate and up as two GEMMs (quantized or streamed linears)
+    come here too, so their activation rounds as the fused path's does (transformers' MLP rounds act(g)
+    and the product separately)."""
+    if not use_triton(g):
+        f = g.float()
+        a = torch.nn.functional.gelu(f, approximate="tanh") if gelu else torch.nn.functional.silu(f)
+        return (a * u.float()).to(g.dtype)
+    if g.stride(-1) != 1 or u.stride(-1) != 1:
+        raise ValueError("act_mul needs unit stride along the intermediate dim")
+    n, i = g.shape
+    out = torch.empty(n, i, dtype=g.dtype, device=g.device)
+    block = 1024
+    _act_mul_kernel[(n, triton.cdiv(i, block))](g, u, out, i, g.stride(0), u.stride(0), GELU=gelu, BLOCK=block)
+    return out
+
+
 def _act_mul(gu: torch.Tensor, gelu: bool) -> torch.Tensor:
     i = gu.shape[-1] // 2
-    if not use_triton(gu):
-        f = gu.float()
-        g = f[..., :i]
-        a = torch.nn.functional.gelu(g, approximate="tanh") if gelu else torch.nn.functional.silu(g)
-        return (a * f[..., i:]).to(gu.dtype)
-    out = torch.empty(gu.shape[0], i, dtype=gu.dtype, device=gu.device)
-    block = 1024
-    _act_mul_kernel[(gu.shape[0], triton.cdiv(i, block))](gu, out, i, GELU=gelu, BLOCK=block)
-    return out
+    return act_mul(gu[..., :i], gu[..., i:], gelu)
 
 
 def silu_mul(gu: torch.Tensor) -> torch.Tensor:

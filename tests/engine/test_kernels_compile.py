@@ -16,7 +16,7 @@ NORM = {"x_ptr": "*fp16", "r_ptr": "*fp32", "w_ptr": "*fp16", "y_ptr": "*fp16", 
 QKV = {"q_ptr": "*fp16", "k_ptr": "*fp16", "v_ptr": "*fp16", "cos_ptr": "*fp16", "sin_ptr": "*fp16", "qw_ptr": "*fp16",
        "kw_ptr": "*fp16", "qo_ptr": "*fp16", "kb_ptr": "*fp16", "vb_ptr": "*fp16", "slot_ptr": "*i64", "q_s0": "i32",
        "k_s0": "i32", "v_s0": "i32", "qo_s0": "i32", "kb_s_head": "i32", "eps": "fp32"}
-ACT = {"gu_ptr": "*fp16", "out_ptr": "*fp16", "I": "i32"}
+ACT = {"g_ptr": "*fp16", "u_ptr": "*fp16", "out_ptr": "*fp16", "I": "i32", "g_s0": "i32", "u_s0": "i32"}
 # (kernel, argument types, constexprs): what decoder.py launches for Qwen3-4B and Gemma3-4B in fp16; the final
 # norm writes float32 states
 CASES = [
