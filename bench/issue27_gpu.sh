@@ -31,7 +31,7 @@ for s in $steps; do
     host)
         step 150 host-qwen python bench/host.py --model qwen3_4b --iters 200 --profile-iters 100
         step 150 host-gemma python bench/host.py --model gemma3_4b --iters 100 --profile-iters 50 ;;
-    gpu) step 500 gpu-tests python -m pytest -q -m gpu tests --ignore=tests/deployments -p no:cacheprovider ;;
+    gpu) step ${GPU_TESTS_S:-500} gpu-tests python -m pytest -q -m gpu tests --ignore=tests/deployments -p no:cacheprovider --durations=10 ;;
     *) echo "unknown step $s"; rc=1 ;;
     esac
 done
