@@ -43,6 +43,7 @@ def stage_p50(clf: Classifier, queries: list[str], iters: int) -> dict[str, floa
     return {k: round(C.median([r[k] for r in rows]), 4) for k in rows[0]}
 
 
+@torch.inference_mode()
 def per_step(clf: Classifier, queries: list[str], iters: int) -> dict[str, float]:
     """µs p50 of each host step on its own (the device work waited for between steps)."""
     eng, tok, mq = clf.engine, clf.tokenizer, clf.cfg.max_query_tokens
@@ -94,6 +95,7 @@ class StubDevice:
             b.forward, b.score = f, s
 
 
+@torch.inference_mode()
 def kernels(clf: Classifier, queries: list[str], n: int = 20, top: int = 30) -> tuple[str, dict[str, float]]:
     """Per-kernel device time of one forward + tail (graph replays), top kernels and the totals by kind."""
     from torch.profiler import ProfilerActivity, profile as tprofile

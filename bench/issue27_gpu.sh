@@ -6,7 +6,7 @@
 # kernels: the fused-kernel GPU tests (Triton against torch);
 # host:    bench/host.py on random Qwen3-4B and Gemma3-4B × ecommerce8: host stages, each host step, cProfile, and
 #          the per-kernel CUDA profile of a forward (non-GEMM share);
-# gpu:     pytest -m gpu tests --ignore=tests/deployments.
+# gpu:     pytest -m gpu tests --ignore=tests/deployments --ignore=tests/test_results.py (both import ray).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/qcls_issue27_gpu}
@@ -31,7 +31,7 @@ for s in $steps; do
     host)
         step 150 host-qwen python bench/host.py --model qwen3_4b --iters 200 --profile-iters 100
         step 150 host-gemma python bench/host.py --model gemma3_4b --iters 100 --profile-iters 50 ;;
-    gpu) step ${GPU_TESTS_S:-500} gpu-tests python -m pytest -q -m gpu tests --ignore=tests/deployments -p no:cacheprovider --durations=10 ;;
+    gpu) step ${GPU_TESTS_S:-500} gpu-tests python -m pytest -q -m gpu tests --ignore=tests/deployments --ignore=tests/test_results.py -p no:cacheprovider --durations=10 ;;
     *) echo "unknown step $s"; rc=1 ;;
     esac
 done
