@@ -33,10 +33,22 @@ HOST = ("tokenize", "prepare", "score", "postprocess")
 EIGHT = "8 prompts (2 Chinese multi-token)"
 
 
-def stage_p50(clf: Classifier, queries: list[str], iters: int) -> dict[str, float]:
-    """p50 of each stage of `timings_ms` over `iters` requests, and of the host stages' sum."""
+def forget(clf: Classifier) -> None:
+    """Drop what the request path keeps between requests (the query cache, the kept multi-query layouts;
+    batch-1 layouts are built at start-up for good): the next request runs as a never-seen batch would."""
+    if hasattr(clf, "encoder"):
+        clf.encoder.cache.clear()
+    if hasattr(clf.engine, "packer"):
+        clf.engine.packer._recent.clear()
+
+
+def stage_p50(clf: Classifier, queries: list[str], iters: int, new: bool = False) -> dict[str, float]:
+    """p50 of each stage of `timings_ms` over `iters` requests, and of the host stages' sum; `new`: every
+    request as a never-seen one (`forget` before each)."""
     rows = []
     for _ in range(iters):
+        if new:
+            forget(clf)
         t = clf.classify(queries)[0].timings_ms
         rows.append({**{k: t[k] for k in ("tokenize", "prepare", "forward", "score", "postprocess")},
                      "host": sum(t[k] for k in HOST)})
@@ -60,9 +72,14 @@ def per_step(clf: Classifier, queries: list[str], iters: int) -> dict[str, float
         C.sync()
         return round(C.median(out), 1)
 
-    steps = {"encode (all queries)": us(lambda: [encode_query(tok, q, mq) for q in queries]),
+    lengths = [len(q) for q in batch]
+    steps = {"encode through transformers (all queries)": us(lambda: [encode_query(tok, q, mq) for q in queries]),
+             "encode, QueryEncoder's fast path, not cached": us(
+                 lambda: [encode_query(tok, q, mq, clf.encoder._encode) for q in queries]),
+             "encode, QueryEncoder cached": us(lambda: [clf.encoder(q) for q in queries]),
              "bucket_for": us(lambda: eng.bucket_for(batch)),
-             "pack": us(lambda: bk.pack(batch, 0))}
+             "pack (kept layout)": us(lambda: bk.pack(batch, 0)),
+             "pack's layout build (new length combination)": us(lambda: eng.packer.layout(lengths, bk.n_tokens))}
     if eng.device.type == "cuda":
         steps["load (copy queued)"] = us(lambda: bk.load(0))
         if bk.graphs:
@@ -73,6 +90,11 @@ def per_step(clf: Classifier, queries: list[str], iters: int) -> dict[str, float
     steps["launch + collect (device incl.)"] = us(lambda: eng.collect(eng.launch(batch)))
     steps["build results"] = us(lambda: [clf._build(s, c) for s, c in zip(raw, cal)])
     steps["classify (whole request)"] = us(lambda: clf.classify(queries))
+
+    def new_request():
+        forget(clf)
+        clf.classify(queries)
+    steps["classify, never-seen batch"] = us(new_request)
     return steps
 
 
@@ -155,18 +177,21 @@ def main() -> None:
     text += "| batch | tokenize | prepare | forward | score | postprocess | host stages (tok+prep+score+post) |\n"
     text += "|---|---|---|---|---|---|---|\n"
     steps, profs = {}, {}
-    for b in (1, 4):
+    for b, new in ((1, False), (1, True), (4, False), (4, True)):
         qs = QUERIES[:b]
-        p = stage_p50(clf, qs, args.iters)
-        text += (f"| {b} | {p['tokenize']:.3f} | {p['prepare']:.3f} | {p['forward']:.3f} | {p['score']:.3f} | "
+        p = stage_p50(clf, qs, args.iters, new)
+        text += (f"| {b}{', never-seen' if new else ''} | {p['tokenize']:.3f} | {p['prepare']:.3f} | {p['forward']:.3f} | {p['score']:.3f} | "
                  f"{p['postprocess']:.3f} | {p['host']:.3f} |\n")
+        if new:
+            continue
         steps[b] = per_step(clf, qs, args.iters)
         if dev == "cuda":
             profs[b] = profile(clf, qs, args.profile_iters)
         else:
             with StubDevice(clf):
                 profs[b] = profile(clf, qs, args.profile_iters)
-    text += "\nms p50 per stage (timings_ms of the results). Each host step on its own, µs p50:\n\n"
+    text += ("\nms p50 per stage (timings_ms of the results; never-seen: the query cache and the kept multi-query "
+             "layouts emptied before each request). Each host step on its own, µs p50:\n\n")
     text += "| step | b1 | b4 |\n|---|---|---|\n"
     text += "".join(f"| {k} | {steps[1][k]} | {steps[4].get(k, '')} |\n" for k in steps[1])
     if dev == "cuda":

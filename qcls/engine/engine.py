@@ -168,6 +168,8 @@ class FastEngine:
             self.buckets = {(b, lt): Bucket(b, lt, self.packer, self.dec, tails[b], self.pool_len, embed_fn,
                                           self.attention == "tree", plans[b])
                             for b in range(1, max_batch + 1) for lt in token_buckets(self.query_buckets, b)}
+        for lq in range(1, self.query_buckets[-1] + 1):  # a lone query's descriptors: copied, never built
+            self.packer.warm([lq], self.bucket_for([[0] * lq]).n_tokens)
         self.graphs = use_graphs and self.device.type == "cuda"
         self._free = list(range(SLOTS))
         self._launching = threading.Lock()
