@@ -106,7 +106,8 @@ class Classifier:
                           max_batch=cfg.engine.max_batch_size, query_buckets=cfg.engine.query_buckets,
                           block_size=cfg.engine.prefix_block_size, vocab_chunk=cfg.scoring.vocab_chunk,
                           use_graphs=cfg.engine.cuda_graphs and ld.graph_capturable, embed_fn=ld.embed_fn,
-                          attention=cfg.engine.attention, heads=prompt_heads, taps=self.taps)
+                          attention=cfg.engine.attention, heads=prompt_heads, taps=self.taps,
+                          qkv_heads=cfg.engine.qkv_heads_per_program)
 
     def _warm_up(self) -> None:
         """Every bucket, then the request path; records each batch size's device time (forward + score, ms) in

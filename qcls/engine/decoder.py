@@ -16,15 +16,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from qcls.engine.family import SUPPORTED, describe  # noqa: F401  (SUPPORTED: the engine's families)
-from qcls.engine.kernels import act_mul, add_rmsnorm, gelu_tanh_mul, qkv_into, silu_mul
+from qcls.engine.kernels import act_mul, add_rmsnorm, gelu_tanh_mul, qkv_heads_per_program, qkv_into, silu_mul
 
 
 
 class Decoder:
-    def __init__(self, model, max_keys: int, reach: int | None = None):
+    def __init__(self, model, max_keys: int, reach: int | None = None, qkv_heads: int = 0):
         """`reach`: the highest position + 1 any token of this engine can have. A sliding window at least
         that wide hides nothing (pos(q) - pos(k) < reach ≤ window), so such a layer is global here; None keeps
-        every window."""
+        every window. `qkv_heads`: engine.qkv_heads_per_program."""
         cfg = model.config
         self.family = describe(model)
         base = model.model
@@ -34,6 +34,7 @@ class Decoder:
         self.n_heads = cfg.num_attention_heads
         self.n_kv = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.qkv_heads = qkv_heads_per_program(self.n_heads, self.n_kv, qkv_heads)
         # The final norm lives where the decoder computes (an offloading backend may keep the embedding
         # table on the CPU).
         self.device = self.norm.weight.device
@@ -114,7 +115,7 @@ class Decoder:
             qkv_into(qp.view(n, nh, d), kp.view(n, nkv, d), vp.view(n, nkv, d), cos, sin,
                      qn.weight if qn is not None else None, kn.weight if kn is not None else None,
                      self._eps(qn) if qn is not None else 0.0, q, self.k[i], self.v[i], slots,
-                     offset=self.family.norm_offset)
+                     offset=self.family.norm_offset, heads_per_program=self.qkv_heads)
             delta = a.o_proj(attend(q, self.k[i], self.v[i], window=self.windows[i], scale=self.scale))
             if i == len(self.layers) - 1:  # the last MLP and the final norm only for rows that are read
                 delta, res = delta[read], res[read]

@@ -35,7 +35,7 @@ def test_torch_rope_matches_transformers():
     assert kb[:, :5].abs().sum() == 0 and vb[:, 12:].abs().sum() == 0
 
 
-def _qkv_case(device, dtype, norm, n=29, heads=8, kv=2, d=64, slots=64):
+def _qkv_case(device, dtype, norm, n=29, heads=8, kv=2, d=64, slots=64, hb=1, offset=False):
     g = torch.Generator().manual_seed(0)
     qkv = torch.randn(n, (heads + 2 * kv) * d, generator=g).to(device, dtype)
     qp, kp, vp = (t.view(n, -1, d) for t in qkv.split([heads * d, kv * d, kv * d], -1))  # strided, as in the engine
@@ -48,7 +48,8 @@ def _qkv_case(device, dtype, norm, n=29, heads=8, kv=2, d=64, slots=64):
     for impl in ("triton", "torch"):
         q, kb, vb = torch.empty(n, heads, d, device=device, dtype=dtype), *(torch.zeros(kv, slots, d, device=device,
                                                                                          dtype=dtype) for _ in "kv")
-        K.qkv_into(qp, kp, vp, cos, sin, qw, kw, 1e-6, q, kb, vb, where, impl=impl)
+        K.qkv_into(qp, kp, vp, cos, sin, qw, kw, 1e-6, q, kb, vb, where, impl=impl, offset=offset,
+                   heads_per_program=hb)
         outs.append((q, kb, vb))
     (q1, k1, v1), (q0, k0, v0) = outs  # Triton, torch
     tol = 2e-2 if dtype == torch.float16 else 1e-5
@@ -61,8 +62,16 @@ def _qkv_case(device, dtype, norm, n=29, heads=8, kv=2, d=64, slots=64):
 
 @pytest.mark.skipif(K.triton is None or torch.cuda.is_available(), reason="interpreter run: needs Triton, no GPU")
 @pytest.mark.parametrize("norm", [False, True])
-def test_qkv_kernel_interpreted(norm):
-    _qkv_case("cpu", torch.float32, norm)
+@pytest.mark.parametrize("hb", [1, 2])  # one head per program, and the blocked kernel (issue 27)
+def test_qkv_kernel_interpreted(norm, hb):
+    _qkv_case("cpu", torch.float32, norm, hb=hb, offset=norm and hb == 2)
+
+
+def test_qkv_heads_per_program():
+    assert K.qkv_heads_per_program(32, 8) == 8 and K.qkv_heads_per_program(8, 4) == 4
+    assert K.qkv_heads_per_program(4, 1) == 1 and K.qkv_heads_per_program(32, 8, 1) == 1
+    with pytest.raises(ValueError, match="qkv_heads_per_program=3"):
+        K.qkv_heads_per_program(32, 8, 3)
 
 
 gpu = pytest.mark.gpu
@@ -87,9 +96,10 @@ def test_triton_add_rmsnorm(h):
 
 @gpu
 @pytest.mark.parametrize("norm", [False, True])
-def test_triton_qkv_into(norm):
+@pytest.mark.parametrize("hb", [1, 8])
+def test_triton_qkv_into(norm, hb):
     _cuda()
-    _qkv_case("cuda", torch.float16, norm, d=128)
+    _qkv_case("cuda", torch.float16, norm, heads=32, kv=8, d=128, hb=hb)
 
 
 @gpu

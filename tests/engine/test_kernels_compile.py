@@ -25,6 +25,8 @@ CASES = [
     ("_add_rmsnorm_kernel", NORM, {"HAS_RES": False, "OFFSET": True, "BLOCK": 4096}),
     ("_qkv_kernel", QKV, {"NH": 32, "D": 128, "HAS_NORM": True, "OFFSET": False}),
     ("_qkv_kernel", QKV, {"NH": 8, "D": 256, "HAS_NORM": True, "OFFSET": True}),
+    ("_qkv_heads_kernel", QKV, {"NH": 32, "D": 128, "HB": 8, "HAS_NORM": True, "OFFSET": False}),
+    ("_qkv_heads_kernel", QKV, {"NH": 8, "D": 256, "HB": 4, "HAS_NORM": True, "OFFSET": True}),
     ("_act_mul_kernel", ACT, {"GELU": False, "BLOCK": 1024}),
     ("_act_mul_kernel", ACT, {"GELU": True, "BLOCK": 1024}),
 ]
