@@ -57,8 +57,8 @@ if triton is not None:
 
 
 def norm_warps(h: int) -> int:
-    """Warps per row of the norm kernel: on an H100 (bench/norm.py, bench/RESULTS.md) 16 warps were the fastest
-    at hidden 2560 and 4096 (3-7 % over 4); Triton's default 4 below 1024."""
+    """Warps per row of the norm kernel: on an H100 (bench/RESULTS.md, "norm kernel: … per warps setting") 16 warps
+    were the fastest at hidden 2560 and 4096 (3-7 % over 4); Triton's default 4 below 1024."""
     return 4 if h <= 1024 else 8 if h <= 2048 else 16
 
 
