@@ -177,6 +177,7 @@ def main() -> None:
     text += "| batch | tokenize | prepare | forward | score | postprocess | host stages (tok+prep+score+post) |\n"
     text += "|---|---|---|---|---|---|---|\n"
     steps, profs = {}, {}
+    allocs0 = torch.cuda.memory_stats()["allocation.all.allocated"] if dev == "cuda" else 0
     for b, new in ((1, False), (1, True), (4, False), (4, True)):
         qs = QUERIES[:b]
         p = stage_p50(clf, qs, args.iters, new)
@@ -190,6 +191,10 @@ def main() -> None:
         else:
             with StubDevice(clf):
                 profs[b] = profile(clf, qs, args.profile_iters)
+    allocs = torch.cuda.memory_stats()["allocation.all.allocated"] - allocs0 if dev == "cuda" else 0
+    n_graphs = sum(len(bk.graphs) for bk in clf.engine.buckets.values() if bk.graphs)
+    text += (f"\nCUDA graphs: {n_graphs}; CUDA allocations during the timed requests and steps: {allocs} (the "
+             "profiles after them not counted).\n")
     text += ("\nms p50 per stage (timings_ms of the results; never-seen: the query cache and the kept multi-query "
              "layouts emptied before each request). Each host step on its own, µs p50:\n\n")
     text += "| step | b1 | b4 |\n|---|---|---|\n"
