@@ -10,7 +10,8 @@
 #          end-to-end p50, stages, CUDA allocations per request, kernel time by type; each checkout's own code.
 # rest:    bench/host.py (host stages, never-seen batches, each host step, graph and allocation counts, the
 #          per-kernel profile and non-GEMM share; Qwen3-4B and Gemma3-4B), bench/paired.py with the blocked q/k/v
-#          kernel against the one-head one (engine.qkv_heads_per_program=1) in alternation, bench/fidelity.py
+#          kernel against the one-head one (engine.qkv_heads_per_program=1) in alternation, the same with
+#          Gemma3-4B together with the fused post-norms (engine.fuse_post_norms=false on side a), bench/fidelity.py
 #          (fast fp16 against the fp32 reference).
 # gpu:     the GPU tests (pytest -m gpu without the Ray ones; ~330 s on an H100).
 set -uo pipefail
@@ -43,6 +44,9 @@ rest)
     step 90 paired-qkv "$HERE" python -m bench.paired --model qwen3_4b --iters 150 \
         --a "prompts=ecommerce8 engine.qkv_heads_per_program=1" --b "prompts=ecommerce8" \
         --label "q/k/v kernel: one head per program / blocked heads (request path)"
+    step 90 paired-gemma "$HERE" python -m bench.paired --model gemma3_4b --iters 100 \
+        --a "prompts=ecommerce8 engine.qkv_heads_per_program=1 engine.fuse_post_norms=false" --b "prompts=ecommerce8" \
+        --label "Gemma3-4B: one-head q/k/v + separate post-norms / blocked q/k/v + fused post-norms (request path)"
     step 120 fidelity "$HERE" python bench/fidelity.py --model qwen3_4b --queries 8 --parts strategies ;;
 gpu)
     step 560 gpu-tests "$HERE" python -m pytest -q -m gpu tests --ignore=tests/deployments \

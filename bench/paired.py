@@ -101,7 +101,7 @@ def n_graphs(clf: Classifier) -> int:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="qwen3_4b", choices=sorted(C.SHAPES))
+    ap.add_argument("--model", default="qwen3_4b", choices=C.MODELS)
     ap.add_argument("--a", required=True, help="overrides of configuration a (space-separated)")
     ap.add_argument("--b", required=True, help="overrides of configuration b (space-separated)")
     ap.add_argument("--common", default="", help="overrides for both (e.g. engine.query_buckets=[8,16])")
