@@ -2,6 +2,7 @@
 their own, with no special tokens added, and concatenated. Reference and engine both use these ids."""
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 from qcls.config import PromptSpec
@@ -99,6 +100,7 @@ class QueryEncoder:
     def __init__(self, tokenizer, max_tokens: int, cache_size: int = 4096, check: tuple[str, ...] = ()):
         self.tokenizer, self.max_tokens, self.cache_size = tokenizer, max_tokens, cache_size
         self.cache: dict[str, tuple[int, ...]] = {}
+        self._lock = threading.Lock()
         backend = getattr(tokenizer, "backend_tokenizer", None)
         self.fast = backend is not None and hasattr(backend, "encode")
         if self.fast:
@@ -118,7 +120,8 @@ class QueryEncoder:
         if hit is not None:
             return list(hit)
         ids = encode_query(self.tokenizer, query, self.max_tokens, self._encode)
-        if len(self.cache) >= self.cache_size:
-            self.cache.pop(next(iter(self.cache)))  # oldest first (dicts keep insertion order)
-        self.cache[query] = tuple(ids)
+        with self._lock:  # a server's event loop (refusal check) and its launch thread both encode
+            if len(self.cache) >= self.cache_size:
+                self.cache.pop(next(iter(self.cache)))  # oldest first (dicts keep insertion order)
+            self.cache[query] = tuple(ids)
         return ids
