@@ -5,8 +5,9 @@
 #     BASE=../.dev27base QCLS_BENCH_COMMIT=<sha> bash bench/issue27_accept.sh latency
 #     QCLS_BENCH_COMMIT=<sha> bash bench/issue27_accept.sh rest
 #     bash bench/issue27_accept.sh gpu
-# latency: bench/latency.py of the baseline's checkout, of this one, and of the baseline again (B, N, B: drift
-#          shows as the two B runs' difference), random Qwen3-4B and Gemma3-4B, 2 and 8 prompts, batch 1 and 4:
+# latency: bench/latency.py of the baseline's checkout, then of this one (with REPEAT_BASE=1 the baseline again
+#          after it: B, N, B, drift shows as the two B runs' difference), random Qwen3-4B and Gemma3-4B, 2 and 8
+#          prompts, batch 1 and 4:
 #          end-to-end p50, stages, CUDA allocations per request, kernel time by type; each checkout's own code.
 # rest:    bench/host.py (host stages, never-seen batches, each host step, graph and allocation counts, the
 #          per-kernel profile and non-GEMM share; Qwen3-4B and Gemma3-4B), bench/paired.py with the blocked q/k/v
@@ -36,7 +37,9 @@ latency)
     BASE=${BASE:?set BASE to a checkout of f728a0a}
     step 190 latency-base-1 "$BASE" env QCLS_BENCH_COMMIT=f728a0a $LAT --json "$OUT/latency_base_1.json"
     step 190 latency-new "$HERE" $LAT --json "$OUT/latency_new.json"
-    step 190 latency-base-2 "$BASE" env QCLS_BENCH_COMMIT=f728a0a $LAT --json "$OUT/latency_base_2.json"
+    if [ "${REPEAT_BASE:-0}" = 1 ]; then
+        step 190 latency-base-2 "$BASE" env QCLS_BENCH_COMMIT=f728a0a $LAT --json "$OUT/latency_base_2.json"
+    fi
     cp "$BASE/bench/RESULTS.md" "$OUT/RESULTS_base.md" ;;
 rest)
     step 100 host-qwen "$HERE" python bench/host.py --model qwen3_4b --iters 200 --profile-iters 50

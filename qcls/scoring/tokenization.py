@@ -104,16 +104,23 @@ class QueryEncoder:
         backend = getattr(tokenizer, "backend_tokenizer", None)
         self.fast = backend is not None and hasattr(backend, "encode")
         if self.fast:
-            fn = self._backend_fn(backend)
+            fn = self._backend_fn(tokenizer, backend)
             self.fast = all(fn(t) == encode(tokenizer, t) for t in PROBES + tuple(check))
             self._encode = fn if self.fast else None
         else:
             self._encode = None
 
     @staticmethod
-    def _backend_fn(backend):
+    def _backend_fn(tokenizer, backend):
         enc = backend.encode
-        return lambda text: enc(text, add_special_tokens=False).ids
+
+        def fn(text: str) -> list[int]:
+            # transformers sets the backend's truncation/padding per call and resets them on the next plain
+            # call; if another caller left them set, its own call gives the untruncated ids (and resets them)
+            if getattr(backend, "truncation", None) is not None or getattr(backend, "padding", None) is not None:
+                return encode(tokenizer, text)
+            return enc(text, add_special_tokens=False).ids
+        return fn
 
     def __call__(self, query: str) -> list[int]:
         hit = self.cache.get(query) if isinstance(query, str) else None

@@ -76,6 +76,16 @@ def test_query_encoder_fast_path_gives_the_tokenizers_ids():
         assert enc(q) == encode(tok, q)  # the cached answer too
 
 
+def test_query_encoder_is_not_truncated_by_a_backend_left_truncating():
+    from qcls.scoring.tokenization import QueryEncoder, encode
+    tok = _qwen_tok()
+    enc = QueryEncoder(tok, 64, cache_size=0)
+    tok("a long text of several words to cut", truncation=True, max_length=2)  # leaves the backend truncating?
+    tok.backend_tokenizer.enable_truncation(2)  # (set it for sure)
+    q = "women's summer floral midi dress"
+    assert enc._encode(q) == encode(tok, q) and len(enc._encode(q)) > 2
+
+
 def test_query_encoder_keeps_the_limits_and_errors():
     from qcls.scoring.tokenization import QueryEncoder, QueryError
     enc = QueryEncoder(_qwen_tok(), 3, cache_size=2)
