@@ -28,7 +28,6 @@ import torch  # noqa: E402
 
 from bench import common as C  # noqa: E402
 from bench.attention_sweep import _short, sweep  # noqa: E402
-from bench import legacy_tree  # noqa: E402
 from bench.latency import QUERIES  # noqa: E402
 from bench.prefix_cases import BASE, attention_flops, kv_read_bytes, prompt_sets  # noqa: E402
 from qcls.compose import compose  # noqa: E402
@@ -135,15 +134,6 @@ class Timer:
         return timed_ms(lambda: [attn(self.q, self.k[i], self.v[i], window=w) for i, w in enumerate(self.windows)],
                         self.hs.device), err
 
-    def legacy(self) -> tuple[float, float]:
-        """The pre-issue-18 kernel (bench/legacy_tree.py) on the same inputs: (ms, max |Δ| against dense)."""
-        c, dev = self.case, self.hs.device
-        out = torch.empty(c.n, self.hs.heads * self.hs.dim, dtype=self.dtype, device=dev)
-        attn = legacy_tree.for_bucket(c.d, c.packer, legacy_tree.prefix_tables(c.packer, dev), c.pool_len, c.b, c.tokens,
-                                      out)
-        err = (attn(self.q, self.k[0], self.v[0])[:c.used].float() - self.ref[0][:c.used].float()).abs().max().item()
-        return timed_ms(lambda: [attn(self.q, self.k[i], self.v[i]) for i in range(self.hs.layers)], dev), err
-
     def sdpa(self) -> float:
         return timed_ms(lambda: [self.dense(self.q, self.k[i], self.v[i], window=w) for i, w in enumerate(self.windows)],
                         self.hs.device)
@@ -210,14 +200,12 @@ def main() -> None:
 
     tuning = sweep(timers, cases, bw, args.budget_s, shipped, run, log) if args.sweep else shipped
     final = run(timers, tuning, list(timers))
-    legacy = {k: t.legacy() for k, t in timers.items()}
     rows = []
     for k, c in cases.items():
         floor, added = c.floor_bytes / bw * 1e3, final[k][0] - final[(BASE, k[1])][0]
         rows.append(dict(case=k[0], b=k[1], tokens=c.n, prefix_keys=int(c.packer.prefix_len.max()), kv_gb=c.floor_bytes / 1e9,
                          floor_ms=floor, tree_ms=final[k][0], added_ms=added, ratio=added / floor, err=final[k][1],
-                         tflops=c.flops / final[k][0] / 1e9, sdpa_ms=timers[k].sdpa(), legacy_ms=legacy[k][0],
-                         legacy_err=legacy[k][1], legacy_ratio=(legacy[k][0] - legacy[(BASE, k[1])][0]) / floor))
+                         tflops=c.flops / final[k][0] / 1e9, sdpa_ms=timers[k].sdpa()))
     del timers
     C.free()
     gemma = [] if args.no_gemma else gemma_rows(tok, sets, hs.device, 1 / 34 if args.smoke else 1.0,
@@ -232,11 +220,10 @@ def report(rows, gemma, tuning, notes, bw, hs, args) -> None:
                     f"layers (own K/V each) in one CUDA graph; H={hs.heads}, KV={hs.kv}, d={hs.dim}; copy bandwidth "
                     f"{bw / 1e9:.0f} GB/s; {tuning}")
     text += ("| case | batch | tokens | longest prefix | prefix K/V GB | floor ms | tree ms | added over prefix 64 | "
-             "added / floor | TFLOP/s (prefix part) | pre-issue-18 kernel ms (added / floor) | dense SDPA ms | "
-             "max abs Δ (pre-18) |\n" + "|---" * 13 + "|\n")
+             "added / floor | TFLOP/s (prefix part) | dense SDPA ms | max abs Δ |\n" + "|---" * 12 + "|\n")
     text += "".join(f"| {r['case']} | {r['b']} | {r['tokens']} | {r['prefix_keys']} | {r['kv_gb']:.3f} | {r['floor_ms']:.3f} | "
                     f"{r['tree_ms']:.3f} | {r['added_ms']:.3f} | {r['ratio']:.2f} | {r['tflops']:.0f} | "
-                    f"{r['legacy_ms']:.3f} ({r['legacy_ratio']:.2f}) | {r['sdpa_ms']:.3f} | {r['err']:.4f} ({r['legacy_err']:.4f}) |\n"
+                    f"{r['sdpa_ms']:.3f} | {r['err']:.4f} |\n"
                     for r in rows)
     text += "".join(f"\n- sweep {n}" for n in notes) + ("\n" if notes else "")
     if gemma:

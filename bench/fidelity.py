@@ -15,8 +15,8 @@ the shipped dev split. Measured, per strategy (trie, exact, mean_logprob):
   against fp32, so a gap shows the layer where it opens;
 - a learned head (random weights, on the final state and on layer L/2 both reads + the raw scores): the fast
   fp16 engine's probabilities against the fp32 reference engine with the same head file;
-- with --legacy: the same for the engine with the pre-issue-18 elementwise kernels (bench/legacy_kernels.py:
-  fp16 residual stream), so the float32 residual's effect is measured, not assumed.
+(The pre-issue-18 kernels' column, --legacy, went with bench/legacy_kernels.py in issue 27: its numbers stay in
+RESULTS.md; a comparison with an older commit runs that commit's checkout.)
 
 Each part is appended to bench/RESULTS.md as soon as it is measured (a run cut short keeps what it has) and
 $OUT/fidelity_<parts>.json is rewritten after each.
@@ -79,27 +79,6 @@ def reference_all(model, layouts, ids_list) -> dict[str, list]:
     return out
 
 
-class legacy_kernels:
-    """While active, the decoder calls the pre-issue-18 elementwise kernels (a Classifier built inside keeps
-    them in its CUDA graphs)."""
-
-    def __enter__(self):
-        from bench import legacy_kernels as L
-        from qcls.engine import decoder as D
-
-        def old_norm(x, residual, weight, eps, out_dtype=None, offset=False):  # Llama/Qwen only: no offset
-            y, s = L.add_rmsnorm(x, residual, weight, eps)
-            return (y if out_dtype is None else y.to(out_dtype)), s
-        self.saved = (D.add_rmsnorm, D.qkv_into, D.silu_mul)
-        def old_qkv(*a, offset=False, **k):
-            return L.qkv_into(*a, **k)
-        D.add_rmsnorm, D.qkv_into, D.silu_mul = old_norm, old_qkv, L.silu_mul
-
-    def __exit__(self, *exc):
-        from qcls.engine import decoder as D
-        D.add_rmsnorm, D.qkv_into, D.silu_mul = self.saved
-
-
 def fast_all(loaded, queries, model: str) -> dict[str, list]:
     out = {}
     for s in STRATEGIES:
@@ -136,16 +115,12 @@ def disagreements(fast, hf, truth) -> list[dict]:
     return out
 
 
-def layers(loaded16, model32, model16, queries, n_layers, model: str, legacy: bool) -> list[dict]:
+def layers(loaded16, model32, model16, queries, n_layers, model: str) -> list[dict]:
     """Per layer: max relative error of the read position's and the query mean's residual stream."""
     taps = [Tap(k, kind) for k in range(1, n_layers) for kind in ("position", "query_mean")] + [Tap("final", "position")]
     clf = Classifier(compose(overrides(model)), loaded=loaded16, taps=taps)
     _, states = clf.read_states(queries)
-    old = None
-    if legacy:
-        with legacy_kernels():
-            old = Classifier(compose(overrides(model)), loaded=loaded16, taps=taps).read_states(queries)[1]
-    rows = {t: {"fast": 0.0, "hf": 0.0, "legacy": 0.0} for t in taps}
+    rows = {t: {"fast": 0.0, "hf": 0.0} for t in taps}
     for q, st in zip(queries, states):
         ids = encode_query(clf.tokenizer, q, clf.cfg.max_query_tokens)
         for j, lay in enumerate(clf.layouts):
@@ -155,10 +130,6 @@ def layers(loaded16, model32, model16, queries, n_layers, model: str, legacy: bo
             for i, t in enumerate(taps):
                 rows[t]["fast"] = max(rows[t]["fast"], float(np.abs(st[i, j].numpy() - truth[i]).max() / scale[i]))
                 rows[t]["hf"] = max(rows[t]["hf"], float(np.abs(hf[i] - truth[i]).max() / scale[i]))
-                if old is not None:
-                    k = queries.index(q)
-                    rows[t]["legacy"] = max(rows[t]["legacy"],
-                                            float(np.abs(old[k][i, j].numpy() - truth[i]).max() / scale[i]))
     return [{"tap": t.name, **v} for t, v in rows.items()]
 
 
@@ -217,7 +188,6 @@ def main() -> None:
     ap.add_argument("--head-queries", type=int, default=6)
     ap.add_argument("--layer-queries", type=int, default=2)
     ap.add_argument("--sharpen", type=float, default=20.0, help="final norm weight factor")
-    ap.add_argument("--legacy", action="store_true", help="also the pre-issue-18 kernels (fp16 residual)")
     ap.add_argument("--parts", nargs="+", choices=["strategies", "layers", "heads"],
                     default=["strategies", "layers", "heads"], help="which comparisons to run, in this order (each appends its table)")
     args = ap.parse_args()
@@ -241,8 +211,7 @@ def main() -> None:
         if part == "strategies":
             strategies(r, model32, model16, loaded16, layouts, ids, queries, args)
         elif part == "layers":
-            r["layers"] = layers(loaded16, model32, model16, queries[:args.layer_queries], n_layers, args.model,
-                                 args.legacy)
+            r["layers"] = layers(loaded16, model32, model16, queries[:args.layer_queries], n_layers, args.model)
         else:
             r["heads"] = heads(loaded16, loaded32, queries[:args.head_queries], n_layers, args.model)
         report(r, part, t0)
@@ -252,18 +221,12 @@ def strategies(r, model32, model16, loaded16, layouts, ids, queries, args) -> No
     truth = reference_all(model32, layouts, ids)
     fast16 = fast_all(loaded16, queries, args.model)
     hf16 = reference_all(model16, layouts, ids)
-    old16 = None
-    if args.legacy:
-        with legacy_kernels():
-            old16 = fast_all(loaded16, queries, args.model)
     for s in STRATEGIES:
         flips = disagreements(fast16[s], hf16[s], truth[s])
         r["strategies"][s] = {"fast_fp16": compare(fast16[s], truth[s]), "hf_fp16": compare(hf16[s], truth[s]),
                               "hf_winner_equal_but_fast_not": sum(f["fast_winner"] != f["fp32_winner"] for f in flips
                                                                   if f["hf_winner"] == f["fp32_winner"]),
                               "disagreements": flips}
-        if old16 is not None:
-            r["strategies"][s]["legacy_fp16"] = compare(old16[s], truth[s])
 
 
 def report(r: dict, part: str, t0: float) -> None:
@@ -275,17 +238,14 @@ def report(r: dict, part: str, t0: float) -> None:
         "data/eval/ecommerce_dev.jsonl")
     r["_headed"] = True
     if part == "strategies":
-        legacy = any("legacy_fp16" in v for v in r["strategies"].values())
         text += ("| strategy | fast fp16 max \\|Δ score\\| | transformers fp16 max \\|Δ score\\| | fast / transformers | "
                  "winners = fp32 fast / transformers | fp32 winner kept by transformers but not by fast |"
-                 + (" pre-issue-18 kernels max \\|Δ score\\| |" if legacy else "") + "\n|---|---|---|---|---|---|"
-                 + ("---|" if legacy else "") + "\n")
+                 "\n|---|---|---|---|---|---|\n")
         for s, v in r["strategies"].items():
             f, h = v["fast_fp16"], v["hf_fp16"]
             text += (f"| {s} | {f['max_abs_diff']:.4f} | {h['max_abs_diff']:.4f} | "
                      f"{f['max_abs_diff'] / max(h['max_abs_diff'], 1e-12):.2f} | {f['winners_equal']:.3f} / "
-                     f"{h['winners_equal']:.3f} | {v['hf_winner_equal_but_fast_not']} |"
-                     + (f" {v['legacy_fp16']['max_abs_diff']:.4f} |" if legacy else "") + "\n")
+                     f"{h['winners_equal']:.3f} | {v['hf_winner_equal_but_fast_not']} |\n")
         flips = [(s, f) for s, v in r["strategies"].items() for f in v["disagreements"]]
         if flips:
             text += ("\nWinners unlike fp32's (query, prompt: fp32 margin between its top two labels; each fp16 "
@@ -296,11 +256,9 @@ def report(r: dict, part: str, t0: float) -> None:
                          f"{f['hf_error']:.4f})\n" for s, f in flips))
     elif part == "layers":
         text += ("\nResidual stream after each layer, max |Δ| / max |fp32| over the first queries × 8 prompts (read "
-                "position and query mean):\n\n| tap | fast fp16 | transformers fp16 | pre-issue-18 kernels |\n"
-                "|---|---|---|---|\n")
+                "position and query mean):\n\n| tap | fast fp16 | transformers fp16 |\n|---|---|---|\n")
         for row in r["layers"]:
-            old = f"{row['legacy']:.2e}" if row["legacy"] else ""
-            text += f"| {row['tap']} | {row['fast']:.2e} | {row['hf']:.2e} | {old} |\n"
+            text += f"| {row['tap']} | {row['fast']:.2e} | {row['hf']:.2e} |\n"
     else:
         text += ("\nLearned head (random weights scaled to the state), the same head file on the fast fp16 engine and on "
                  "transformers fp16 (engine=reference), each against the fp32 reference engine:\n\n| read | + raw scores "

@@ -10,9 +10,8 @@
 #      probabilities on the fast fp16 engine and on transformers fp16, each against the fp32 reference;
 #   4. bench/fidelity.py --parts strategies layers: the same model with the final norm ×20 (sharpened
 #      logits), 16 queries: max |Δ score| of fast fp16 and transformers fp16 against fp32, layer by layer.
-# pairs: the GPU kernel tests, then in alternation the float32 residual stream against the pre-issue-18
-#   kernels and the few-shot ecommerce8 prompts against the zero-shot ones.
-# (bench/norm.py, the norm kernel per warps setting, runs on its own: python bench/norm.py)
+# pairs: the GPU kernel tests, then in alternation the few-shot ecommerce8 prompts against the zero-shot ones.
+# (The pre-issue-18 kernels' pair and bench/norm.py went in issue 27 with bench/legacy_*.py: numbers in RESULTS.md.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/qcls_heads_gpu}
@@ -40,8 +39,6 @@ else
     step 110 gpu-tests python -m pytest -q -p no:cacheprovider -m gpu \
         "tests/engine/test_gpu.py::test_fast_fp16_is_as_close_to_fp32_as_transformers_fp16" \
         "tests/engine/test_gpu.py::test_no_allocation_or_capture_on_request_path" tests/engine/test_kernels.py
-    step 75 paired-fp32 $P --a prompts=ecommerce8 --b prompts=ecommerce8 --legacy-kernels a \
-        --label "pre-issue-18 kernels (fp16 residual) / float32 residual stream (request path)"
     step 75 paired-fewshot $P --a prompts=ecommerce8 --b prompts=ecommerce8_fewshot \
         --label "ecommerce8 / ecommerce8_fewshot (few-shot prefixes, request path)"
 fi

@@ -9,7 +9,7 @@ engine called directly, the DeploymentHandle and HTTP (each replica's own port, 
 
 With serve.num_replicas=N the `http (N replica ports)` clients spread over every replica's own port (client i
 → replica i mod N); `bench CPU` is this process's CPU time over the level's wall time (near 1 core: the asyncio
-clients, not the replicas, may be the limit). bench/serve_replicas.py compares N = 1, 2, 4 that way.
+clients, not the replicas, may be the limit). `bench/serve.py replicas` compares N = 1, 2, 4 that way.
 
 Rows: `engine b1` / `engine b4` are Classifier.classify calls of 1 and 4 queries in this process (after the
 app has stopped; b4 is the engine's own best throughput); `handle` awaits DeploymentHandle calls; `http ...` POSTs
@@ -37,7 +37,7 @@ from urllib.parse import urlparse
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.serve_paths import closed_loop, engine_levels, handle_caller, http_caller  # noqa: E402
+from bench.paths import closed_loop, engine_levels, handle_caller, http_caller  # noqa: E402
 from bench.tails import gc_delta, tail, tail_table  # noqa: E402
 
 GOAL_HTTP_MS, GOAL_HANDLE_MS, GOAL_SHARE, GOAL_BATCH = 2.0, 1.0, 0.8, 3.5
@@ -112,7 +112,7 @@ def measure(a, overrides: list[str]) -> tuple[list[dict], dict]:
     if "handle-cloudpickle" in a.paths:
         paths.append(("handle (Serve's cloudpickle)", handle_caller(handle, plain_pickle=False)))
     # the replicas' own ports wherever this cluster's controller runs direct ingress (also when the flag came
-    # from the environment, as bench/serve_levers.py's RAY_SERVE_ENABLE_DIRECT_INGRESS-only lever does); with
+    # from the environment, as `bench/serve.py levers`'s RAY_SERVE_ENABLE_DIRECT_INGRESS-only lever does); with
     # several replicas the clients spread over all their ports (client i → replica i mod N)
     n = s.num_replicas if not s.autoscaling else 1
     direct = direct_urls(s.app_name, "127.0.0.1", wait_s=10 if s.ingress == "direct" else 2, n=n)
@@ -246,7 +246,7 @@ def parse_args(argv=None):
     ap.add_argument("--requests", type=int, default=5000, help="at most this many requests per level")
     ap.add_argument("--seconds", type=float, default=3.0, help="at most this long per level")
     ap.add_argument("--note", default="", help="what was run, for the results heading")
-    ap.add_argument("--json", type=Path, help="also write the rows and run info here (bench/serve_levers.py)")
+    ap.add_argument("--json", type=Path, help="also write the rows and run info here (bench/serve.py levers)")
     ap.add_argument("--no-append", action="store_true", help="print only")
     ap.add_argument("--no-caller-flags", dest="caller_flags", action="store_false",
                     help="keep Serve's default flags in this process (the handle caller) whatever the ingress")

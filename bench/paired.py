@@ -95,59 +95,13 @@ def random_head(overrides: list[str], loaded: LoadedModel, seed: int) -> tuple[l
     return rest + [f"calibration={path}"], note
 
 
-def legacy_decoder(clf: Classifier, elementwise: bool = True, attention: bool = False) -> None:
-    """Swap the elementwise kernels (fp16 residual stream) and/or the tree attention of one Classifier's
-    decoder for the pre-issue-18 ones and capture its CUDA graphs again (the other Classifier keeps the
-    current kernels: the module names are rebound only while this one's graphs are captured and, on the host
-    path, while it runs). The pre-issue-18 attention (bench/legacy_tree.py) walks every prefix key per tile
-    with compile-time loop bounds sized per bucket, as it did then; it knows no windows (Qwen3/Llama only)."""
-    from bench import legacy_kernels as L
-    from bench import legacy_tree
-    from qcls.engine import decoder as D
-    from qcls.engine import engine as E
-
-    def old_norm(x, residual, weight, eps, out_dtype=None, offset=False):  # Llama/Qwen only: no offset
-        y, s = L.add_rmsnorm(x, residual, weight, eps)
-        return (y if out_dtype is None else y.to(out_dtype)), s
-
-    def old_qkv(*a, offset=False, **k):
-        return L.qkv_into(*a, **k)
-
-    current = {}
-
-    def old_attention(d, plan, pool_len, heads, head_dim, dtype):
-        bk, tables = current["bucket"], current["tables"]  # on the device before the capture
-        out = torch.empty(d["ids"].shape[0], heads * head_dim, dtype=dtype, device=tables[0].device)
-        attn = legacy_tree.for_bucket(d, bk.packer, tables, pool_len, bk.b, bk.query_tokens, out)
-        return lambda q, k, v, window=None, scale=None: attn(q, k, v)
-
-    saved = (D.add_rmsnorm, D.qkv_into, D.silu_mul, E.TreeAttention)
-    if elementwise:
-        D.add_rmsnorm, D.qkv_into, D.silu_mul = old_norm, old_qkv, L.silu_mul
-    if attention:
-        E.TreeAttention = old_attention
-    try:
-        eng = clf.engine
-        if not eng.graphs:
-            raise SystemExit("--legacy-kernels / --legacy-attention time CUDA graphs: run it on a GPU")
-        pool = torch.cuda.graph_pool_handle()
-        with torch.inference_mode():
-            for key in sorted(eng.buckets, key=lambda k: -eng.buckets[k].n_tokens):
-                bk = current["bucket"] = eng.buckets[key]
-                current["tables"] = legacy_tree.prefix_tables(bk.packer, bk.dec.device)
-                eng.buckets[key].capture(pool)
-        clf.classify(QUERIES[:1])
-    finally:
-        D.add_rmsnorm, D.qkv_into, D.silu_mul, E.TreeAttention = saved
-
-
 def n_graphs(clf: Classifier) -> int:
     return sum(len(bk.graphs) for bk in clf.engine.buckets.values() if bk.graphs)
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="qwen3_4b", choices=sorted(C.SHAPES))
+    ap.add_argument("--model", default="qwen3_4b", choices=C.MODELS)
     ap.add_argument("--a", required=True, help="overrides of configuration a (space-separated)")
     ap.add_argument("--b", required=True, help="overrides of configuration b (space-separated)")
     ap.add_argument("--common", default="", help="overrides for both (e.g. engine.query_buckets=[8,16])")
@@ -156,11 +110,6 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--iters", type=int, default=200, help="timed requests of each side per batch size")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="append here instead of bench/RESULTS.md")
-    ap.add_argument("--legacy-kernels", choices=["a", "b"], default=None,
-                    help="run this side with the pre-issue-18 elementwise kernels (bench/legacy_kernels.py: fp16 "
-                         "residual stream) to time the float32 one against them")
-    ap.add_argument("--legacy-attention", choices=["a", "b"], default=None,
-                    help="run this side with the pre-issue-18 tree attention (bench/legacy_tree.py)")
     args = ap.parse_args(argv)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.float16 if dev == "cuda" else torch.float32
@@ -181,12 +130,6 @@ def main(argv: list[str] | None = None) -> None:
             notes.append(f"{name}: {note}")
             print(f"bench.paired: {name}: {note}", file=sys.stderr)
     clfs = {k: Classifier(compose(ov), loaded=loaded) for k, ov in sides.items()}
-    for side in sorted({args.legacy_kernels, args.legacy_attention} - {None}):
-        what = dict(elementwise=args.legacy_kernels == side, attention=args.legacy_attention == side)
-        legacy_decoder(clfs[side], **what)
-        notes.append(f"{side}: pre-issue-18 " + " and ".join(
-            x for x, on in (("elementwise kernels (bench/legacy_kernels.py)", what["elementwise"]),
-                            ("tree attention (bench/legacy_tree.py)", what["attention"])) if on))
     build_s = time.perf_counter() - t0
     rows = []
     for b in args.batches:

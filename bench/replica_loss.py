@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 import orjson  # noqa: E402
 
 from bench.http_client import HTTPError, KeepAliveClient  # noqa: E402
-from bench.serve_paths import QUERIES  # noqa: E402
+from bench.paths import QUERIES  # noqa: E402
 
 
 VIA = {"ports": "the replicas' own ports", "proxy": "Serve's proxy"}

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 import orjson  # noqa: E402
 
 from bench.http_client import KeepAliveClient  # noqa: E402
-from bench.serve_paths import QUERIES, WARMUP_PER_CLIENT, pct  # noqa: E402
+from bench.paths import QUERIES, WARMUP_PER_CLIENT, pct  # noqa: E402
 
 GOAL_GROWTH, GOAL_P99 = 0.01, 1.2
 SHUTDOWN_S = 30  # what the budget keeps for stopping Ray and writing the report

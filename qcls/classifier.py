@@ -23,7 +23,7 @@ from qcls.progress import step, step_note, warn
 from qcls.results import STAGES, LabelScore, PromptResult, QueryResult
 from qcls.scoring.reference import ReferenceEngine
 from qcls.scoring.strategies import get_strategy
-from qcls.scoring.tokenization import QueryError, encode_query
+from qcls.scoring.tokenization import QueryEncoder, QueryError, encode_query
 
 WARMUP_QUERY = "warm up query"
 
@@ -59,6 +59,8 @@ class Classifier:
                 self.tokenizer = sources.load_tokenizer(backend.source(cfg))
         else:
             self.tokenizer = loaded.tokenizer
+        # the request path's tokenizer call: the fast backend where it gives the same ids, and a query cache
+        self.encoder = QueryEncoder(self.tokenizer, cfg.max_query_tokens, check=(WARMUP_QUERY,))
         with step(f"preparing {len(cfg.prompts)} prompts (strategy {cfg.strategy})", self.startup_s, "prompts"):
             self.layouts = self._prepare_prompts()
         if loaded is None:
@@ -120,7 +122,8 @@ class Classifier:
                           max_batch=cfg.engine.max_batch_size, query_buckets=cfg.engine.query_buckets,
                           block_size=cfg.engine.prefix_block_size, vocab_chunk=cfg.scoring.vocab_chunk,
                           use_graphs=cfg.engine.cuda_graphs and ld.graph_capturable, embed_fn=ld.embed_fn,
-                          attention=cfg.engine.attention, heads=prompt_heads, taps=self.taps)
+                          attention=cfg.engine.attention, heads=prompt_heads, taps=self.taps,
+                          qkv_heads=cfg.engine.qkv_heads_per_program, fuse_post_norms=cfg.engine.fuse_post_norms)
 
     def _warm_up(self) -> None:
         """Every bucket, then the request path; records each batch size's device time (forward + score, ms) in
@@ -195,17 +198,23 @@ class Classifier:
         t0 = time.perf_counter()
         built = [self._build(s, c) for s, c in zip(raw, calibrated)]
         post = (time.perf_counter() - t0) * 1e3
+        # what every query of the batch shares, rounded once; each result gets its own dicts
+        shared = {k: round(stages[k], 4) for k in STAGES[1:-1]}
+        shared["postprocess"] = round(post, 4)
+        meta = {"engine": self.cfg.engine.kind, "strategy": self.cfg.strategy, "tokens_per_forward": n_tokens,
+                "graphs": getattr(self.engine, "graphs", False), "calibration": self.head_path,
+                "heads": self.heads_meta, "notes": self.notes}
+        n_good, dw = len(batch.good), round(wait, 4)
         for (i, _, tok_ms), prompts in zip(batch.good, built):
             r = batch.results[i]
-            r.prompts, r.batch_size = prompts, len(batch.good)
-            r.timings_ms = {"tokenize": tok_ms, **stages, "postprocess": post}
-            r.timings_ms = {k: round(r.timings_ms[k], 4) for k in STAGES}
-            r.timings_ms["total"] = round(sum(r.timings_ms.values()), 4)
+            r.prompts, r.batch_size = prompts, n_good
+            tok = round(tok_ms, 4)
+            t = {"tokenize": tok, **shared}
+            t["total"] = round(sum(t.values()), 4)
             if wait_is_queue:
-                r.timings_ms["device_wait"] = round(wait, 4)
-            r.meta = {"engine": self.cfg.engine.kind, "strategy": self.cfg.strategy,
-                      "tokens_per_forward": n_tokens, "graphs": getattr(self.engine, "graphs", False),
-                      "calibration": self.head_path, "heads": self.heads_meta, "notes": self.notes}
+                t["device_wait"] = dw
+            r.timings_ms = t
+            r.meta = dict(meta)
         return batch.results
 
     def _tokenize(self, queries: list[str]) -> tuple[list[QueryResult], list[tuple[int, list[int], float]]]:
@@ -214,7 +223,7 @@ class Classifier:
         for i, q in enumerate(queries):
             t0 = time.perf_counter()
             try:
-                ids = encode_query(self.tokenizer, q, self.cfg.max_query_tokens)
+                ids = self.encoder(q)
             except QueryError as e:
                 results[i].error = str(e)
                 continue
@@ -253,18 +262,22 @@ class Classifier:
         """Per prompt: scores → probabilities (softmax in float64) and winner; with a head (or calibration)
         the probabilities and the winner are the head's, and the raw winner and raw probabilities are kept
         beside them. Plain Python: for a handful of labels per prompt it is faster than any tensor op's
-        overhead."""
+        overhead (and the softmax is inlined: half of this was call overhead, issue 27)."""
         out = []
+        exp = math.exp
         for lay, vals, hvals, headed in zip(self.layouts, scores, heads_, self._headed):
-            probs = _softmax(vals)
+            top = max(vals)
+            exps = [exp(v - top) for v in vals]
+            z = sum(exps)  # each term ≤ 1 and one is exactly 1: plain float64 summation loses nothing that shows
+            probs = [e / z for e in exps]
+            best = _argmax(vals, top)
             names, counts = lay.tokens.labels, lay.label_token_counts
-            best = max(range(len(vals)), key=vals.__getitem__)
             if not headed:  # no head, or none for this prompt: the LLM's own label scores
                 out.append(PromptResult(lay.tokens.name, names[best], probs[best],
                                         list(map(LabelScore, names, vals, probs, counts))))
                 continue
             hprobs = _softmax(hvals)
-            hbest = max(range(len(hvals)), key=hvals.__getitem__)
+            hbest = _argmax(hvals, max(hvals))
             out.append(PromptResult(lay.tokens.name, names[hbest], hprobs[hbest],
                                     list(map(LabelScore, names, vals, hprobs, counts, probs, hvals)),
                                     names[best], probs[best]))
@@ -279,6 +292,11 @@ def _check_finite(result: QueryResult, dtype: torch.dtype) -> None:
     if bad:
         raise ConfigError(f"the warm-up query's scores are not finite under prompts {bad} in {dtype}: the "
                           "model's activations overflow that dtype", "backend.dtype=float32")
+
+
+def _argmax(vals: list[float], top: float) -> int:
+    """The first index of the largest value (max over indices by value, as before: a NaN compares as it did)."""
+    return vals.index(top) if top == top else max(range(len(vals)), key=vals.__getitem__)
 
 
 def _softmax(vals: list[float]) -> list[float]:

@@ -111,6 +111,12 @@ class EngineSpec(_Strict):
     attention: Literal["auto", "tree", "sdpa"] = "auto"
     warmup_requests: int = Field(default=2, ge=1)
     prefix_block_size: int = Field(default=16, ge=1)
+    # heads per program of the fused q/k/v kernel (RoPE, q/k norms, KV write): 0 = auto (the largest power of
+    # two ≤ 8 dividing the query and key/value head counts), 1 = one head per program (before issue 27)
+    qkv_heads_per_program: int = Field(default=0, ge=0, le=8)
+    # Gemma3: each post-norm (after attention, after the MLP) in one launch with the residual add and the next
+    # norm; false runs them as two launches (before issue 27)
+    fuse_post_norms: bool = True
 
     @field_validator("query_buckets")
     @classmethod

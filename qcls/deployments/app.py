@@ -179,7 +179,7 @@ class QclsDeployment:
 
 
 # Serve's handle calls cloudpickle their arguments and results by default; qcls's are plain lists, strings
-# and dataclasses (qcls.results), which the standard pickle writes at a fraction of the cost (bench/serve_encode.py)
+# and dataclasses (qcls.results), which the standard pickle writes at a fraction of the cost (bench/serve.py encode)
 HANDLE_SERIALIZATION = {"request_serialization": "pickle", "response_serialization": "pickle"}
 
 

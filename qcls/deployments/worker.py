@@ -16,7 +16,7 @@ from typing import Callable, Protocol
 
 from qcls.classifier import WARMUP_QUERY, Classifier
 from qcls.results import QueryResult
-from qcls.scoring.tokenization import QueryError, encode_query
+from qcls.scoring.tokenization import QueryError
 
 log = logging.getLogger("qcls.serve")
 
@@ -89,7 +89,7 @@ class EngineWorker:
         if not isinstance(query, str):
             return f"a query must be a string, got {type(query).__name__}"
         try:
-            encode_query(self.clf.tokenizer, query, self.clf.cfg.max_query_tokens)
+            self.clf.encoder(query)  # cached: the batch's own tokenize step finds it
         except QueryError as e:
             return str(e)
         except Exception as e:  # e.g. a lone surrogate the tokenizer cannot take

@@ -16,15 +16,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from qcls.engine.family import SUPPORTED, describe  # noqa: F401  (SUPPORTED: the engine's families)
-from qcls.engine.kernels import add_rmsnorm, gelu_tanh_mul, qkv_into, silu_mul
+from qcls.engine.kernels import act_mul, add_rmsnorm, gelu_tanh_mul, post_add_rmsnorm, silu_mul
+from qcls.engine.qkv_kernels import qkv_heads_per_program, qkv_into
 
 
 
 class Decoder:
-    def __init__(self, model, max_keys: int, reach: int | None = None):
+    def __init__(self, model, max_keys: int, reach: int | None = None, qkv_heads: int = 0,
+                 fuse_post_norms: bool = True):
         """`reach`: the highest position + 1 any token of this engine can have. A sliding window at least
         that wide hides nothing (pos(q) - pos(k) < reach ≤ window), so such a layer is global here; None keeps
-        every window."""
+        every window. `qkv_heads`: engine.qkv_heads_per_program; `fuse_post_norms`: engine.fuse_post_norms."""
         cfg = model.config
         self.family = describe(model)
         base = model.model
@@ -34,6 +36,8 @@ class Decoder:
         self.n_heads = cfg.num_attention_heads
         self.n_kv = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.qkv_heads = qkv_heads_per_program(self.n_heads, self.n_kv, qkv_heads)
+        self.fuse_post_norms = fuse_post_norms
         # The final norm lives where the decoder computes (an offloading backend may keep the embedding
         # table on the CPU).
         self.device = self.norm.weight.device
@@ -86,6 +90,18 @@ class Decoder:
         """(norm(x + res) in out_dtype (default the model's), x + res in float32) with the family's RMSNorm kind."""
         return add_rmsnorm(x, res, norm.weight, self._eps(norm), out_dtype or self.dtype, self.family.norm_offset)
 
+    def _norm_after(self, delta: torch.Tensor, post, res: torch.Tensor | None, norm,
+                    out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`_norm(delta, res, norm)` where `post` is None, else Gemma3's post-norm of `delta` first (its float32
+        output joins the residual unrounded): one fused launch with fuse_post_norms, else two."""
+        if post is None:
+            return self._norm(delta, res, norm, out_dtype)
+        if self.fuse_post_norms:
+            return post_add_rmsnorm(delta, res, post.weight, self._eps(post), norm.weight, self._eps(norm),
+                                    out_dtype or self.dtype, self.family.norm_offset)
+        delta, _ = self._norm(delta, None, post, torch.float32)
+        return self._norm(delta, res, norm, out_dtype)
+
     def forward(self, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, attend,
                 read: torch.Tensor, embeds: torch.Tensor | None = None, taps=None) -> torch.Tensor:
         """ids/pos [N]; K/V of these tokens go to buffer `slots` [N]; `attend(q [N, heads, d], k, v, window=,
@@ -96,12 +112,12 @@ class Decoder:
         residual stream after the layers it names (the state a learned head reads)."""
         n, nh, nkv, d = ids.shape[0], self.n_heads, self.n_kv, self.head_dim
         delta = self.embed(ids) if embeds is None else embeds
-        res = None
+        res, post = None, None  # post: the norm the last MLP's output still needs (Gemma3), None elsewhere
         rope = {key: (cos[pos], sin[pos]) for key, (cos, sin) in self.rope.items()}
         q = torch.empty(n, nh, d, dtype=self.dtype, device=self.device)
         for i, (layer, lp) in enumerate(zip(self.layers, self.family.layers)):
             a = layer.self_attn
-            x, res = self._norm(delta, res, lp.attn_in)
+            x, res = self._norm_after(delta, post, res, lp.attn_in)
             if taps is not None and i in taps.layers:  # res = the residual stream after i layers
                 taps.record(i, res)
             if self.qkv[i] is not None:
@@ -114,22 +130,21 @@ class Decoder:
             qkv_into(qp.view(n, nh, d), kp.view(n, nkv, d), vp.view(n, nkv, d), cos, sin,
                      qn.weight if qn is not None else None, kn.weight if kn is not None else None,
                      self._eps(qn) if qn is not None else 0.0, q, self.k[i], self.v[i], slots,
-                     offset=self.family.norm_offset)
+                     offset=self.family.norm_offset, heads_per_program=self.qkv_heads)
             delta = a.o_proj(attend(q, self.k[i], self.v[i], window=self.windows[i], scale=self.scale))
             if i == len(self.layers) - 1:  # the last MLP and the final norm only for rows that are read
                 delta, res = delta[read], res[read]
-            if lp.attn_out is not None:  # Gemma3's norms after attention and MLP: their output joins the float32
-                delta, _ = self._norm(delta, None, lp.attn_out, torch.float32)  # residual unrounded
-            x, res = self._norm(delta, res, lp.mlp_in)
+            # Gemma3's norms after attention and MLP (attn_out, mlp_out) run with the next norm (_norm_after)
+            x, res = self._norm_after(delta, lp.attn_out, res, lp.mlp_in)
             if self.gate_up[i] is not None:
                 gu = F.linear(x, *self.gate_up[i])  # (module names looked up per call: benches swap them)
                 delta = layer.mlp.down_proj(gelu_tanh_mul(gu) if self.gelu else silu_mul(gu))
-            else:
-                delta = layer.mlp(x)
-            if lp.mlp_out is not None:
-                delta, _ = self._norm(delta, None, lp.mlp_out, torch.float32)
+            else:  # gate and up as modules (quantized, streamed): the same float32 activation, one rounding
+                m = layer.mlp
+                delta = m.down_proj(act_mul(m.gate_proj(x), m.up_proj(x), self.gelu))
+            post = lp.mlp_out
         # the read rows' final states stay float32: the tail multiplies them by float32 label rows
-        out, _ = self._norm(delta, res, self.norm, torch.float32)
+        out, _ = self._norm_after(delta, post, res, self.norm, torch.float32)
         return out
 
 

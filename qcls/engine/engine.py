@@ -137,10 +137,11 @@ class FastEngine:
     def __init__(self, model, prompts: list[PromptLayout], head_rows: torch.Tensor, head_tokens: list[int],
                  full_head: torch.Tensor | None, *, max_batch: int, query_buckets: list[int], block_size: int,
                  vocab_chunk: int, use_graphs: bool, embed_fn=None, attention: str = "auto",
-                 heads: list[PromptHead | None] | None = None, taps: list[Tap] = ()):
+                 heads: list[PromptHead | None] | None = None, taps: list[Tap] = (), qkv_heads: int = 0,
+                 fuse_post_norms: bool = True):
         """`heads`: per prompt its head (a calibration or a learned head) or None, built into the tail's
         tables; `taps`: hidden states to keep from every forward besides those the heads read (`states`,
-        for fitting heads)."""
+        for fitting heads); `qkv_heads`, `fuse_post_norms`: engine.qkv_heads_per_program, engine.fuse_post_norms."""
         self.prompts = prompts
         self.embed_fn = embed_fn
         self.pool = plan_prefixes([p.tokens.prefix_ids for p in prompts], block_size)
@@ -151,7 +152,7 @@ class FastEngine:
         biggest = self.packer.n_tokens(max_batch, max_batch * self.query_buckets[-1])
         # the highest position + 1 a token can reach: a prompt's prefix, the longest query, its row constants
         self.reach = max(len(p.tokens.prefix_ids) + self.query_buckets[-1] + p.const_len for p in prompts)
-        self.dec = Decoder(model, self.pool_len + biggest + 16, self.reach)
+        self.dec = Decoder(model, self.pool_len + biggest + 16, self.reach, qkv_heads, fuse_post_norms)
         self.device = self.dec.device
         self.attention, self.notes = self._pick_attention(attention)
         self._check_positions()
@@ -168,6 +169,8 @@ class FastEngine:
             self.buckets = {(b, lt): Bucket(b, lt, self.packer, self.dec, tails[b], self.pool_len, embed_fn,
                                           self.attention == "tree", plans[b])
                             for b in range(1, max_batch + 1) for lt in token_buckets(self.query_buckets, b)}
+        for lq in range(1, self.query_buckets[-1] + 1):  # a lone query's descriptors: copied, never built
+            self.packer.warm([lq], self.bucket_for([[0] * lq]).n_tokens)
         self.graphs = use_graphs and self.device.type == "cuda"
         self._free = list(range(SLOTS))
         self._launching = threading.Lock()

@@ -2,6 +2,7 @@
 their own, with no special tokens added, and concatenated. Reference and engine both use these ids."""
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 from qcls.config import PromptSpec
@@ -71,12 +72,63 @@ def check_first_tokens(tokenizer, pt: PromptTokens) -> None:
                          "Use scoring=trie, or change the labels or label_prefix")
 
 
-def encode_query(tokenizer, query: str, max_tokens: int) -> list[int]:
-    """Query ids, or a QueryError naming the limit. Nothing is ever truncated."""
+def encode_query(tokenizer, query: str, max_tokens: int, encode_fn=None) -> list[int]:
+    """Query ids, or a QueryError naming the limit. Nothing is ever truncated. `encode_fn` (text → ids), when
+    given, replaces `encode` (QueryEncoder's fast path)."""
     if not isinstance(query, str) or not query.strip():
         raise QueryError("empty query: give at least one non-whitespace character")
-    ids = encode(tokenizer, query)
+    ids = encode(tokenizer, query) if encode_fn is None else encode_fn(query)
     if len(ids) > max_tokens:
         raise QueryError(f"query is {len(ids)} tokens, over max_query_tokens={max_tokens}; shorten it "
                          "or raise max_query_tokens (and engine.query_buckets) in the config")
     return ids
+
+
+# Strings the fast path must encode exactly as the tokenizer does before it is trusted: scripts, digits, the
+# whitespace and special-token text that pre-tokenizers and added-token matching treat specially.
+PROBES = ("women's summer floral midi dress", "  Boys  hoodie\tsize 140 ", "夏季女士碎花连衣裙", "café Ünïcode ß",
+          "<|im_end|> <|endoftext|><s></s>[CLS]", "1234567 x\n\ny", "emoji 👗👖", "a")
+
+
+class QueryEncoder:
+    """encode_query for the request path: the tokenizers library's own encoder where the tokenizer is a fast
+    (tokenizers-backed) one, without transformers' per-call wrapper (~3× the encode itself on an H100 host, issue
+    27), and a bounded cache of recent queries (tokenization is a pure function of the text). The fast path is
+    used only if it gives the same ids as `tokenizer.encode` on PROBES and the warm-up query; otherwise every
+    call goes through `tokenizer.encode` (`fast` says which)."""
+
+    def __init__(self, tokenizer, max_tokens: int, cache_size: int = 4096, check: tuple[str, ...] = ()):
+        self.tokenizer, self.max_tokens, self.cache_size = tokenizer, max_tokens, cache_size
+        self.cache: dict[str, tuple[int, ...]] = {}
+        self._lock = threading.Lock()
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        self.fast = backend is not None and hasattr(backend, "encode")
+        if self.fast:
+            fn = self._backend_fn(tokenizer, backend)
+            self.fast = all(fn(t) == encode(tokenizer, t) for t in PROBES + tuple(check))
+            self._encode = fn if self.fast else None
+        else:
+            self._encode = None
+
+    @staticmethod
+    def _backend_fn(tokenizer, backend):
+        enc = backend.encode
+
+        def fn(text: str) -> list[int]:
+            # transformers sets the backend's truncation/padding per call and resets them on the next plain
+            # call; if another caller left them set, its own call gives the untruncated ids (and resets them)
+            if getattr(backend, "truncation", None) is not None or getattr(backend, "padding", None) is not None:
+                return encode(tokenizer, text)
+            return enc(text, add_special_tokens=False).ids
+        return fn
+
+    def __call__(self, query: str) -> list[int]:
+        hit = self.cache.get(query) if isinstance(query, str) else None
+        if hit is not None:
+            return list(hit)
+        ids = encode_query(self.tokenizer, query, self.max_tokens, self._encode)
+        with self._lock:  # a server's event loop (refusal check) and its launch thread both encode
+            if len(self.cache) >= self.cache_size:
+                self.cache.pop(next(iter(self.cache)))  # oldest first (dicts keep insertion order)
+            self.cache[query] = tuple(ids)
+        return ids

@@ -39,6 +39,20 @@ def test_layers_streamed_through_accelerate_give_the_same_scores(tiny_dirs, fp16
     assert f"{2 - gpu_layers} of 2 decoder layers" in note and "per request" in note and "PCIe" in note
 
 
+def test_streamed_layers_in_fp16_are_bit_identical(tiny_dirs):
+    """In fp16 the streamed layers' MLP (gate and up as two module calls) takes the fused path's float32
+    activation with one rounding: transformers' MLP rounds act(gate) and the product apart, which made
+    scores drift 4e-3-1.4e-2 from the fp16 backend's here (1.8e-3 on an H100)."""
+    from tests.backends.helpers import PROMPTS
+    from tests.conftest import tiny_cfg
+
+    def run(name, options=None):
+        c = tiny_cfg(tiny_dirs["llama"], PROMPTS, backend={"name": name, "options": options or {}, "dtype": "float16"})
+        return scores(Classifier(c))
+    ref = run("fp16")
+    assert torch.equal(run("fp16-offload", {"offload_layers": "true", "gpu_layers": 0}), ref)
+
+
 def test_layers_are_hooked_not_resident(tiny_dirs):
     clf = Classifier(cfg(tiny_dirs["qwen3"], "fp16-offload", {"offload_layers": True, "gpu_layers": 1}))
     layers = clf.loaded.model.model.layers
@@ -117,7 +131,7 @@ def test_gpu_offload_matches_fp16_with_graphs(tiny_dirs, family):
     assert embed.device.type == "cpu" and embed.is_pinned()
     assert clf.loaded.model.model.layers[0].mlp.up_proj.weight.is_cuda
     assert clf.loaded.memory["weights_gpu"] < ref_clf.loaded.memory["weights_gpu"]
-    assert (scores(clf) - ref).abs().max() <= 1e-3  # same fp16 kernels; only the gather path differs
+    assert torch.equal(scores(clf), ref)  # the same kernels; only the gather path differs (H100: bit-identical)
 
 
 @pytest.mark.gpu
@@ -128,6 +142,8 @@ def test_gpu_streamed_layers_and_the_budget_check(tiny_dirs):
     c = cfg(tiny_dirs["llama"], "fp16-offload", {"offload_layers": "true", "gpu_layers": 1}, device="cuda")
     clf = Classifier(c)
     assert not clf.engine.graphs and "per request" in " ".join(clf.notes)
-    assert (scores(clf) - ref).abs().max() <= 1e-3
+    # the streamed layers' q/k/v and gate/up run as separate GEMMs but with the same float32 numerics around
+    # them: bit-identical on an H100 (issue 27; 1.8e-3 off before the module MLP took the fused activation)
+    assert torch.equal(scores(clf), ref)
     with pytest.raises(MemoryBudgetError, match="over the budget of 0.00 GiB"):
         Classifier(cfg(tiny_dirs["llama"], "fp16-offload", device="cuda", gpu_memory_gib=0.001))

@@ -1,4 +1,4 @@
-"""The several-GPU benchmarks' verdicts (bench/replica_loss.py, bench/soak.py, bench/serve_replicas.py) on
+"""The several-GPU benchmarks' verdicts (bench/replica_loss.py, bench/soak.py, bench/serve.py replicas) on
 synthetic runs worked out by hand, so that a run on a lent GPU cannot end in a report that crashes or judges
 wrongly. (The runs themselves: docs/serving.md, "Several GPUs".)"""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("orjson")
 
-from bench import replica_loss, serve_replicas, soak  # noqa: E402
+from bench import replica_loss, serve_runs, soak  # noqa: E402
 
 A, B, NEW = "http://127.0.0.1:30000", "http://127.0.0.1:30001", "http://127.0.0.1:30002"
 
@@ -81,8 +81,8 @@ def test_serve_replicas_goal_against_one_replica():
         return {"replicas": n, "kind": kind, "path": f"http ({kind})", "concurrency": 8 * n, "requests": 100,
                 "errors": 0, "first_error": "", "rps": rps, "p50": 1.0, "p99": 2.0, "batch": 4.0, "client_cpu": 0.3}
     rs = [row(1, "ports", 500), row(1, "proxy", 175), row(2, "ports", 900), row(2, "proxy", 300), row(4, "ports", 1700)]
-    g = serve_replicas.goals(rs, [1, 2, 4, 8], {1, 2, 4}, gpus=4, need_gpus=True)
+    g = serve_runs.goals(rs, [1, 2, 4, 8], {1, 2, 4}, gpus=4, need_gpus=True)
     assert any(x.startswith("N=2 replica ports: 900 req/s ≥ 0.9 × 2 × 500 (one replica) = 900: met") for x in g)
     assert any(x.startswith("N=4 replica ports") and "NOT met" in x for x in g)  # 1700 < 1800
     assert "N=8: not measured: 8 replicas need 8 GPUs, 4 visible (no multi-GPU machine was lent)" in g
-    assert "| 2 | http (ports) | 16 | 100 | 0 | 900.0 | 450.0 |" in serve_replicas.table(rs)
+    assert "| 2 | http (ports) | 16 | 100 | 0 | 900.0 | 450.0 |" in serve_runs.table(rs)

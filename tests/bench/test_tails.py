@@ -6,7 +6,7 @@ import gc
 
 import pytest
 
-from bench.serve_paths import Level
+from bench.paths import Level
 from bench.tails import gc_delta, tail
 
 

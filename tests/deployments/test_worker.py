@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from qcls.deployments.worker import INTERNAL_ERROR, EngineWorker, Pending, error_kind
+from qcls.scoring.tokenization import QueryEncoder
 from qcls.results import LabelScore, PromptResult, QueryResult
 from tests.deployments.helpers import HANG_GUARD_S, until_async
 
@@ -28,6 +29,7 @@ class FakeClassifier:
     def __init__(self):
         self.tokenizer = FakeTokenizer()
         self.cfg = SimpleNamespace(max_query_tokens=8, engine=SimpleNamespace(max_batch_size=4))
+        self.encoder = QueryEncoder(self.tokenizer, 8)  # as Classifier builds it (no fast backend here)
         self.poison, self.dead, self.calls, self.delay = set(), False, [], 0.0
         self.gate: threading.Event | None = None
         self.log: list[tuple[str, tuple[str, ...]]] = []

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from qcls.engine import kernels as K
+from qcls.engine import qkv_kernels as Q
 
 
 def test_torch_rmsnorm_matches_transformers():
@@ -28,14 +29,14 @@ def test_torch_rope_matches_transformers():
     q2, k2 = apply_rotary_pos_emb(q, k, cos[None], sin[None])
     out, kb, vb = torch.empty(7, 4, 16), torch.zeros(2, 20, 16), torch.zeros(2, 20, 16)
     slots = torch.arange(5, 12)
-    K.qkv_into(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), cos, sin, None, None, 0.0,
+    Q.qkv_into(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), cos, sin, None, None, 0.0,
                out, kb, vb, slots)
     assert torch.allclose(out, q2[0].transpose(0, 1), atol=1e-6)
     assert torch.allclose(kb[:, 5:12], k2[0], atol=1e-6) and torch.equal(vb[:, 5:12], v[0])
     assert kb[:, :5].abs().sum() == 0 and vb[:, 12:].abs().sum() == 0
 
 
-def _qkv_case(device, dtype, norm, n=29, heads=8, kv=2, d=64, slots=64):
+def _qkv_case(device, dtype, norm, n=29, heads=8, kv=2, d=64, slots=64, hb=1, offset=False):
     g = torch.Generator().manual_seed(0)
     qkv = torch.randn(n, (heads + 2 * kv) * d, generator=g).to(device, dtype)
     qp, kp, vp = (t.view(n, -1, d) for t in qkv.split([heads * d, kv * d, kv * d], -1))  # strided, as in the engine
@@ -48,7 +49,8 @@ def _qkv_case(device, dtype, norm, n=29, heads=8, kv=2, d=64, slots=64):
     for impl in ("triton", "torch"):
         q, kb, vb = torch.empty(n, heads, d, device=device, dtype=dtype), *(torch.zeros(kv, slots, d, device=device,
                                                                                          dtype=dtype) for _ in "kv")
-        K.qkv_into(qp, kp, vp, cos, sin, qw, kw, 1e-6, q, kb, vb, where, impl=impl)
+        Q.qkv_into(qp, kp, vp, cos, sin, qw, kw, 1e-6, q, kb, vb, where, impl=impl, offset=offset,
+                   heads_per_program=hb)
         outs.append((q, kb, vb))
     (q1, k1, v1), (q0, k0, v0) = outs  # Triton, torch
     tol = 2e-2 if dtype == torch.float16 else 1e-5
@@ -61,8 +63,37 @@ def _qkv_case(device, dtype, norm, n=29, heads=8, kv=2, d=64, slots=64):
 
 @pytest.mark.skipif(K.triton is None or torch.cuda.is_available(), reason="interpreter run: needs Triton, no GPU")
 @pytest.mark.parametrize("norm", [False, True])
-def test_qkv_kernel_interpreted(norm):
-    _qkv_case("cpu", torch.float32, norm)
+@pytest.mark.parametrize("hb", [1, 2])  # one head per program, and the blocked kernel (issue 27)
+def test_qkv_kernel_interpreted(norm, hb):
+    _qkv_case("cpu", torch.float32, norm, hb=hb, offset=norm and hb == 2)
+
+
+def _post_norm_case(device, dtype, h=96, n=7):
+    g = torch.Generator().manual_seed(1)
+    x = (torch.randn(n, h, generator=g) * 3).to(device, dtype)
+    r = torch.randn(n, h, generator=g).to(device)  # the float32 residual stream
+    wp, w = (torch.randn(h, generator=g) * 0.1).to(device, dtype), (torch.randn(h, generator=g) * 0.1).to(device, dtype)
+    out = {impl: K.post_add_rmsnorm(x, r, wp, 1e-6, w, 1e-5, dtype, offset=True, impl=impl)
+           for impl in ("triton", "torch")}
+    (y1, s1), (y0, s0) = out["triton"], out["torch"]
+    # the torch version is the two separate norms; the kernel the same math in one pass
+    d, _ = K.add_rmsnorm_torch(x, None, wp, 1e-6, torch.float32, True)
+    assert torch.equal(s0, d + r)
+    assert (s1 - s0).abs().max() <= 1e-5 * s0.abs().max()
+    tol = 2e-2 if dtype == torch.float16 else 1e-5
+    assert (y1.float() - y0.float()).abs().max() < tol
+
+
+@pytest.mark.skipif(K.triton is None or torch.cuda.is_available(), reason="interpreter run: needs Triton, no GPU")
+def test_post_norm_kernel_interpreted():
+    _post_norm_case("cpu", torch.float32)
+
+
+def test_qkv_heads_per_program():
+    assert Q.qkv_heads_per_program(32, 8) == 8 and Q.qkv_heads_per_program(8, 4) == 4
+    assert Q.qkv_heads_per_program(4, 1) == 1 and Q.qkv_heads_per_program(32, 8, 1) == 1
+    with pytest.raises(ValueError, match="qkv_heads_per_program=3"):
+        Q.qkv_heads_per_program(32, 8, 3)
 
 
 gpu = pytest.mark.gpu
@@ -87,9 +118,16 @@ def test_triton_add_rmsnorm(h):
 
 @gpu
 @pytest.mark.parametrize("norm", [False, True])
-def test_triton_qkv_into(norm):
+@pytest.mark.parametrize("hb", [1, 8])
+def test_triton_qkv_into(norm, hb):
     _cuda()
-    _qkv_case("cuda", torch.float16, norm, d=128)
+    _qkv_case("cuda", torch.float16, norm, heads=32, kv=8, d=128, hb=hb)
+
+
+@gpu
+def test_triton_post_add_rmsnorm():
+    _cuda()
+    _post_norm_case("cuda", torch.float16, h=2560, n=37)
 
 
 @gpu

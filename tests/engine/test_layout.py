@@ -96,3 +96,31 @@ def test_sliding_window_mask():
     assert m[4, 8:13].tolist() == [False, False, True, True, True]  # trie depth 2 (pos 7): 5, 6 and itself
     assert (m <= full).all() and not m.equal(full)  # a window only ever hides keys
     assert build_mask(d, packer.visible, key_len, 100, packer.slot_pos).equal(full)
+
+
+def test_kept_layouts_give_the_buffer_a_fresh_packer_gives():
+    """A batch whose query lengths were seen before (or warmed at start-up) is its kept layout with its own
+    ids written in: the same buffer as a fresh packer builds, whatever ids the earlier batch had."""
+    import qcls.engine.layout as L
+    p0, p1 = _layout((1, 2), (4,), ((5, 6), (5, 7), (9,))), _layout((3,), (4, 4), ((8,), (9,)))
+    pool = plan_prefixes([p0.tokens.prefix_ids, p1.tokens.prefix_ids], 4)
+
+    def packed(packer, batch, n):
+        buf = torch.full((packer.buffer_len(len(batch), n),), -7, dtype=torch.long)
+        packer.pack(batch, n, buf)
+        return buf
+
+    kept = Packer([p0, p1], pool, pool_len=8)
+    kept.warm([3], kept.n_tokens(1, 3) + 1)
+    for batch, slack in [([[10, 11, 12]], 1), ([[20, 21, 22]], 1), ([[1, 2], [3, 4, 5]], 2), ([[6, 7], [8, 9, 10]], 2)]:
+        n = kept.n_tokens(len(batch), sum(map(len, batch))) + slack
+        assert torch.equal(packed(kept, batch, n), packed(Packer([p0, p1], pool, pool_len=8), batch, n))
+    assert len(kept._permanent) == 1 and len(kept._recent) == 1  # the warmed batch-1 layout was used
+    old = L.LAYOUTS_KEPT
+    try:
+        L.LAYOUTS_KEPT = 2
+        for lq in (1, 2, 3, 4):
+            packed(kept, [[5] * lq, [6]], kept.n_tokens(2, lq + 1))
+        assert len(kept._recent) == 2  # bounded: the oldest went first
+    finally:
+        L.LAYOUTS_KEPT = old

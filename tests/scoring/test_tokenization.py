@@ -58,3 +58,62 @@ def test_query_errors_name_the_limit(qwen):
         encode_query(qwen, "one two three four five six", 4)
     assert encode_query(qwen, "夏季女士碎花连衣裙", 64) == qwen.encode("夏季女士碎花连衣裙", add_special_tokens=False)
     assert len(encode_query(qwen, "👗\x07 dress", 64)) > 0  # emoji and control characters are just text
+
+
+# ---- QueryEncoder: the request path's tokenizer call (issue 27) --------------------------------------------
+
+def _qwen_tok():
+    return build_qwen_tokenizer()
+
+
+def test_query_encoder_fast_path_gives_the_tokenizers_ids():
+    from qcls.scoring.tokenization import QueryEncoder, encode
+    tok = _qwen_tok()
+    enc = QueryEncoder(tok, 64)
+    assert enc.fast
+    for q in ["women's summer floral midi dress", "夏季女士碎花连衣裙", " trailing space ", "<|im_end|>x", "7 × 8"]:
+        assert enc(q) == encode(tok, q)
+        assert enc(q) == encode(tok, q)  # the cached answer too
+
+
+def test_query_encoder_is_not_truncated_by_a_backend_left_truncating():
+    from qcls.scoring.tokenization import QueryEncoder, encode
+    tok = _qwen_tok()
+    enc = QueryEncoder(tok, 64, cache_size=0)
+    tok("a long text of several words to cut", truncation=True, max_length=2)  # leaves the backend truncating?
+    tok.backend_tokenizer.enable_truncation(2)  # (set it for sure)
+    q = "women's summer floral midi dress"
+    assert enc._encode(q) == encode(tok, q) and len(enc._encode(q)) > 2
+
+
+def test_query_encoder_keeps_the_limits_and_errors():
+    from qcls.scoring.tokenization import QueryEncoder, QueryError
+    enc = QueryEncoder(_qwen_tok(), 3, cache_size=2)
+    with pytest.raises(QueryError, match="over max_query_tokens=3"):
+        enc("one two three four five")
+    with pytest.raises(QueryError, match="empty query"):
+        enc("   ")
+    for q in ("a", "b", "c"):
+        enc(q)
+    assert list(enc.cache) == ["b", "c"]  # bounded: the oldest went first
+    ids = enc("b")
+    first = list(ids)
+    ids.append(0)  # a caller's list is its own: the cache keeps the ids
+    assert enc("b") == first
+
+
+def test_query_encoder_falls_back_when_the_backend_disagrees():
+    from qcls.scoring.tokenization import QueryEncoder, encode
+
+    class Backend:
+        def encode(self, text, add_special_tokens=False):
+            return type("E", (), {"ids": [1]})()
+
+    class Tok:
+        backend_tokenizer = Backend()
+
+        def encode(self, text, add_special_tokens=False):
+            return [ord(c) for c in text]
+
+    enc = QueryEncoder(Tok(), 64)
+    assert not enc.fast and enc("ab") == encode(Tok(), "ab") == [97, 98]

@@ -1,0 +1,220 @@
+"""Host stages of the request path (tokenize, prepare, score, postprocess): their p50 per batch size, each
+host step timed on its own, and a cProfile of `classify` (issue 27). Random-weight Qwen3 shapes, real Qwen
+tokenizer, ecommerce8 (8 prompts, two with multi-token labels).
+
+    PYTHONPATH=. python bench/host.py --model qwen3_4b              # on a GPU machine
+    PYTHONPATH=. python bench/host.py --model tiny --iters 200      # CPU: the Python host work only
+
+On the CPU the device is the host, so `forward` and `score` are the tiny model's own compute; the tokenize,
+pack, result-building costs are the same Python as on a GPU machine (a CPU profile, labelled as such).
+Appends a section to bench/RESULTS.md.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench import common as C  # noqa: E402
+from bench.latency import QUERIES, make_cfg, prompt_sets  # noqa: E402
+from qcls.backends.base import LoadedModel, module_bytes  # noqa: E402
+from qcls.classifier import Classifier  # noqa: E402
+from qcls.qwen_tokenizer import build_qwen_tokenizer  # noqa: E402
+from qcls.scoring.tokenization import encode_query  # noqa: E402
+
+HOST = ("tokenize", "prepare", "score", "postprocess")
+EIGHT = "8 prompts (2 Chinese multi-token)"
+
+
+def forget(clf: Classifier) -> None:
+    """Drop what the request path keeps between requests (the query cache, the kept multi-query layouts;
+    batch-1 layouts are built at start-up for good): the next request runs as a never-seen batch would."""
+    if hasattr(clf, "encoder"):
+        clf.encoder.cache.clear()
+    if hasattr(clf.engine, "packer"):
+        clf.engine.packer._recent.clear()
+
+
+def stage_p50(clf: Classifier, queries: list[str], iters: int, new: bool = False) -> dict[str, float]:
+    """p50 of each stage of `timings_ms` over `iters` requests, and of the host stages' sum; `new`: every
+    request as a never-seen one (`forget` before each)."""
+    rows = []
+    for _ in range(iters):
+        if new:
+            forget(clf)
+        t = clf.classify(queries)[0].timings_ms
+        rows.append({**{k: t[k] for k in ("tokenize", "prepare", "forward", "score", "postprocess")},
+                     "host": sum(t[k] for k in HOST)})
+    return {k: round(C.median([r[k] for r in rows]), 4) for k in rows[0]}
+
+
+@torch.inference_mode()
+def per_step(clf: Classifier, queries: list[str], iters: int) -> dict[str, float]:
+    """µs p50 of each host step on its own (the device work waited for between steps)."""
+    eng, tok, mq = clf.engine, clf.tokenizer, clf.cfg.max_query_tokens
+    batch = [encode_query(tok, q, mq) for q in queries]
+    bk = eng.bucket_for(batch)
+
+    def us(fn) -> float:
+        out = []
+        for _ in range(iters):
+            C.sync()
+            t0 = time.perf_counter()
+            fn()
+            out.append((time.perf_counter() - t0) * 1e6)
+        C.sync()
+        return round(C.median(out), 1)
+
+    lengths = [len(q) for q in batch]
+    steps = {"encode through transformers (all queries)": us(lambda: [encode_query(tok, q, mq) for q in queries]),
+             "encode, QueryEncoder's fast path, not cached": us(
+                 lambda: [encode_query(tok, q, mq, clf.encoder._encode) for q in queries]),
+             "encode, QueryEncoder cached": us(lambda: [clf.encoder(q) for q in queries]),
+             "bucket_for": us(lambda: eng.bucket_for(batch)),
+             "pack (kept layout)": us(lambda: bk.pack(batch, 0)),
+             "pack's layout build (new length combination)": us(lambda: eng.packer.layout(lengths, bk.n_tokens))}
+    if eng.device.type == "cuda":
+        steps["load (copy queued)"] = us(lambda: bk.load(0))
+        if bk.graphs:
+            steps["forward graph replay (queued)"] = us(lambda: bk.graphs[0].replay())
+            steps["tail graph replay (queued)"] = us(lambda: bk.graphs[1].replay())
+    job = eng.launch(batch)
+    raw, cal, *_ = eng.collect(job)
+    steps["launch + collect (device incl.)"] = us(lambda: eng.collect(eng.launch(batch)))
+    steps["build results"] = us(lambda: [clf._build(s, c) for s, c in zip(raw, cal)])
+    steps["classify (whole request)"] = us(lambda: clf.classify(queries))
+
+    def new_request():
+        forget(clf)
+        clf.classify(queries)
+    steps["classify, never-seen batch"] = us(new_request)
+    return steps
+
+
+class StubDevice:
+    """On the CPU the forward is the host's own compute and would fill the profile: replay the bucket's last
+    hidden states and scores instead, so what is profiled is the host work of a request alone."""
+
+    def __init__(self, clf: Classifier):
+        self.buckets = list(clf.engine.buckets.values())
+        self.saved = [(b.forward, b.score) for b in self.buckets]
+
+    def __enter__(self):
+        for b in self.buckets:
+            if b.hidden is not None:
+                b.forward = (lambda bk: lambda: bk.hidden)(b)
+                b.score = (lambda bk: lambda: bk.scores)(b)
+
+    def __exit__(self, *exc):
+        for b, (f, s) in zip(self.buckets, self.saved):
+            b.forward, b.score = f, s
+
+
+@torch.inference_mode()
+def kernels(clf: Classifier, queries: list[str], n: int = 20, top: int = 30) -> tuple[str, dict[str, float]]:
+    """Per-kernel device time of one forward + tail (graph replays), top kernels and the totals by kind."""
+    from torch.profiler import ProfilerActivity, profile as tprofile
+
+    from bench.latency import KINDS
+    import re
+    bk = clf.engine.bucket_for([encode_query(clf.tokenizer, q, clf.cfg.max_query_tokens) for q in queries])
+    with tprofile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            bk.graphs[0].replay() if bk.graphs else bk.forward()
+            bk.graphs[1].replay() if bk.graphs else bk.score()
+        C.sync()
+    rows, kinds = [], {}
+    for ev in prof.key_averages():
+        us = getattr(ev, "device_time_total", 0.0) or getattr(ev, "cuda_time_total", 0.0)
+        if us <= 0 or ev.key.startswith(("ProfilerStep", "cudaGraph")):
+            continue
+        kind = next((k for k, rx in KINDS if re.search(rx, ev.key, re.I)), "elementwise/other")
+        rows.append((us / n, ev.count / n, kind, ev.key[:90]))
+        kinds[kind] = kinds.get(kind, 0.0) + us / n / 1e3
+    rows.sort(reverse=True)
+    text = "| µs / forward | count | kind | kernel |\n|---|---|---|---|\n" + "".join(
+        f"| {us:.1f} | {c:.0f} | {k} | `{name}` |\n" for us, c, k, name in rows[:top])
+    return text, kinds
+
+
+def profile(clf: Classifier, queries: list[str], iters: int, top: int = 25) -> str:
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(iters):
+        clf.classify(queries)
+    pr.disable()
+    s = io.StringIO()
+    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(top)
+    lines = [x for x in s.getvalue().splitlines() if x.strip()]
+    start = next(i for i, x in enumerate(lines) if x.lstrip().startswith("ncalls"))
+    return "\n".join(lines[start:start + top + 1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="qwen3_4b", choices=C.MODELS)
+    ap.add_argument("--iters", type=int, default=200)
+    ap.add_argument("--profile-iters", type=int, default=200)
+    ap.add_argument("--buckets", type=int, nargs="+", default=[4, 8, 12, 16, 24, 32, 48, 64])
+    ap.add_argument("--no-append", action="store_true", help="print, do not append to RESULTS.md")
+    args = ap.parse_args()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.float16 if dev == "cuda" else torch.float32
+    model = C.random_qwen3(args.model, dev, dtype)
+    loaded = LoadedModel(model, build_qwen_tokenizer(), torch.device(dev), dtype, "fp16", memory=module_bytes(model))
+    clf = Classifier(make_cfg(prompt_sets()[EIGHT], "trie", args.buckets), loaded=loaded)
+    kind = "GPU" if dev == "cuda" else "CPU profile (the device is the host: forward/score are CPU compute)"
+    text = C.header(f"host stages: {args.model} random weights, ecommerce8 ({kind})",
+                    f"bench/host.py --model {args.model} --iters {args.iters} --profile-iters {args.profile_iters}; "
+                    f"graphs {clf.engine.graphs}; queries {QUERIES}")
+    text += "| batch | tokenize | prepare | forward | score | postprocess | host stages (tok+prep+score+post) |\n"
+    text += "|---|---|---|---|---|---|---|\n"
+    steps, profs = {}, {}
+    allocs0 = torch.cuda.memory_stats()["allocation.all.allocated"] if dev == "cuda" else 0
+    for b, new in ((1, False), (1, True), (4, False), (4, True)):
+        qs = QUERIES[:b]
+        p = stage_p50(clf, qs, args.iters, new)
+        text += (f"| {b}{', never-seen' if new else ''} | {p['tokenize']:.3f} | {p['prepare']:.3f} | {p['forward']:.3f} | {p['score']:.3f} | "
+                 f"{p['postprocess']:.3f} | {p['host']:.3f} |\n")
+        if new:
+            continue
+        steps[b] = per_step(clf, qs, args.iters)
+        if dev == "cuda":
+            profs[b] = profile(clf, qs, args.profile_iters)
+        else:
+            with StubDevice(clf):
+                profs[b] = profile(clf, qs, args.profile_iters)
+    allocs = torch.cuda.memory_stats()["allocation.all.allocated"] - allocs0 if dev == "cuda" else 0
+    n_graphs = sum(len(bk.graphs) for bk in clf.engine.buckets.values() if bk.graphs)
+    text += (f"\nCUDA graphs: {n_graphs}; CUDA allocations during the timed requests and steps: {allocs} (the "
+             "profiles after them not counted).\n")
+    text += ("\nms p50 per stage (timings_ms of the results; never-seen: the query cache and the kept multi-query "
+             "layouts emptied before each request). Each host step on its own, µs p50:\n\n")
+    text += "| step | b1 | b4 |\n|---|---|---|\n"
+    text += "".join(f"| {k} | {steps[1][k]} | {steps[4].get(k, '')} |\n" for k in steps[1])
+    if dev == "cuda":
+        for b in (1, 4):
+            table, kinds = kernels(clf, QUERIES[:b])
+            gemm = kinds.get("gemm", float("nan"))
+            other = sum(v for k, v in kinds.items() if k != "gemm")
+            text += (f"\nKernels at batch {b}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in sorted(kinds.items())) +
+                     f"; everything but the GEMMs = {100 * other / gemm:.1f} % of the GEMM time\n\n{table}")
+    for b in (1, 4):
+        prefix = "" if dev == "cuda" else " (device stubbed: the last forward's outputs replayed)"
+        text += (f"\ncProfile{prefix} of {args.profile_iters} requests at batch {b}, top functions by own time:\n\n"
+                 f"```\n{profs[b]}\n```\n")
+    if args.no_append:
+        print(text)
+    else:
+        C.append(text)
+
+
+if __name__ == "__main__":
+    main()
