@@ -29,9 +29,11 @@ FAST = ["engine.query_buckets=[8,16]", "max_query_tokens=16", "engine.warmup_req
 
 @pytest.fixture(scope="session")
 def demo_cfg_overrides() -> list[str]:
-    """Overrides for the embedded demo model (converted once into QCLS_CACHE_DIR or ~/.cache/qcls)."""
+    """Overrides for the small demo model, SmolLM2-135M (converted once into QCLS_CACHE_DIR or ~/.cache/qcls):
+    the fastest real weights for tests of everything but the default model itself (gemma3_demo: its own tests,
+    the README's commands and the wheel test run it)."""
     cache = os.environ.get("QCLS_CACHE_DIR")
-    return FAST + ([f"cache_dir={cache}"] if cache else [])
+    return ["model=smollm2_demo", *FAST] + ([f"cache_dir={cache}"] if cache else [])
 
 
 @pytest.fixture(scope="session")

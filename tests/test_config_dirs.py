@@ -147,4 +147,4 @@ def test_a_head_found_in_the_working_directory_travels_as_an_absolute_path(tmp_p
     assert portable(cfg).calibration == str((tmp_path / "mine.yaml").resolve())
     shipped = compose([])  # the model's own head: found in the package by every process itself
     assert portable(shipped) == shipped and shipped.calibration == "model"
-    assert shipped.model.head == "data/heads/smollm2_demo.yaml"
+    assert shipped.model.head == "data/heads/gemma3_demo.yaml"

@@ -84,4 +84,7 @@ def test_gemma3_demo_config_uses_its_base_model_prompts():
     assert (cfg.model.name, cfg.model.source, cfg.model.family) == ("gemma3_demo", "demo", "gemma3")
     assert [p.name for p in cfg.prompts] == ["category", "audience"]
     assert all(p.template.startswith("<bos>") and "<|im_start|>" not in p.template for p in cfg.prompts)
-    assert compose([]).model.name == "smollm2_demo"  # not the default demo model
+    assert compose([]) == cfg  # the default model, with its few-shot prompts and its head
+    assert cfg.calibration == "model" and cfg.model.head == "data/heads/gemma3_demo.yaml"
+    smol = compose(["model=smollm2_demo"])  # the small English demo, on its own few-shot prompts
+    assert smol.model.name == "smollm2_demo" and smol.prompts[0].template.startswith("<|im_start|>")

@@ -142,7 +142,7 @@ def test_query_tokens_beyond_the_config_are_refused(qwen3_8b_dir, capsys):
 def test_demo_model_config_is_read_from_the_gguf_header_without_converting(tmp_path, monkeypatch):
     from qcls.backends import sources
     monkeypatch.setattr(sources, "convert_gguf", lambda *a: pytest.fail("check must not convert weights"))
-    cfg = compose(["prompts=default", f"cache_dir={tmp_path}"])  # an empty cache: nothing converted yet
+    cfg = compose(["model=smollm2_demo", "prompts=default", f"cache_dir={tmp_path}"])  # an empty cache: nothing converted yet
     src = sources.config_source(cfg.model, cfg.cache_dir)
     from qcls.backends import demos
     assert src.gguf_file == demos.get("smollm2_demo").file
