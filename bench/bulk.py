@@ -135,6 +135,8 @@ def measure(b, log, work, overrides, queries, loaded, rows, args):
                "graphs": clf.engine.graphs, "memory_gib": mem, "engine": eng_rate, "tokens": tokens,
                "file": summary, "t4": b / t4_projection(lbytes, lparams, round(tokens)) * 1e3}
     print(json.dumps({b: {k: v for k, v in rows[b].items() if k != "file"}}, default=str), flush=True)
+    print(json.dumps({f"file b{b}": {k: v for k, v in summary.items() if not isinstance(v, (dict, list))}},
+                     default=str), flush=True)  # what a time limit would otherwise lose before the report
     del clf
     C.free()
     return loaded
