@@ -9,18 +9,7 @@
 #    probabilities on the fast fp16 engine and on transformers fp16, each against the fp32 reference engine.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/qcls_gemma_gpu}
-mkdir -p "$OUT"
-export OUT PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-rc=0
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-step() {  # step SECONDS NAME COMMAND...: run with a time limit, keep its log, show its tail
-    local limit=$1 name=$2
-    shift 2
-    timeout "$limit" "$@" > "$OUT/$name.log" 2>&1 || { echo "== $name failed or ran out of time ($limit s)"; rc=1; }
-    echo "== $name"
-    grep -v '^\[qcls\]' "$OUT/$name.log" | tail -c 6000
-}
+source bench/gpu_steps.sh gemma_gpu 6000
 step 330 latency python bench/latency.py --models gemma3_4b qwen3_4b --no-baselines --no-sdpa-ab --iters 40 \
     --json "$OUT/latency.json"
 step 200 fidelity-heads python bench/fidelity.py --model qwen3_4b --head-queries 6 --sharpen 1 --parts heads

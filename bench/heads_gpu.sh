@@ -14,18 +14,7 @@
 # (The pre-issue-18 kernels' pair and bench/norm.py went in issue 27 with bench/legacy_*.py: numbers in RESULTS.md.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/qcls_heads_gpu}
-mkdir -p "$OUT"
-export OUT PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-rc=0
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-step() {  # step SECONDS NAME COMMAND...: run with a time limit, keep its log, show its tail
-    local limit=$1 name=$2
-    shift 2
-    timeout "$limit" "$@" > "$OUT/$name.log" 2>&1 || { echo "== $name failed or ran out of time ($limit s)"; rc=1; }
-    echo "== $name"
-    tail -c 3000 "$OUT/$name.log"
-}
+source bench/gpu_steps.sh heads_gpu 3000
 MODE=${1:-heads}
 P="python -m bench.paired --model qwen3_4b --iters 120"
 if [ "$MODE" = heads ]; then

@@ -9,18 +9,7 @@
 # gpu:     pytest -m gpu tests --ignore=tests/deployments --ignore=tests/test_results.py (both import ray).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/qcls_issue27_gpu}
-mkdir -p "$OUT"
-export OUT PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-rc=0
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-step() {  # step SECONDS NAME COMMAND...: run with a time limit, keep its log, show its tail
-    local limit=$1 name=$2
-    shift 2
-    timeout "$limit" "$@" > "$OUT/$name.log" 2>&1 || { echo "== $name failed or ran out of time ($limit s)"; rc=1; }
-    echo "== $name"
-    grep -v '^\[qcls\]' "$OUT/$name.log" | grep -v "^Loading weights" | tail -c 3000
-}
+source bench/gpu_steps.sh issue27_gpu 3000
 steps=${*:-offload host}
 for s in $steps; do
     case $s in

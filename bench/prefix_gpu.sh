@@ -11,18 +11,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODE=${1:-final}
-OUT=${OUT:-/tmp/qcls_prefix_gpu}
-mkdir -p "$OUT"
-export OUT PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-rc=0
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-step() {  # step SECONDS NAME COMMAND...: run with a time limit, keep its log, show its tail
-    local limit=$1 name=$2
-    shift 2
-    timeout "$limit" "$@" > "$OUT/$name.log" 2>&1 || { echo "== $name failed or ran out of time ($limit s)"; rc=1; }
-    echo "== $name"
-    tail -c 5000 "$OUT/$name.log"
-}
+source bench/gpu_steps.sh prefix_gpu 5000
 if [ "$MODE" = tune ]; then
     step 110 gpu-tests python -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_attention.py
     step 290 attention python -m bench.attention --sweep --budget-s 120 --out-tuning "$OUT/tuning.json"
