@@ -32,9 +32,29 @@ def _compose(overrides: list[str], args) -> object:
 
 
 def check_qcls(argv: list[str]) -> None:
-    """Raise (ConfigError, ValueError) if `qcls argv…` would be refused for its options or overrides."""
+    """Raise (ConfigError, ValueError) if `qcls argv…` would be refused for its options or overrides. The
+    command's `--config-dir` folders (relative to the current directory) are in force while it is checked, as
+    the CLI puts them: through QCLS_CONFIG_DIR."""
+    import os
+
     from qcls import cli
-    argv = list(argv)
+    from qcls.paths import ENV_CONFIG_DIR
+    dirs, argv = cli.take_config_dirs(list(argv))
+    if not dirs:
+        return _check(argv)
+    saved = os.environ.get(ENV_CONFIG_DIR)
+    try:
+        from qcls.compose import export_user_config
+        export_user_config(dirs, [])
+        return _check(argv)
+    finally:
+        os.environ.pop(ENV_CONFIG_DIR, None)
+        if saved is not None:
+            os.environ[ENV_CONFIG_DIR] = saved
+
+
+def _check(argv: list[str]) -> None:
+    from qcls import cli
     literal = argv[argv.index("--") + 1:] if "--" in argv else []
     argv = [a for a in (argv[:argv.index("--")] if "--" in argv else argv) if a != "--debug"]
     if not argv or argv[0] in ("-h", "--help", "--version"):
