@@ -236,7 +236,22 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--version"]:
         print(version_text())
         return 0
-    # the user's config folders (and group=FILE.yaml overrides) hold for every command, the Hydra apps included
+    # the user's config folders (and group=FILE.yaml overrides) hold for every command, the Hydra apps included,
+    # through QCLS_CONFIG_DIR; put back as it was when the command returns (main() also runs inside a process)
+    import os
+
+    from qcls.paths import ENV_CONFIG_DIR
+    saved = os.environ.get(ENV_CONFIG_DIR)
+    try:
+        return _main(argv, literal, debug)
+    finally:
+        if saved is None:
+            os.environ.pop(ENV_CONFIG_DIR, None)
+        else:
+            os.environ[ENV_CONFIG_DIR] = saved
+
+
+def _main(argv: list[str], literal: list[str], debug: bool) -> int:
     config_dirs, argv = take_config_dirs(argv)
 
     def user_config() -> int:

@@ -127,14 +127,36 @@ def _link_files(files: dict[str, Path], tmp: Path) -> list[Path]:
         (tmp / group).mkdir(parents=True, exist_ok=True)
         target = tmp / group / f"{f.stem}.yaml"
         text = f.read_text(encoding="utf-8", errors="replace")
+        if group in GLOBAL_GROUPS:
+            _check_global_file(group, f, text)
         if group in GLOBAL_GROUPS and "@package" not in text.split("\n", 1)[0]:
             # a prompts file written as `prompts: [...]` needs the header that puts it at the top level; the
-            # header is a comment, so line numbers in error messages stay the user's own
+            # header is a comment, so line numbers in error messages stay the user's own, and the copy
+            # remembers whose it is (SOURCE_SUFFIX) so that errors name the user's file
             target.write_text("# @package _global_\n" + text, encoding="utf-8")
-            files[group] = f  # errors still name the user's file
+            target.with_name(target.name + SOURCE_SUFFIX).write_text(str(f), encoding="utf-8")
         else:
             target.symlink_to(f)
     return [tmp]
+
+
+SOURCE_SUFFIX = ".source"
+
+
+def _check_global_file(group: str, f: Path, text: str) -> None:
+    """A file given as `prompts=FILE.yaml` must hold a `prompts:` list: anything else (a head file, a Hydra
+    config) is refused naming the file, before Hydra reads it."""
+    import yaml
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{group}={f}: not valid YAML ({str(e).splitlines()[0]})",
+                          f"a {group} file holds `{group}:` with a list, as qcls/conf/{group}/*.yaml do") from None
+    if not isinstance(data, dict) or not isinstance(data.get(group), list):
+        keys = sorted(data)[:6] if isinstance(data, dict) else type(data).__name__
+        raise ConfigError(f"{group}={f} is not a {group} file: it has no top-level `{group}:` list (it holds {keys})",
+                          f"a {group} file holds `{group}:` with a list of prompts (name, template, label_prefix, "
+                          f"labels), as qcls/conf/{group}/*.yaml do")
 
 
 def _hydra_compose(overrides: list[str], config_name: str, dirs: list[Path]) -> DictConfig:
@@ -183,7 +205,9 @@ def _sources(cfg: DictConfig, dirs: list[Path], files: dict[str, Path]) -> dict[
         for d in search:
             f = d / group / f"{option}.yaml"
             if f.is_file():
-                out[group] = f.resolve()  # a file given as group=FILE.yaml is linked from a temporary folder
+                # a file given as group=FILE.yaml is linked (or copied, SOURCE_SUFFIX) from a temporary folder
+                src = f.with_name(f.name + SOURCE_SUFFIX)
+                out[group] = Path(src.read_text(encoding="utf-8")) if src.is_file() else f.resolve()
                 break
     return out
 

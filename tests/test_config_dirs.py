@@ -148,3 +148,26 @@ def test_a_head_found_in_the_working_directory_travels_as_an_absolute_path(tmp_p
     shipped = compose([])  # the model's own head: found in the package by every process itself
     assert portable(shipped) == shipped and shipped.calibration == "model"
     assert shipped.model.head == "data/heads/gemma3_demo.yaml"
+
+
+def test_a_file_that_is_not_a_prompts_file_is_refused_by_name(tmp_path):
+    head = tmp_path / "head.yaml"
+    head.write_text("method: head\nweights: head.safetensors\nprompts: {category: {labels: [a, b]}}\n")
+    with pytest.raises(ConfigError, match=r"prompts=.*head\.yaml is not a prompts file: it has no top-level "
+                                          r"`prompts:` list \(it holds \['method', 'prompts', 'weights'\]\)"):
+        compose([f"prompts={head}"])
+
+
+def test_the_cli_names_the_users_file_for_a_typo_in_a_file_without_the_header(tmp_path, monkeypatch, capsys):
+    """group=FILE.yaml through the CLI (QCLS_CONFIG_DIR and a temporary copy with the header): the error still
+    names the user's own file and its line."""
+    import os
+
+    from qcls.cli import main
+    monkeypatch.delenv("QCLS_CONFIG_DIR", raising=False)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(PROMPTS.split("\n", 1)[1].replace('    labels: ["man"', '    lables: ["man"'), encoding="utf-8")
+    assert main(["check", f"prompts={bad}"]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}, line 8: prompts.1.lables: Extra inputs are not permitted" in err and "qcls-conf-" not in err
+    assert "QCLS_CONFIG_DIR" not in os.environ  # main() puts the environment back as it found it
