@@ -6,6 +6,7 @@ QCLS_CONFIG_DIR: qcls/paths.py) go in front of them. A group option may also be 
 """
 from __future__ import annotations
 
+import contextlib
 import re
 import tempfile
 from pathlib import Path
@@ -59,8 +60,9 @@ def compose_with_sources(overrides: list[str] | tuple[str, ...] = (), config_nam
     """(composed config, {group: the file its chosen option came from})."""
     extra = _dirs(config_dir)
     overrides, file_dirs = _file_options(list(overrides))
-    with tempfile.TemporaryDirectory(prefix="qcls-conf-") as tmp:
-        dirs = extra + _link_files(file_dirs, Path(tmp))
+    # a temporary folder only to offer group=FILE.yaml files to Hydra
+    with (tempfile.TemporaryDirectory(prefix="qcls-conf-") if file_dirs else contextlib.nullcontext()) as tmp:
+        dirs = extra + (_link_files(file_dirs, Path(tmp)) if file_dirs else [])
         cfg = _hydra_compose(overrides, config_name, dirs)
         sources = _sources(cfg, dirs, file_dirs)
     if "hydra" in cfg:

@@ -179,7 +179,7 @@ def test_killed_between_join_and_cleanup(tmp_path, tiny_overrides, clf_factory, 
     inp = tmp_path / "log.txt"
     write_log(inp, queries, "txt")
     _, ref = bulk(tmp_path, tiny_overrides, clf_factory, inp, "ref.parquet", chunk_rows=50)
-    monkeypatch.setattr(runner.shutil, "rmtree", lambda p: (_ for _ in ()).throw(Killed()))
+    monkeypatch.setattr(runner.shutil, "rmtree", lambda *a, **k: (_ for _ in ()).throw(Killed()))
     with pytest.raises(Killed):
         bulk(tmp_path, tiny_overrides, clf_factory, inp, "out.parquet", chunk_rows=50)
     monkeypatch.undo()

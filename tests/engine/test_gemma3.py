@@ -129,7 +129,7 @@ def test_real_gemma3_270m_matches_the_reference(demo_cfg_overrides, prompts, str
     from qcls.backends.registry import get_backend
     from qcls.classifier import Classifier
     from qcls.compose import compose
-    over = ["model=gemma3_demo", *demo_cfg_overrides, f"prompts={prompts}", f"scoring={strategy}",
+    over = [*demo_cfg_overrides, "model=gemma3_demo", f"prompts={prompts}", f"scoring={strategy}",
             "engine.max_batch_size=2"]
     cfg = compose(over)
     loaded = get_backend("fp16").load(cfg)

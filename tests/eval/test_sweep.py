@@ -220,7 +220,7 @@ def test_one_multirun_compares_the_two_demo_models(demo_cfg_overrides, tmp_path)
     skip_without_gemma3_demo()
     models.release()
     out = tmp_path / "sweep"
-    rc = main(["-m", "model=smollm2_demo,gemma3_demo", *demo_cfg_overrides, "eval.limit=4", "eval.batch1_queries=1",
+    rc = main(["-m", "model=smollm2_demo,gemma3_demo", *[o for o in demo_cfg_overrides if not o.startswith("model=")], "eval.limit=4", "eval.batch1_queries=1",
                "eval.agreement_with_exact=false", "engine.max_batch_size=2", f"hydra.sweep.dir={out}"])
     models.release()
     assert rc == 0
