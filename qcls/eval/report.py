@@ -11,6 +11,7 @@ from typing import Any
 
 from qcls.eval import plots
 from qcls.eval import report_baselines as baselines
+from qcls.eval.report_baselines import dig as _get
 
 CAL = ("accuracy", "nll", "ece")
 
@@ -52,14 +53,6 @@ def varying(jobs: list[Job]) -> tuple[list[str], list[str]]:
     vary = [k for k in keys if len({m.get(k) for m in maps}) > 1]
     fixed = [f"{k}={maps[0][k]}" for k in keys if k not in vary and maps and k in maps[0]]
     return vary, fixed
-
-
-def _get(d: Any, *path: str) -> Any:
-    for p in path:
-        if not isinstance(d, dict):
-            return None
-        d = d.get(p)
-    return d
 
 
 def row(job: Job, out_dir: Path, vary: list[str]) -> dict[str, Any]:

@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 
-def _get(d: Any, *path: str) -> Any:
+def dig(d: Any, *path: str) -> Any:
+    """d[path[0]][path[1]]…, or None where a level is missing (result.json files of older or failed jobs)."""
     for p in path:
         if not isinstance(d, dict):
             return None
