@@ -185,6 +185,10 @@ class Classifier:
                              f"queries, got {len(queries)}: use classify, which splits them")
         return self._launch(*self._tokenize(queries))
 
+    def done(self, batch: Batch) -> bool:
+        """Whether `finish` would return without waiting for the device; never blocks."""
+        return batch.launched is None or self.engine.done(batch.launched)
+
     def finish(self, batch: Batch, wait_is_queue: bool = False) -> list[QueryResult]:
         """Wait for a started batch and build its results. The time its forward waited for the device (a
         batch ahead of it, the launch) counts as `prepare`, or with wait_is_queue=True is left out of the

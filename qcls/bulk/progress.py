@@ -27,8 +27,12 @@ class Tally:
     dropped_keys: int = 0  # JSONL rows with keys beyond the first object's (not in a CSV/Parquet output)
 
     def count_result(self, prompts: list[str], labels: tuple[str, ...]) -> None:
+        counts = self.labels
         for p, lab in zip(prompts, labels):
-            self.labels.setdefault(p, Counter())[lab] += 1
+            c = counts.get(p)
+            if c is None:  # (setdefault's default argument would build a Counter per row and prompt)
+                c = counts[p] = Counter()
+            c[lab] += 1
 
     def merge(self, other: "Tally") -> None:
         for k in ("rows", "classified", "cached", "resumed_rows", "dropped_keys"):

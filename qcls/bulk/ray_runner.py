@@ -31,7 +31,8 @@ from qcls.bulk.options import BulkOptions
 from qcls.bulk.outputs import Columns, Format
 from qcls.bulk.progress import Progress, Tally, format_summary, summary
 from qcls.bulk.readers import Row, with_query, parse_bytes
-from qcls.bulk.runner import plan, process_chunk
+from qcls.bulk.pipeline import Feed, process_chunk
+from qcls.bulk.runner import SLICE_ROWS, plan
 from qcls.errors import ConfigError, MissingPackageError, missing_package
 from qcls.progress import warn
 
@@ -57,6 +58,7 @@ class BulkActor:
         self.cols, self.column, self.tally = cols, column, tally
         self.fmt = Format(out_fmt, cols, input_schema)
         self.cache = ResultCache(cache_size)
+        self.feed = Feed(self.clf)
         self.prompts = [n for n, _ in cols.prompts]
         tally.ready.remote(time.time())
 
@@ -67,7 +69,8 @@ class BulkActor:
         else:  # Parquet: the columns themselves
             rows = [with_query(i, values, self.column) for i, values in enumerate(batch.to_pylist(), 1)]
         tally = Tally()
-        records, pairs = process_chunk(self.clf, rows, self.cols, self.cache, tally, self.prompts)
+        slices = [rows[i:i + SLICE_ROWS] for i in range(0, len(rows), SLICE_ROWS)]
+        records, pairs = process_chunk(self.feed, slices, self.cols, self.cache, tally, self.prompts)
         self.cache.absorb(pairs)
         self.tally.add.remote(tally.as_dict(), time.time())
         if self.fmt.fmt == "parquet":

@@ -12,26 +12,31 @@ Memory: one chunk of rows, one chunk's new distinct queries, and the cache (cach
 """
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import queue
 import shutil
 import threading
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from itertools import islice
 from pathlib import Path
 from typing import Iterator
 
 from qcls.bulk.cache import ResultCache
 from qcls.bulk.options import BulkOptions
 from qcls.bulk.outputs import Columns, Format, Result, output_format
-from qcls.bulk.pipeline import classify_distinct, error_kind
+from qcls.bulk.pipeline import Feed, error_kind, process_chunk
 from qcls.bulk.progress import Progress, Tally, format_summary, summary
 from qcls.bulk.readers import Reader, Row, file_identity
 from qcls.errors import ConfigError
 
 MANIFEST = "run.json"
+# rows the reader hands over at a time: the classifier feeds the device between slices, so a slice's host
+# work (its dedupe, or building its records) stays well under one batch's device time (≈ 8 ms at batch 4 on
+# an H100); 256 rows take a few ms on a slow 2-core machine
+SLICE_ROWS = 256
 
 
 def parts_dir(output: str | Path) -> Path:
@@ -84,55 +89,72 @@ def part_name(i: int, ext: str) -> str:
     return f"part-{i:06d}{ext}"
 
 
-def chunks(rows: Iterator[Row], size: int) -> Iterator[list[Row]]:
-    while chunk := list(islice(rows, size)):
-        yield chunk
+class Slices:
+    """The input's rows in slices of at most `slice_rows`, chunk by chunk (`chunk_rows` rows a chunk), read on a
+    thread ahead of the classifier: `get(block)` gives the current chunk's next slice, [] when none is read
+    yet (block=False), None at the chunk's end; `next_chunk()` moves on and says whether a chunk is left."""
 
+    _END, _EOF = object(), object()
 
-def prefetch(it: Iterator, depth: int = 1) -> Iterator:
-    """Read the next chunk on a thread while this one is classified."""
-    q: queue.Queue = queue.Queue(depth)
-    end = object()
+    def __init__(self, rows: Iterator[Row], chunk_rows: int, slice_rows: int = SLICE_ROWS, depth: int = 64):
+        self._q: queue.Queue = queue.Queue(depth)
+        self._head = None
+        threading.Thread(target=self._work, args=(rows, chunk_rows, slice_rows), daemon=True,
+                         name="qcls-bulk-read").start()
 
-    def work():
+    def _work(self, rows, chunk_rows: int, slice_rows: int) -> None:
+        put = self._q.put
         try:
-            for x in it:
-                q.put(x)
+            n, buf = 0, []
+            for row in rows:
+                buf.append(row)
+                n += 1
+                if len(buf) == slice_rows or n == chunk_rows:
+                    put(buf)
+                    buf = []
+                if n == chunk_rows:
+                    put(self._END)
+                    n = 0
+            if buf:
+                put(buf)
+            if n:
+                put(self._END)
         except BaseException as e:  # noqa: BLE001 - re-raised in the consumer
-            q.put(e)
-        q.put(end)
+            put(e)
+        put(self._EOF)
 
-    threading.Thread(target=work, daemon=True, name="qcls-bulk-read").start()
-    while (x := q.get()) is not end:
+    def _take(self, block: bool):
+        if self._head is not None:
+            x, self._head = self._head, None
+            return x
+        try:
+            x = self._q.get(block)
+        except queue.Empty:
+            return []
         if isinstance(x, BaseException):
             raise x
-        yield x
+        return x
 
+    def next_chunk(self) -> bool:
+        """Whether another chunk follows (waits for the reader)."""
+        self._head = x = self._take(True)
+        return x is not self._EOF
 
-def process_chunk(clf, rows: list[Row], cols: Columns, cache: ResultCache, tally: Tally,
-                  prompts: list[str]) -> tuple[list[dict], list[tuple[str, Result]]]:
-    """Records of one chunk and its (query, result) pairs for the cache, in input order; every distinct
-    query not in the cache is classified once."""
-    new: dict[str, None] = {}
-    for r in rows:
-        if r.query is not None and cache.get(r.query) is None:
-            new.setdefault(r.query)
-    fresh = dict(zip(new, classify_distinct(clf, list(new)))) if new else {}
-    tally.classified += sum(1 for q in fresh.values() if q.ok)
-    records, pairs = [], []
-    for r in rows:
-        result, error = None, r.error
-        if r.query is not None:
-            qr = fresh.get(r.query)
-            if qr is None or qr.ok:
-                result = cache.get(r.query) if qr is None else cols.result_of(qr)
-                pairs.append((r.query, result))
-            else:
-                error = qr.error
-        records.append(cols.record(r.values, result, error))
-        count(tally, result, error, prompts)
-    tally.cached += len(pairs) - sum(1 for q in fresh.values() if q.ok)
-    return records, pairs
+    def get(self, block: bool) -> list[Row] | None:
+        x = self._take(block)
+        if x is self._END:
+            return None
+        if x is self._EOF:  # kept for next_chunk
+            self._head = x
+            return None
+        return x
+
+    def chunk(self) -> list[Row]:
+        """The rest of the current chunk's rows at once (a chunk a resumed run skips)."""
+        rows: list[Row] = []
+        while (s := self.get(True)) is not None:
+            rows += s
+        return rows
 
 
 def count(tally: Tally, result: Result | None, error: str | None, prompts: list[str]) -> None:
@@ -164,27 +186,33 @@ def run(opts: BulkOptions, clf_factory=None) -> dict:
     prog = Progress(tally, reader.progress, opts.quiet, log_every_s=opts.log_every_s)
     prog.restart_clock()
     parts: list[Path] = []
+    feed = Feed(clf)
+    slices = Slices(reader.rows(), opts.chunk_rows)
     with ThreadPoolExecutor(1, thread_name_prefix="qcls-bulk-write") as writer:
-        pending = None
-        for i, rows in enumerate(prefetch(chunks(reader.rows(), opts.chunk_rows))):
+        writes: deque = deque()
+        i = 0
+        while slices.next_chunk():
             path = folder / part_name(i, ext)
             parts.append(path)
             if i < n_done:  # written by an interrupted run: rebuild the cache and the counts from it
+                rows = slices.chunk()
                 recs = fmt.read_part(path)
                 if len(recs) != len(rows):
                     raise ConfigError(f"{path} holds {len(recs)} rows where the input's chunk {i} has {len(rows)}",
                                       f"the input changed since the interrupted run: delete {folder} to start over")
                 _replay(recs, cols, cache, tally, prompts, reader.column)
-                continue
-            records, pairs = process_chunk(clf, rows, cols, cache, tally, prompts)
-            _dropped_keys(records, cols, fmt.fmt, tally)
-            cache.absorb(pairs)
-            if pending is not None:
-                pending.result()
-            pending = writer.submit(fmt.write_part, path, records)
-            prog.tick()
-        if pending is not None:
-            pending.result()
+            else:
+                records, pairs = process_chunk(feed, (), cols, cache, tally, prompts, next_slice=slices.get)
+                _dropped_keys(records, cols, fmt.fmt, tally)
+                cache.absorb(pairs)
+                while len(writes) > 1:  # at most two chunks' records wait for the writer: waiting on the last
+                    writes.popleft().result()  # one would stall the device while it writes
+                writes.append(writer.submit(fmt.write_part, path, records))
+                prog.tick()
+            i += 1
+        for w in writes:
+            w.result()
+    gc.unfreeze()  # (process_chunk froze what the run kept alive)
     fmt.join(parts, Path(opts.output))
     shutil.rmtree(folder)
     seconds = time.perf_counter() - prog.t0

@@ -287,6 +287,11 @@ class FastEngine:
         ev[2].record()
         return InFlight(bk, len(batch), slot, t0, (time.perf_counter() - t0) * 1e3, ev)
 
+    @staticmethod
+    def done(job: InFlight) -> bool:
+        """Whether a launched batch's scores are on the host (collect would not wait); never blocks."""
+        return job.events is None or job.events[2].query()
+
     def collect(self, job: InFlight) -> tuple[Scores, Scores, dict[str, float], int]:
         """Wait for a launched batch and read its scores (see `run`)."""
         bk = job.bucket

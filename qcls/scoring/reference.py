@@ -114,3 +114,7 @@ class ReferenceEngine:
 
     def collect(self, launched):
         return launched
+
+    @staticmethod
+    def done(launched) -> bool:
+        return True  # launch computed it
