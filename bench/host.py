@@ -98,6 +98,49 @@ def per_step(clf: Classifier, queries: list[str], iters: int) -> dict[str, float
     return steps
 
 
+@torch.inference_mode()
+def request_timeline(clf: Classifier, queries: list[str], iters: int) -> dict[str, float]:
+    """µs p50 of each piece of `launch` + `collect` inside back-to-back requests (results built between them, as
+    classify does), where the host runs right after a wait for the device, not in a tight loop: where the
+    `prepare` stage's time goes. `host after device` = the host's time from the launch's start to the scores
+    read, less the device's own (event-timed) forward + tail."""
+    eng = clf.engine
+    batch = [encode_query(clf.tokenizer, q, clf.cfg.max_query_tokens) for q in queries]
+    rows = []
+    for _ in range(iters):
+        t = [time.perf_counter()]
+        bk = eng.bucket_for(batch)
+        bk.pack(batch, 0)
+        t.append(time.perf_counter())
+        ev = eng._events[0]
+        ev[0].record()
+        bk.load(0)
+        t.append(time.perf_counter())
+        bk.graphs[0].replay()
+        ev[1].record()
+        t.append(time.perf_counter())
+        bk.graphs[1].replay()
+        bk.out[0].copy_(bk.scores, non_blocking=True)
+        ev[2].record()
+        t.append(time.perf_counter())
+        ev[2].synchronize()
+        t.append(time.perf_counter())
+        flat = bk.out[0].tolist()
+        t.append(time.perf_counter())
+        dev = ev[0].elapsed_time(ev[2]) * 1e3
+        scores, i = [], 0  # results built as a request builds them, so the next launch starts as cold
+        for n in bk.tail.label_counts:
+            scores.append(flat[i:i + n])
+            i += n
+        for _ in queries:
+            clf._build(scores, scores)
+        d = [(b - a) * 1e6 for a, b in zip(t, t[1:])]
+        rows.append({"bucket_for + pack": d[0], "event + load queued": d[1], "forward replay + event": d[2],
+                     "tail replay + copy + event queued": d[3], "wait for the device": d[4], "scores to the host": d[5],
+                     "device forward + tail (events)": dev, "host after device": (t[-1] - t[0]) * 1e6 - dev})
+    return {k: round(C.median([r[k] for r in rows]), 1) for k in rows[0]}
+
+
 class StubDevice:
     """On the CPU the forward is the host's own compute and would fill the profile: replay the bucket's last
     hidden states and scores instead, so what is profiled is the host work of a request alone."""
@@ -199,6 +242,10 @@ def main() -> None:
              "layouts emptied before each request). Each host step on its own, µs p50:\n\n")
     text += "| step | b1 | b4 |\n|---|---|---|\n"
     text += "".join(f"| {k} | {steps[1][k]} | {steps[4].get(k, '')} |\n" for k in steps[1])
+    if dev == "cuda" and clf.engine.graphs:
+        tl = {b: request_timeline(clf, QUERIES[:b], args.iters) for b in (1, 4)}
+        text += ("\nInside back-to-back requests (bench/host.py request_timeline), µs p50:\n\n| piece | b1 | b4 |\n"
+                 "|---|---|---|\n" + "".join(f"| {k} | {tl[1][k]} | {tl[4][k]} |\n" for k in tl[1]))
     if dev == "cuda":
         for b in (1, 4):
             table, kinds = kernels(clf, QUERIES[:b])
