@@ -7,7 +7,7 @@
 #   .dev/base27      `git archive f728a0a`: issue 27's baseline checkout (mode http)
 # Modes (several in one command run in order):
 #   bulk       bench/bulk.py: the engine against `qcls bulk` at batch 4, 8, 16 (issue 31)
-#   bulk-ray   bench/bulk.py at batch 16 with the Ray Data run (one actor)
+#   bulk-ray   bench/bulk.py at batch 8 (the default) with the Ray Data run (one actor)
 #   host       bench/host.py on Qwen3-4B and Gemma3-4B (host stages, kernels, allocations; issue 27)
 #   http       bench/load.py HTTP at 8 clients: f728a0a, this checkout, f728a0a, this checkout (issue 27)
 #   gpu        the whole GPU test suite (pytest -m gpu)
@@ -33,7 +33,7 @@ http_run() {  # http_run NAME DIR: one app, HTTP to the replica's port, 8 client
 for mode in "$@"; do
     case $mode in
     bulk) step 560 bulk python bench/bulk.py --batch-sizes 4 8 16 ;;
-    bulk-ray) step 400 bulk-ray python bench/bulk.py --batch-sizes 16 --ray ;;
+    bulk-ray) step 420 bulk-ray python bench/bulk.py --batch-sizes 8 --ray ;;
     host)
         step 150 host-qwen python bench/host.py --model qwen3_4b --iters 200 --profile-iters 50
         step 130 host-gemma python bench/host.py --model gemma3_4b --iters 200 --profile-iters 30 ;;

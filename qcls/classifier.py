@@ -76,6 +76,9 @@ class Classifier:
         self.loaded = loaded
         torch.manual_seed(cfg.seed)
         self._headed = [self.head is not None and n in self.head.prompts for n in self.prompt_names]
+        # what _build reads per prompt, looked up once here rather than per prompt of every result
+        self._result_plan = [(lay.tokens.name, lay.tokens.labels, lay.label_token_counts, h)
+                             for lay, h in zip(self.layouts, self._headed)]
         with step(f"building the {cfg.engine.kind} engine", self.startup_s, "engine"):
             self.engine = self._build_engine()
         self.notes = cal_notes + list(loaded.notes) + list(getattr(self.engine, "notes", []))
@@ -268,23 +271,21 @@ class Classifier:
         beside them. Plain Python: for a handful of labels per prompt it is faster than any tensor op's
         overhead (and the softmax is inlined: half of this was call overhead, issue 27)."""
         out = []
-        exp = math.exp
-        for lay, vals, hvals, headed in zip(self.layouts, scores, heads_, self._headed):
+        exp, append = math.exp, out.append
+        for (name, names, counts, headed), vals, hvals in zip(self._result_plan, scores, heads_):
             top = max(vals)
             exps = [exp(v - top) for v in vals]
             z = sum(exps)  # each term ≤ 1 and one is exactly 1: plain float64 summation loses nothing that shows
             probs = [e / z for e in exps]
             best = _argmax(vals, top)
-            names, counts = lay.tokens.labels, lay.label_token_counts
             if not headed:  # no head, or none for this prompt: the LLM's own label scores
-                out.append(PromptResult(lay.tokens.name, names[best], probs[best],
-                                        list(map(LabelScore, names, vals, probs, counts))))
+                append(PromptResult(name, names[best], probs[best], list(map(LabelScore, names, vals, probs, counts))))
                 continue
             hprobs = _softmax(hvals)
             hbest = _argmax(hvals, max(hvals))
-            out.append(PromptResult(lay.tokens.name, names[hbest], hprobs[hbest],
-                                    list(map(LabelScore, names, vals, hprobs, counts, probs, hvals)),
-                                    names[best], probs[best]))
+            append(PromptResult(name, names[hbest], hprobs[hbest],
+                                list(map(LabelScore, names, vals, hprobs, counts, probs, hvals)), names[best],
+                                probs[best]))
         return out
 
 

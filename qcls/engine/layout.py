@@ -135,9 +135,9 @@ class Packer:
     def buffer_len(self, b: int, n: int) -> int:
         return (len(FIELDS) + 1) * n + len(self.prompts) + 1 + self.n_reads(b) + TILE_FIELDS * self.max_tiles(b, n)
 
-    def pack(self, batch: list[list[int]], n: int, out: torch.Tensor) -> None:
-        """Write descriptors for `batch` into `out` (int64, buffer_len): FIELDS × n, qtok (n), qstart (P + 1),
-        read indices, tiles.
+    def pack(self, batch: list[list[int]], n: int, out: np.ndarray | torch.Tensor) -> None:
+        """Write descriptors for `batch` into `out` (int64, buffer_len; a CPU tensor or its numpy view): FIELDS ×
+        n, qtok (n), qstart (P + 1), read indices, tiles.
 
         Everything but the query ids depends only on the queries' lengths and n: the buffer for those lengths
         is built once (`layout`) and kept, so a request copies it and writes its ids (issue 27: the build took
@@ -151,7 +151,7 @@ class Packer:
                 self._recent.pop(next(iter(self._recent)))
             self._recent[key] = hit
         flat, where = hit
-        o = out.numpy()
+        o = out if isinstance(out, np.ndarray) else out.numpy()
         o[:len(flat)] = flat
         for q, w in zip(batch, where):  # w [P, len(q)]: the query's ids in each prompt's row
             o[w] = q

@@ -1,4 +1,4 @@
-"""The bulk command's batch size: 16 on a GPU unless the user chose one (bench/RESULTS.md), the config's on the CPU."""
+"""The bulk command's batch size: 8 on a GPU unless the user chose one (bench/RESULTS.md), the config's on the CPU."""
 from __future__ import annotations
 
 import torch
@@ -12,7 +12,7 @@ def test_batch_size_default_follows_the_device_and_never_overrides_a_choice(monk
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert opts(["prompts=ecommerce8"]) == ["prompts=ecommerce8"]  # CPU: the config's own
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert opts([]) == [f"engine.max_batch_size={GPU_BATCH_SIZE}"] and GPU_BATCH_SIZE == 16
+    assert opts([]) == [f"engine.max_batch_size={GPU_BATCH_SIZE}"] and GPU_BATCH_SIZE == 8
     assert opts(["engine.max_batch_size=2"]) == ["engine.max_batch_size=2"]  # the user's choice stands
-    assert opts([], batch_size=8) == ["engine.max_batch_size=8"]  # --batch-size
+    assert opts([], batch_size=16) == ["engine.max_batch_size=16"]  # --batch-size
     assert opts(["backend.device=cpu"]) == ["backend.device=cpu"]
