@@ -94,11 +94,12 @@ class Feed:
 
 
 def process_chunk(feed: Feed, slices: Iterator[list[Row]] | list[list[Row]], cols: Columns, cache: ResultCache,
-                  tally: Tally, prompts: list[str], next_slice: Callable[[bool], list[Row] | None] | None = None
-                  ) -> tuple[list[dict], list[tuple[str, Result]]]:
+                  tally: Tally, prompts: list[str], next_slice: Callable[[bool], list[Row] | None] | None = None,
+                  tick: Callable[[], None] | None = None) -> tuple[list[dict], list[tuple[str, Result]]]:
     """Records of one chunk and its (query, result) pairs for the cache, in input order; every distinct query
     of the chunk not in the cache is classified once. The chunk's rows come as `slices` (a list or iterator),
-    or from `next_slice(block)`: a slice, [] when none is ready yet (block=False), None at the chunk's end."""
+    or from `next_slice(block)`: a slice, [] when none is ready yet (block=False), None at the chunk's end.
+    `tally` counts as the slices are written; `tick()` after each (the progress line)."""
     if next_slice is None:
         it = iter(slices)
         next_slice = lambda block: next(it, None)  # noqa: E731
@@ -107,17 +108,20 @@ def process_chunk(feed: Feed, slices: Iterator[list[Row]] | list[list[Row]], col
     waiting: deque[tuple[list[Row], int]] = deque()  # slices read, not yet written, with their feed marks
     records: list[dict] = []
     pairs: list[tuple[str, Result]] = []
-    classified = 0
+    converted: dict[str, Result] = {}  # the chunk's classified queries, as the output shows them
     ended = False
     while not ended or waiting:
         if waiting and feed.answered >= waiting[0][1]:  # answered: its records, while the device works on
             rows = waiting.popleft()[0]                 # what was fed after it
-            _build(rows, cols, cache, fresh, tally, prompts, records, pairs)
+            _build(rows, cols, cache, fresh, converted, tally, prompts, records, pairs)
             # Python's full collections scan every live object, and a chunk keeps tens of thousands of rows and
             # records alive: unfrozen, they stalled the device for 0.2-0.5 s at a time (~5 % of a run). Frozen
             # objects are still freed by reference counting; only cyclic garbage waits for `gc.unfreeze()`
-            # (the single-process run calls it at its end; rows, records and results hold no cycles).
+            # (the single-process run calls it at its end; a Ray actor keeps its objects frozen for its life, its
+            # cache above all; rows, records and results hold no cycles).
             gc.freeze()
+            if tick is not None:
+                tick()
         elif not ended:
             rows = next_slice(not feed.inflight)
             if rows is None:
@@ -126,7 +130,6 @@ def process_chunk(feed: Feed, slices: Iterator[list[Row]] | list[list[Row]], col
             elif rows:
                 new = [q for q in (r.query for r in rows)
                        if q is not None and q not in seen and not seen.add(q) and cache.get(q) is None]
-                classified += len(new)
                 waiting.append((rows, feed.add(new)))
                 continue
             else:  # nothing read yet (next_slice blocks only while the device has nothing of ours)
@@ -134,16 +137,14 @@ def process_chunk(feed: Feed, slices: Iterator[list[Row]] | list[list[Row]], col
         else:
             feed.wait()
         feed.pump()
-    ok = sum(1 for r in fresh.values() if r.ok)
-    tally.classified += ok
-    tally.cached += len(pairs) - ok
+    tally.cached += len(pairs) - len(converted)
     fresh.clear()
     return records, pairs
 
 
-def _build(rows: list[Row], cols: Columns, cache: ResultCache, fresh: dict[str, QueryResult], tally: Tally,
-           prompts: list[str], records: list[dict], pairs: list[tuple[str, Result]]) -> None:
-    converted: dict[str, Result] = {}
+def _build(rows: list[Row], cols: Columns, cache: ResultCache, fresh: dict[str, QueryResult],
+           converted: dict[str, Result], tally: Tally, prompts: list[str], records: list[dict],
+           pairs: list[tuple[str, Result]]) -> None:
     for r in rows:
         result, error = None, r.error
         q = r.query
@@ -153,8 +154,9 @@ def _build(rows: list[Row], cols: Columns, cache: ResultCache, fresh: dict[str, 
                 result = cache.get(q)
             elif qr.ok:
                 result = converted.get(q)
-                if result is None:
+                if result is None:  # the query's first row: it counts as classified
                     result = converted[q] = cols.result_of(qr)
+                    tally.classified += 1
             else:
                 error = qr.error
             if result is not None:

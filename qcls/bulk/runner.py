@@ -185,9 +185,30 @@ def run(opts: BulkOptions, clf_factory=None) -> dict:
     tally, cache = Tally(), ResultCache(opts.cache_size)
     prog = Progress(tally, reader.progress, opts.quiet, log_every_s=opts.log_every_s)
     prog.restart_clock()
+    try:
+        parts = _write_parts(clf, reader, opts.chunk_rows, n_done, folder, ext, cols, fmt, cache, tally, prompts,
+                             prog)
+    finally:
+        gc.unfreeze()  # process_chunk froze what the run kept alive; a run that raised leaves nothing frozen either
+    fmt.join(parts, Path(opts.output))
+    shutil.rmtree(folder)
+    seconds = time.perf_counter() - prog.t0
+    prog.close()
+    out = summary(tally, seconds, startup, {"output": opts.output, "batch_size": cfg.engine.max_batch_size,
+                                           "cache_evicted": cache.evicted})
+    if not opts.quiet:
+        import sys
+        sys.stderr.write(format_summary(out))
+    return out
+
+
+def _write_parts(clf, reader: Reader, chunk_rows: int, n_done: int, folder: Path, ext: str, cols: Columns,
+                 fmt: Format, cache: ResultCache, tally: Tally, prompts: list[str], prog: Progress) -> list[Path]:
+    """Every chunk classified (or, for the first n_done, replayed from the part an interrupted run wrote) and
+    written as a part file; the parts in order."""
     parts: list[Path] = []
     feed = Feed(clf)
-    slices = Slices(reader.rows(), opts.chunk_rows)
+    slices = Slices(reader.rows(), chunk_rows)
     with ThreadPoolExecutor(1, thread_name_prefix="qcls-bulk-write") as writer:
         writes: deque = deque()
         i = 0
@@ -202,27 +223,17 @@ def run(opts: BulkOptions, clf_factory=None) -> dict:
                                       f"the input changed since the interrupted run: delete {folder} to start over")
                 _replay(recs, cols, cache, tally, prompts, reader.column)
             else:
-                records, pairs = process_chunk(feed, (), cols, cache, tally, prompts, next_slice=slices.get)
+                records, pairs = process_chunk(feed, (), cols, cache, tally, prompts, next_slice=slices.get,
+                                               tick=prog.tick)
                 _dropped_keys(records, cols, fmt.fmt, tally)
                 cache.absorb(pairs)
                 while len(writes) > 1:  # at most two chunks' records wait for the writer: waiting on the last
                     writes.popleft().result()  # one would stall the device while it writes
                 writes.append(writer.submit(fmt.write_part, path, records))
-                prog.tick()
             i += 1
         for w in writes:
             w.result()
-    gc.unfreeze()  # (process_chunk froze what the run kept alive)
-    fmt.join(parts, Path(opts.output))
-    shutil.rmtree(folder)
-    seconds = time.perf_counter() - prog.t0
-    prog.close()
-    out = summary(tally, seconds, startup, {"output": opts.output, "batch_size": cfg.engine.max_batch_size,
-                                           "cache_evicted": cache.evicted})
-    if not opts.quiet:
-        import sys
-        sys.stderr.write(format_summary(out))
-    return out
+    return parts
 
 
 def _replay(recs: list[dict], cols: Columns, cache: ResultCache, tally: Tally, prompts: list[str],

@@ -52,6 +52,13 @@ class FakeClassifier:
         self.released += n
 
 
+@pytest.fixture(autouse=True)
+def _unfreeze():
+    """process_chunk freezes the garbage collector's view of every live object: give the other tests it back."""
+    yield
+    gc.unfreeze()
+
+
 def _result(q: str) -> QueryResult:
     if not q.strip():
         return QueryResult(q, error="empty query: give at least one character")
@@ -170,8 +177,9 @@ def test_a_reader_error_reaches_the_consumer():
         src.get(True)
 
 
-def test_process_chunk_freezes_and_the_run_leaves_nothing_frozen(tmp_path, tiny_overrides, clf_factory):
-    """process_chunk freezes what it keeps alive (a full collection stalled the device); the run unfreezes it."""
+def test_process_chunk_freezes_and_the_run_leaves_nothing_frozen(tmp_path, tiny_overrides, clf_factory, monkeypatch):
+    """process_chunk freezes what it keeps alive (a full collection stalled the device); the run unfreezes it,
+    also when it raises (a disk that fills up)."""
     from qcls.bulk import runner
     from qcls.bulk.options import BulkOptions
     cols = Columns.build(["query"], PROMPTS, False)
@@ -181,6 +189,13 @@ def test_process_chunk_freezes_and_the_run_leaves_nothing_frozen(tmp_path, tiny_
     inp = tmp_path / "log.txt"
     inp.write_text("red dress\nboys tee\n\n", encoding="utf-8")
     runner.run(BulkOptions(str(inp), str(tmp_path / "out.jsonl"), tiny_overrides, quiet=True), clf_factory)
+    assert gc.get_freeze_count() == 0
+
+    def disk_full(self, path, records):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(Format, "write_part", disk_full)
+    with pytest.raises(OSError, match="No space"):
+        runner.run(BulkOptions(str(inp), str(tmp_path / "out2.jsonl"), tiny_overrides, quiet=True), clf_factory)
     assert gc.get_freeze_count() == 0
 
 
@@ -194,3 +209,15 @@ def test_table_in_pieces_equals_one_piece(monkeypatch):
     monkeypatch.setattr(outputs, "TABLE_PIECE", 7)
     pieces = fmt.table(recs)
     assert pieces.to_pylist() == whole.to_pylist() and pieces.schema == whole.schema
+
+
+def test_counts_grow_slice_by_slice_for_the_progress_line():
+    """tick() after every written slice, with the rows and distinct queries counted so far (the progress line
+    moves within a chunk, not once per 65,536 rows)."""
+    queries = [f"q{i % 7}" for i in range(40)]
+    rows = _rows(queries)
+    tally, seen = Tally(), []
+    cols = Columns.build(["query"], PROMPTS, False)
+    process_chunk(Feed(FakeClassifier(step=2)), [rows[i:i + 10] for i in range(0, 40, 10)], cols, ResultCache(10),
+                  tally, ["category"], tick=lambda: seen.append((tally.rows, tally.classified)))
+    assert seen == [(10, 7), (20, 7), (30, 7), (40, 7)] and tally.cached == 33
