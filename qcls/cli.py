@@ -186,7 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--column", help="the query column or key (default: query)")
     b.add_argument("--all-labels", action="store_true", help="every label's probability, not only the winner's")
     b.add_argument("--quiet", action="store_true", help="no progress line and no summary on stderr")
-    b.add_argument("--batch-size", type=int, metavar="N", help="engine.max_batch_size for this run")
+    b.add_argument("--batch-size", type=int, metavar="N", help="engine.max_batch_size for this run (default: 8 on "
+                   "a GPU, the config's on the CPU)")
     b.add_argument("--chunk-rows", type=int, metavar="N", help="rows per part file (default 65536)")
     b.add_argument("--cache-size", type=int, metavar="N", help="distinct results kept (default 1,000,000)")
     b.add_argument("--ray", action="store_true", help="run through Ray Data (OUTPUT becomes a folder of files)")
