@@ -169,16 +169,6 @@ def _build(rows: list[Row], cols: Columns, cache: ResultCache, fresh: dict[str, 
             tally.count_result(prompts, result[0])
 
 
-def classify_distinct(clf, queries: list[str]) -> list[QueryResult]:
-    """One result per query, in order (through a Feed)."""
-    feed = Feed(clf)
-    feed.add(queries)
-    feed.flush()
-    while feed.inflight:
-        feed.wait()
-    return [feed.results[q] for q in queries]
-
-
 def _start(clf, chunk: list[str]):
     try:
         return clf.start(chunk)

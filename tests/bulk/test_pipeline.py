@@ -13,7 +13,7 @@ import pytest
 
 from qcls.bulk.cache import ResultCache
 from qcls.bulk.outputs import Columns, Format
-from qcls.bulk.pipeline import Feed, classify_distinct, process_chunk
+from qcls.bulk.pipeline import Feed, process_chunk
 from qcls.bulk.progress import Tally
 from qcls.bulk.readers import Row
 from qcls.bulk.runner import Slices
@@ -103,14 +103,13 @@ def test_batches_do_not_depend_on_the_slicing(slice_rows):
     cache = ResultCache(100)
     cache.absorb([("q0", (("dress",), (0.5,), None)), ("q3", (("tee",), (0.5,), None))])
     new = list(dict.fromkeys(q for q in queries if cache.get(q) is None))
-    one_shot = FakeClassifier(step=4)
-    classify_distinct(one_shot, new)
+    one_shot = [new[i:i + 4] for i in range(0, len(new), 4)]
     clf = FakeClassifier(step=4)
     rows = _rows(queries)
     slices = [rows[i:i + slice_rows] for i in range(0, len(rows), slice_rows)]
     cols = Columns.build(["query"], PROMPTS, False)
     records, pairs = process_chunk(Feed(clf), slices, cols, cache, Tally(), ["category"])
-    assert clf.batches == one_shot.batches
+    assert clf.batches == one_shot
     assert [r["query"] for r in records] == queries
 
 
