@@ -31,8 +31,8 @@ from qcls.bulk.options import BulkOptions
 from qcls.bulk.outputs import Columns, Format
 from qcls.bulk.progress import Progress, Tally, format_summary, summary
 from qcls.bulk.readers import Row, with_query, parse_bytes
-from qcls.bulk.pipeline import Feed, process_chunk
-from qcls.bulk.runner import SLICE_ROWS, plan
+from qcls.bulk.pipeline import SLICE_ROWS, Feed, process_chunk
+from qcls.bulk.runner import plan
 from qcls.errors import ConfigError, MissingPackageError, missing_package
 from qcls.progress import warn
 

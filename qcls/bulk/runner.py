@@ -26,17 +26,13 @@ from typing import Iterator
 
 from qcls.bulk.cache import ResultCache
 from qcls.bulk.options import BulkOptions
-from qcls.bulk.outputs import Columns, Format, Result, output_format
-from qcls.bulk.pipeline import Feed, error_kind, process_chunk
+from qcls.bulk.outputs import Columns, Format, output_format
+from qcls.bulk.pipeline import SLICE_ROWS, Feed, count, process_chunk
 from qcls.bulk.progress import Progress, Tally, format_summary, summary
 from qcls.bulk.readers import Reader, Row, file_identity
 from qcls.errors import ConfigError
 
 MANIFEST = "run.json"
-# rows the reader hands over at a time: the classifier feeds the device between slices, so a slice's host
-# work (its dedupe, or building its records) stays well under one batch's device time (≈ 8 ms at batch 4 on
-# an H100); 256 rows take a few ms on a slow 2-core machine
-SLICE_ROWS = 256
 
 
 def parts_dir(output: str | Path) -> Path:
@@ -155,14 +151,6 @@ class Slices:
         while (s := self.get(True)) is not None:
             rows += s
         return rows
-
-
-def count(tally: Tally, result: Result | None, error: str | None, prompts: list[str]) -> None:
-    tally.rows += 1
-    if error:
-        tally.errors[error_kind(error)] += 1
-    elif result is not None:
-        tally.count_result(prompts, result[0])
 
 
 def run(opts: BulkOptions, clf_factory=None) -> dict:
