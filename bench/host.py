@@ -20,6 +20,7 @@ import sys
 import time
 
 import torch
+import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench import common as C  # noqa: E402
@@ -200,6 +201,18 @@ def profile(clf: Classifier, queries: list[str], iters: int, top: int = 25) -> s
     return "\n".join(lines[start:start + top + 1])
 
 
+def kernel_tables(clf: Classifier) -> str:
+    """Kernel time by kind and per kernel at batch 1 and 4, and the non-GEMM share of the GEMM time (GPU)."""
+    text = ""
+    for b in (1, 4):
+        table, kinds = kernels(clf, QUERIES[:b])
+        gemm = kinds.get("gemm", float("nan"))
+        other = sum(v for k, v in kinds.items() if k != "gemm")
+        text += (f"\nKernels at batch {b}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in sorted(kinds.items())) +
+                 f"; everything but the GEMMs = {100 * other / gemm:.1f} % of the GEMM time\n\n{table}")
+    return text
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="qwen3_4b", choices=C.MODELS)
@@ -207,16 +220,26 @@ def main() -> None:
     ap.add_argument("--profile-iters", type=int, default=200)
     ap.add_argument("--buckets", type=int, nargs="+", default=[4, 8, 12, 16, 24, 32, 48, 64])
     ap.add_argument("--no-append", action="store_true", help="print, do not append to RESULTS.md")
+    ap.add_argument("--engine", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="engine settings, e.g. fuse_qkv_attention=false fuse_tail=false (YAML values)")
+    ap.add_argument("--kernels-only", action="store_true", help="only the per-kernel profile (GPU)")
     args = ap.parse_args()
+    engine = {k: yaml.safe_load(v) for k, v in (x.split("=", 1) for x in args.engine)}
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.float16 if dev == "cuda" else torch.float32
     model = C.random_qwen3(args.model, dev, dtype)
     loaded = LoadedModel(model, build_qwen_tokenizer(), torch.device(dev), dtype, "fp16", memory=module_bytes(model))
-    clf = Classifier(make_cfg(prompt_sets()[EIGHT], "trie", args.buckets), loaded=loaded)
+    clf = Classifier(make_cfg(prompt_sets()[EIGHT], "trie", args.buckets, engine=engine), loaded=loaded)
     kind = "GPU" if dev == "cuda" else "CPU profile (the device is the host: forward/score are CPU compute)"
-    text = C.header(f"host stages: {args.model} random weights, ecommerce8 ({kind})",
-                    f"bench/host.py --model {args.model} --iters {args.iters} --profile-iters {args.profile_iters}; "
+    text = C.header(f"host stages: {args.model} random weights, ecommerce8 ({kind})"
+                    + (f", engine {' '.join(args.engine)}" if args.engine else ""),
+                    f"bench/host.py --model {args.model} --iters {args.iters} --profile-iters {args.profile_iters}"
+                    f"{' --engine ' + ' '.join(args.engine) if args.engine else ''}; "
                     f"graphs {clf.engine.graphs}; queries {QUERIES}")
+    if args.kernels_only:
+        text += kernel_tables(clf)
+        print(text) if args.no_append else C.append(text)
+        return
     text += "| batch | tokenize | prepare | forward | score | postprocess | host stages (tok+prep+score+post) |\n"
     text += "|---|---|---|---|---|---|---|\n"
     steps, profs = {}, {}
@@ -247,12 +270,7 @@ def main() -> None:
         text += ("\nInside back-to-back requests (bench/host.py request_timeline), µs p50:\n\n| piece | b1 | b4 |\n"
                  "|---|---|---|\n" + "".join(f"| {k} | {tl[1][k]} | {tl[4][k]} |\n" for k in tl[1]))
     if dev == "cuda":
-        for b in (1, 4):
-            table, kinds = kernels(clf, QUERIES[:b])
-            gemm = kinds.get("gemm", float("nan"))
-            other = sum(v for k, v in kinds.items() if k != "gemm")
-            text += (f"\nKernels at batch {b}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in sorted(kinds.items())) +
-                     f"; everything but the GEMMs = {100 * other / gemm:.1f} % of the GEMM time\n\n{table}")
+        text += kernel_tables(clf)
     for b in (1, 4):
         prefix = "" if dev == "cuda" else " (device stubbed: the last forward's outputs replayed)"
         text += (f"\ncProfile{prefix} of {args.profile_iters} requests at batch {b}, top functions by own time:\n\n"

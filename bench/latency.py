@@ -44,11 +44,13 @@ def prompt_sets() -> dict[str, list[dict]]:
     return {TWO: default, "8 prompts (2 Chinese multi-token)": eight, "8 prompts single-token": single}
 
 
-def make_cfg(prompts: list[dict], strategy: str, buckets: list[int], attention: str = "auto"):
+def make_cfg(prompts: list[dict], strategy: str, buckets: list[int], attention: str = "auto",
+             engine: dict | None = None):
+    """`engine`: more engine settings (e.g. {"fuse_tail": False})."""
     return validate({"model": {"name": "random", "source": "local", "path": "/random-weights"}, "prompts": prompts,
                      "scoring": {"name": strategy}, "max_query_tokens": buckets[-1],
                      "engine": {"query_buckets": buckets, "max_batch_size": 4, "warmup_requests": 2,
-                                "attention": attention}})
+                                "attention": attention, **(engine or {})}})
 
 
 # ---- baselines: what a user writes with transformers -------------------------------------------------

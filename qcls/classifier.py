@@ -126,7 +126,8 @@ class Classifier:
                           block_size=cfg.engine.prefix_block_size, vocab_chunk=cfg.scoring.vocab_chunk,
                           use_graphs=cfg.engine.cuda_graphs and ld.graph_capturable, embed_fn=ld.embed_fn,
                           attention=cfg.engine.attention, heads=prompt_heads, taps=self.taps,
-                          qkv_heads=cfg.engine.qkv_heads_per_program, fuse_post_norms=cfg.engine.fuse_post_norms)
+                          qkv_heads=cfg.engine.qkv_heads_per_program, fuse_post_norms=cfg.engine.fuse_post_norms,
+                          fuse_qkv_attention=cfg.engine.fuse_qkv_attention, fuse_tail=cfg.engine.fuse_tail)
 
     def _warm_up(self) -> None:
         """Every bucket, then the request path; records each batch size's device time (forward + score, ms) in

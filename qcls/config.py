@@ -117,6 +117,13 @@ class EngineSpec(_Strict):
     # Gemma3: each post-norm (after attention, after the MLP) in one launch with the residual add and the next
     # norm; false runs them as two launches (before issue 27)
     fuse_post_norms: bool = True
+    # the tree attention's kernels do the q/k/v kernel's work (q/k norms, RoPE, the KV write) themselves: one
+    # launch fewer per layer; false runs the q/k/v kernel before attention (before issue 27). Dense SDPA
+    # (engine.attention=sdpa, CPUs) always runs the q/k/v kernel.
+    fuse_qkv_attention: bool = True
+    # the tail's sibling-group normaliser (scoring=trie) as one kernel on a GPU; false: the torch ops (gathers,
+    # log-sum-exps, subtraction: eight launches, before issue 27)
+    fuse_tail: bool = True
 
     @field_validator("query_buckets")
     @classmethod

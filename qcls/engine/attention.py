@@ -20,6 +20,7 @@ cores, which is fine at this size (the big GEMMs stay on cuBLAS).
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -50,6 +51,29 @@ def tree_available(device: torch.device, head_dim: int) -> str | None:
     if torch.cuda.get_device_capability(device) < (7, 0):
         return f"Triton needs compute capability 7.0+, this GPU is {torch.cuda.get_device_capability(device)}"
     return None
+
+
+@dataclass
+class RawQKV:
+    """What the q/k/v kernel would read (qkv_kernels.qkv_into), handed to TreeAttention instead so that its
+    kernels do that work themselves (engine.fuse_qkv_attention): the QKV GEMM's q/k/v as [N, heads, d] views,
+    the layer's whole cos/sin tables [positions, d] (row = position), the q/k norm weights (None: no norm)."""
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    eps: float
+    offset: bool  # Gemma3's norms: × (1 + w)
+
+    def __post_init__(self) -> None:
+        d = self.q.shape[-1]
+        if any(x.stride(2) != 1 or x.stride(1) != d for x in (self.q, self.k, self.v)) or self.k.stride(0) != \
+                self.v.stride(0) or not (self.cos.is_contiguous() and self.sin.is_contiguous()):
+            raise ValueError("fused q/k/v needs each head's d values contiguous, k and v with one row stride, "
+                             "and contiguous cos/sin tables")
 
 
 class DenseAttention:
@@ -84,7 +108,9 @@ class TreeAttention:
 
     Its output and the partial states of the prefix chunks are allocated here, once per forward: inside a
     CUDA graph capture that is at start-up, and every layer reuses them (o_proj reads the output before
-    the next layer writes it)."""
+    the next layer writes it). `raw` (RawQKV): the kernels rotate q, k and v themselves, writing q and this
+    forward's K/V (at pool_len + token) before they read them."""
+    fuses_qkv = True
 
     def __init__(self, d: dict[str, torch.Tensor], plan: TreePlan, pool_len: int, heads: int, head_dim: int,
                  dtype: torch.dtype):
@@ -96,7 +122,7 @@ class TreeAttention:
         self.ml = torch.empty(max(plan.max_splits, 1), rows, heads, 2, dtype=torch.float32, device=dev)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None = None,
-                 scale: float | None = None) -> torch.Tensor:
+                 scale: float | None = None, raw: RawQKV | None = None) -> torch.Tensor:
         n, nh, d = q.shape
         nkv = k.shape[0]
         g = nh // nkv
@@ -105,16 +131,28 @@ class TreeAttention:
         window = int(window or 0)
         t, ds, plan = self.plan.tuning, self.d, self.plan
         split_stride = n * nh  # (token, head) rows per split of the partial states
+        if raw is None:  # placeholders (never read): q for every pointer, 0 for the strides
+            fused = dict(FUSED=False, HAS_NORM=False, OFFSET=False)
+            qr = kr = vr = cos = sin = qw = kw = q
+            qr_s0 = kr_s0 = 0
+            eps = 0.0
+        else:
+            fused = dict(FUSED=True, HAS_NORM=raw.q_norm is not None, OFFSET=raw.offset)
+            qr, kr, vr, cos, sin = raw.q, raw.k, raw.v, raw.cos, raw.sin
+            qw = raw.q_norm if raw.q_norm is not None else q
+            kw = raw.k_norm if raw.k_norm is not None else q
+            qr_s0, kr_s0, eps = raw.q.stride(0), raw.k.stride(0), raw.eps
         if plan.work.shape[0]:
             K.prefix_kernel[(plan.work.shape[0], nkv)](
-                q, k, v, ds["pos"], ds["qtok"], ds["qstart"], plan.work, self.part, self.ml,
-                q.stride(0), q.stride(1), k.stride(0), split_stride, nh, scale, window,
-                G=g, GP=gp, D=d, BQ=t.bq, BN=t.bn, QB=t.qb, WINDOW=window > 0, UNMASKED=t.unmasked,
+                q, k, v, ds["pos"], ds["qtok"], ds["qstart"], plan.work, self.part, self.ml, qr, cos, sin, qw,
+                q.stride(0), q.stride(1), k.stride(0), split_stride, qr_s0, nh, scale, window, eps,
+                G=g, GP=gp, D=d, BQ=t.bq, BN=t.bn, QB=t.qb, WINDOW=window > 0, UNMASKED=t.unmasked, **fused,
                 num_warps=t.warps, num_stages=t.stages)
         K.row_kernel[(ds["tiles"].shape[0] // TILE_FIELDS, nkv)](
             q, k, v, self.out, ds["seq"], ds["anc"], ds["tslot"], ds["pos"], ds["tiles"], plan.runs,
-            plan.inline_runs, plan.n_splits, self.part, self.ml, self.pool_len, plan.runs.stride(0),
-            q.stride(0), q.stride(1), self.out.stride(0), k.stride(0), split_stride, nh, scale, window,
-            G=g, GP=gp, D=d, TILE=TILE, BT=t.row_bt, BN=t.row_bn, WINDOW=window > 0, num_warps=t.row_warps,
-            num_stages=t.row_stages)
+            plan.inline_runs, plan.n_splits, self.part, self.ml, qr, kr, vr, cos, sin, qw, kw, self.pool_len,
+            plan.runs.stride(0), q.stride(0), q.stride(1), self.out.stride(0), k.stride(0), split_stride, qr_s0,
+            kr_s0, kr_s0, nh, scale, window, eps,
+            G=g, GP=gp, D=d, TILE=TILE, BT=t.row_bt, BN=t.row_bn, WINDOW=window > 0, **fused,
+            num_warps=t.row_warps, num_stages=t.row_stages)
         return self.out

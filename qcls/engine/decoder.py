@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from qcls.engine.attention import RawQKV
 from qcls.engine.family import SUPPORTED, describe  # noqa: F401  (SUPPORTED: the engine's families)
 from qcls.engine.kernels import act_mul, add_rmsnorm, gelu_tanh_mul, post_add_rmsnorm, silu_mul
 from qcls.engine.qkv_kernels import qkv_heads_per_program, qkv_into
@@ -23,10 +24,11 @@ from qcls.engine.qkv_kernels import qkv_heads_per_program, qkv_into
 
 class Decoder:
     def __init__(self, model, max_keys: int, reach: int | None = None, qkv_heads: int = 0,
-                 fuse_post_norms: bool = True):
+                 fuse_post_norms: bool = True, fuse_qkv_attention: bool = True):
         """`reach`: the highest position + 1 any token of this engine can have. A sliding window at least
         that wide hides nothing (pos(q) - pos(k) < reach ≤ window), so such a layer is global here; None keeps
-        every window. `qkv_heads`: engine.qkv_heads_per_program; `fuse_post_norms`: engine.fuse_post_norms."""
+        every window. `qkv_heads`: engine.qkv_heads_per_program; `fuse_post_norms`: engine.fuse_post_norms;
+        `fuse_qkv_attention`: engine.fuse_qkv_attention (with an attention that takes RawQKV)."""
         cfg = model.config
         self.family = describe(model)
         base = model.model
@@ -38,6 +40,7 @@ class Decoder:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.qkv_heads = qkv_heads_per_program(self.n_heads, self.n_kv, qkv_heads)
         self.fuse_post_norms = fuse_post_norms
+        self.fuse_qkv_attention = fuse_qkv_attention
         # The final norm lives where the decoder computes (an offloading backend may keep the embedding
         # table on the CPU).
         self.device = self.norm.weight.device
@@ -113,7 +116,9 @@ class Decoder:
         n, nh, nkv, d = ids.shape[0], self.n_heads, self.n_kv, self.head_dim
         delta = self.embed(ids) if embeds is None else embeds
         res, post = None, None  # post: the norm the last MLP's output still needs (Gemma3), None elsewhere
-        rope = {key: (cos[pos], sin[pos]) for key, (cos, sin) in self.rope.items()}
+        # an attention that does the q/k/v kernel's work reads the whole tables by position itself
+        fused = self.fuse_qkv_attention and getattr(attend, "fuses_qkv", False)
+        rope = self.rope if fused else {key: (cos[pos], sin[pos]) for key, (cos, sin) in self.rope.items()}
         q = torch.empty(n, nh, d, dtype=self.dtype, device=self.device)
         for i, (layer, lp) in enumerate(zip(self.layers, self.family.layers)):
             a = layer.self_attn
@@ -127,11 +132,17 @@ class Decoder:
                 qp, kp, vp = a.q_proj(x), a.k_proj(x), a.v_proj(x)
             qn, kn = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
             cos, sin = rope[lp.rope]
-            qkv_into(qp.view(n, nh, d), kp.view(n, nkv, d), vp.view(n, nkv, d), cos, sin,
-                     qn.weight if qn is not None else None, kn.weight if kn is not None else None,
-                     self._eps(qn) if qn is not None else 0.0, q, self.k[i], self.v[i], slots,
-                     offset=self.family.norm_offset, heads_per_program=self.qkv_heads)
-            delta = a.o_proj(attend(q, self.k[i], self.v[i], window=self.windows[i], scale=self.scale))
+            qv, kv, vv = qp.view(n, nh, d), kp.view(n, nkv, d), vp.view(n, nkv, d)
+            qw, kw = (qn.weight, kn.weight) if qn is not None else (None, None)
+            eps = self._eps(qn) if qn is not None else 0.0
+            if fused:  # K/V of this forward's tokens go to pool_len + token: `slots` as the engine makes them
+                raw = RawQKV(qv, kv, vv, cos, sin, qw, kw, eps, self.family.norm_offset)
+                att = attend(q, self.k[i], self.v[i], window=self.windows[i], scale=self.scale, raw=raw)
+            else:
+                qkv_into(qv, kv, vv, cos, sin, qw, kw, eps, q, self.k[i], self.v[i], slots,
+                         offset=self.family.norm_offset, heads_per_program=self.qkv_heads)
+                att = attend(q, self.k[i], self.v[i], window=self.windows[i], scale=self.scale)
+            delta = a.o_proj(att)
             if i == len(self.layers) - 1:  # the last MLP and the final norm only for rows that are read
                 delta, res = delta[read], res[read]
             # Gemma3's norms after attention and MLP (attn_out, mlp_out) run with the next norm (_norm_after)

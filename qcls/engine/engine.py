@@ -139,10 +139,11 @@ class FastEngine:
                  full_head: torch.Tensor | None, *, max_batch: int, query_buckets: list[int], block_size: int,
                  vocab_chunk: int, use_graphs: bool, embed_fn=None, attention: str = "auto",
                  heads: list[PromptHead | None] | None = None, taps: list[Tap] = (), qkv_heads: int = 0,
-                 fuse_post_norms: bool = True):
+                 fuse_post_norms: bool = True, fuse_qkv_attention: bool = True, fuse_tail: bool = True):
         """`heads`: per prompt its head (a calibration or a learned head) or None, built into the tail's
         tables; `taps`: hidden states to keep from every forward besides those the heads read (`states`,
-        for fitting heads); `qkv_heads`, `fuse_post_norms`: engine.qkv_heads_per_program, engine.fuse_post_norms."""
+        for fitting heads); `qkv_heads`, `fuse_post_norms`, `fuse_qkv_attention`, `fuse_tail`: engine.qkv_heads_per_program,
+        engine.fuse_post_norms, engine.fuse_qkv_attention, engine.fuse_tail."""
         self.prompts = prompts
         self.embed_fn = embed_fn
         self.pool = plan_prefixes([p.tokens.prefix_ids for p in prompts], block_size)
@@ -153,7 +154,8 @@ class FastEngine:
         biggest = self.packer.n_tokens(max_batch, max_batch * self.query_buckets[-1])
         # the highest position + 1 a token can reach: a prompt's prefix, the longest query, its row constants
         self.reach = max(len(p.tokens.prefix_ids) + self.query_buckets[-1] + p.const_len for p in prompts)
-        self.dec = Decoder(model, self.pool_len + biggest + 16, self.reach, qkv_heads, fuse_post_norms)
+        self.dec = Decoder(model, self.pool_len + biggest + 16, self.reach, qkv_heads, fuse_post_norms,
+                           fuse_qkv_attention)
         self.device = self.dec.device
         self.attention, self.notes = self._pick_attention(attention)
         self._check_positions()
@@ -164,7 +166,7 @@ class FastEngine:
         with torch.inference_mode():
             self._fill_prefix_pool()
             tails = {b: Tail([p.plan for p in prompts], b, head_rows, head_tokens, full_head, vocab_chunk, self.device,
-                             heads, self.taps, hidden) for b in range(1, max_batch + 1)}
+                             heads, self.taps, hidden, fuse_tail) for b in range(1, max_batch + 1)}
             plans = {b: TapPlan(self.taps, b, root_reads([len(p.plan.read_nodes) for p in prompts], b), hidden,
                                 self.device) if self.taps else None for b in range(1, max_batch + 1)}
             self.buckets = {(b, lt): Bucket(b, lt, self.packer, self.dec, tails[b], self.pool_len, embed_fn,

@@ -9,6 +9,8 @@ from qcls.engine.kernels import triton, use_triton
 
 if triton is not None:
     import triton.language as tl
+else:
+    rope_rows = None
 
 
 def rope_torch(x, cos, sin, norm_w, eps, offset: bool = False):
@@ -130,6 +132,37 @@ if triton is not None:
             vd = vb_ptr + kh * kb_s_head + slot * D
             tl.store(vd + i, tl.load(vs + i))
             tl.store(vd + half + i, tl.load(vs + half + i))
+
+
+if triton is not None:
+    @triton.jit
+    def rope_rows(src, dst, ok, pos, cos_ptr, sin_ptr, w_ptr, eps, D: tl.constexpr, HAS_NORM: tl.constexpr,
+                  OFFSET: tl.constexpr):
+        """_qkv_heads_kernel's arithmetic for a block of rows, inside another kernel (issue 27: the tree
+        attention's prologue, engine.fuse_qkv_attention): `src`/`dst` [R] point at each row's head (D values),
+        `pos` [R] its position (a row of the cos/sin tables [positions, D]); rows where `ok` is false are
+        neither read nor written."""
+        half: tl.constexpr = D // 2
+        i = tl.arange(0, half)[None, :]
+        m = ok[:, None]
+        x1 = tl.load(src[:, None] + i, mask=m, other=0.0).to(tl.float32)
+        x2 = tl.load(src[:, None] + half + i, mask=m, other=0.0).to(tl.float32)
+        if HAS_NORM:
+            inv = 1.0 / tl.sqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / D + eps)[:, None]
+            w1 = tl.load(w_ptr + i).to(tl.float32)
+            w2 = tl.load(w_ptr + half + i).to(tl.float32)
+            if OFFSET:
+                w1 = w1 + 1.0
+                w2 = w2 + 1.0
+            x1 = w1 * x1 * inv
+            x2 = w2 * x2 * inv
+        row = pos[:, None] * D
+        c1 = tl.load(cos_ptr + row + i, mask=m, other=0.0).to(tl.float32)
+        c2 = tl.load(cos_ptr + row + half + i, mask=m, other=0.0).to(tl.float32)
+        s1 = tl.load(sin_ptr + row + i, mask=m, other=0.0).to(tl.float32)
+        s2 = tl.load(sin_ptr + row + half + i, mask=m, other=0.0).to(tl.float32)
+        tl.store(dst[:, None] + i, (x1 * c1 - x2 * s1).to(dst.dtype.element_ty), mask=m)
+        tl.store(dst[:, None] + half + i, (x2 * c2 + x1 * s2).to(dst.dtype.element_ty), mask=m)
 
 
 def qkv_heads_per_program(nh: int, nkv: int, wanted: int = 0) -> int:

@@ -10,6 +10,10 @@ tail is a fixed handful of kernels (capturable in the same CUDA graph as the for
     out     = table @ [x, 1]                   [2 × labels of all prompts × b]: raw, then head logits
     out[n:] += W_f · read states               (only when a head reads hidden states)
 
+With the sibling-group normaliser on a GPU (engine.fuse_tail), the gather, the group log-sum-exps and the
+subtraction are one Triton kernel (issue 27: eight small launches before, ~15 µs of a batch-1 forward on an
+H100): each entry reads its group's logits itself (`members`, built here).
+
 `table` = [[W, 0], [W_s · W, c]] per (query, prompt) (docs/design.md §9–10): a head's score weights and bias are
 one more block of the same product, built at start-up. Without a head that block is the identity
 (W_s = I, c = 0), so a temperature/bias calibration adds no kernel. A head that reads hidden states adds one
@@ -20,15 +24,39 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from qcls.engine.kernels import triton, use_triton
 from qcls.heads.head import PromptHead, Tap
 from qcls.scoring.strategies import ScorePlan
+
+if triton is not None:
+    import triton.language as tl
+
+    @triton.jit
+    def _group_scores_kernel(logits_ptr, flat_ptr, members_ptr, out_ptr, E, W: tl.constexpr, BE: tl.constexpr,
+                             BW: tl.constexpr):
+        """out[e] = logits[flat[e]] - logsumexp(logits[members[e, :]]) (members -1: none; an entry with no
+        group subtracts 0), float32, the max-shifted form torch.logsumexp computes."""
+        e = tl.program_id(0) * BE + tl.arange(0, BE)
+        ok = e < E
+        x = tl.load(logits_ptr + tl.load(flat_ptr + e, mask=ok, other=0), mask=ok, other=0.0)
+        w = tl.arange(0, BW)[None, :]
+        mem = tl.load(members_ptr + e[:, None] * W + w, mask=ok[:, None] & (w < W), other=-1)
+        valid = mem >= 0
+        v = tl.load(logits_ptr + tl.where(valid, mem, 0), mask=valid, other=float("-inf"))
+        m = tl.max(v, 1)
+        alone = m == float("-inf")
+        m_safe = tl.where(alone, 0.0, m)
+        lse = m_safe + tl.log(tl.sum(tl.exp(v - m_safe[:, None]), 1))
+        tl.store(out_ptr + e, x - tl.where(alone, 0.0, lse), mask=ok)
 
 
 class Tail:
     def __init__(self, plans: list[ScorePlan], b: int, head_rows: torch.Tensor, head_tokens: list[int],
                  full_head: torch.Tensor | None, vocab_chunk: int, device: torch.device,
-                 heads: list[PromptHead | None] | None = None, taps: list[Tap] = (), hidden: int = 0):
-        """`heads`: per prompt its head or None (raw scores); `taps`: the order of the forward's tap buffer."""
+                 heads: list[PromptHead | None] | None = None, taps: list[Tap] = (), hidden: int = 0,
+                 fused: bool = True):
+        """`heads`: per prompt its head or None (raw scores); `taps`: the order of the forward's tap buffer;
+        `fused`: engine.fuse_tail (the group normaliser in one kernel where Triton runs on the device)."""
         col = {t: i for i, t in enumerate(head_tokens)}
         normaliser = plans[0].normaliser
         if normaliser == "vocab" and full_head is None:
@@ -73,6 +101,8 @@ class Tail:
         self.x1 = torch.zeros(n_e + 1, dtype=torch.float32, device=device)
         self.x1[n_e] = 1.0
         self.e_flat = self.e_read * self.rows.shape[0] + self.e_col  # into logits.view(-1)
+        self.n_g = n_g
+        self.members = self.group_members() if fused and normaliser == "group" and use_triton(self.e_flat) else None
         self.features = _FeatureProduct(heads, list(taps), b, hidden, self.label_counts, device) \
             if any(h is not None and h.read is not None for h in heads) else None
 
@@ -98,6 +128,13 @@ class Tail:
         table[n:, e] = torch.cat(head_c * b)
         return table.float()
 
+    def group_members(self) -> torch.Tensor:
+        """[E, width] per entry its sibling group's entries as indices into logits.view(-1), -1 padding (an
+        entry without a group: all -1): the fused kernel's table."""
+        flat = torch.cat([self.e_flat, self.e_flat.new_full((1,), -1)])  # gidx's padding (n_e) → -1
+        rows = torch.cat([flat[self.gidx][:self.n_g], flat.new_full((1, self.gidx.shape[1]), -1)])  # row n_g: none
+        return rows[self.e_group].contiguous()
+
     def vocab_lse(self, h: torch.Tensor) -> torch.Tensor:
         """log-sum-exp over the full vocabulary at each read row; never a [rows, vocab] fp32 tensor held
         longer than one chunk."""
@@ -115,6 +152,10 @@ class Tail:
         out = self.x1[:self.n_e]
         if self.normaliser == "none":
             torch.index_select(logits.view(-1), 0, self.e_flat, out=out)
+        elif self.members is not None:
+            width = self.members.shape[1]
+            _group_scores_kernel[(triton.cdiv(self.n_e, 128),)](logits, self.e_flat, self.members, out, self.n_e,
+                                                                 W=width, BE=128, BW=triton.next_power_of_2(width))
         else:
             x = logits[self.e_read, self.e_col]
             if self.normaliser == "group":

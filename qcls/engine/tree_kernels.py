@@ -11,6 +11,12 @@
   itself (one launch instead of two), adds the row's own keys (causal / trie ancestry), normalises and
   writes the output.
 
+FUSED (engine.fuse_qkv_attention, issue 27): the kernels take the QKV GEMM's output as it is and do the q/k/v
+kernel's work themselves (qkv_kernels.rope_rows), one launch fewer per layer: each program (q-norms and) rotates
+its own query vectors into the query buffer, and each row-kernel program writes its row's keys and values into
+the KV buffer for its KV head, then reads them back after a barrier. Programs that share tokens write the same
+values.
+
 Scores are in log2 units: `scale` is the softmax scale × log2(e) (the caller folds it), so every exponential
 is an exp2 (one MUFU instruction; exp is exp2 of a product) and the partial maxima m are log2 units too.
 
@@ -27,6 +33,8 @@ try:
     import triton.language as tl
 except ImportError:  # CPU-only installs
     triton = None
+
+from qcls.engine.qkv_kernels import rope_rows  # noqa: E402  (None without Triton)
 
 WORK_FIELDS = 7  # first slot, keys, position of the first key, split index, prompt range lo/hi, first query block
 RUN_FIELDS = 3  # a prefix run of contiguous pool slots: first slot, keys, position of the first key
@@ -83,9 +91,11 @@ if triton is not None:
 
     @triton.jit
     def prefix_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, qtok_ptr, qstart_ptr, work_ptr, part_ptr, ml_ptr,
-                      q_s0, q_s1, kv_s_head, part_s_split, n_heads, scale, window,
+                      qr_ptr, cos_ptr, sin_ptr, qw_ptr,
+                      q_s0, q_s1, kv_s_head, part_s_split, qr_s0, n_heads, scale, window, eps,
                       G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BQ: tl.constexpr, BN: tl.constexpr,
-                      QB: tl.constexpr, WINDOW: tl.constexpr, UNMASKED: tl.constexpr):
+                      QB: tl.constexpr, WINDOW: tl.constexpr, UNMASKED: tl.constexpr, FUSED: tl.constexpr,
+                      HAS_NORM: tl.constexpr, OFFSET: tl.constexpr):
         w = tl.program_id(0)
         h = tl.program_id(1)  # KV head; its query heads are h·G … h·G+G-1
         wp = work_ptr + w * _WORK
@@ -101,19 +111,22 @@ if triton is not None:
         if QB == 1:  # no branch around the key loop: a block past the request's tokens walks it masked (the
             # grid is the bucket's anyway), and the loop pipelines as the innermost loop of the program
             _prefix_block(q_ptr, pos_ptr, qtok_ptr, part_ptr, ml_ptr, kh, vh, t_lo + blk0 * BQ, t_hi, nkeys, kpos0,
-                          split, q_s0, q_s1, part_s_split, n_heads, scale, window, h, G, GP, D, BQ, BN, WINDOW, UNMASKED)
+                          split, q_s0, q_s1, part_s_split, n_heads, scale, window, h, qr_ptr, cos_ptr, sin_ptr, qw_ptr,
+                          qr_s0, eps, G, GP, D, BQ, BN, WINDOW, UNMASKED, FUSED, HAS_NORM, OFFSET)
         else:
             for qb in range(QB):
                 if t_lo + (blk0 + qb) * BQ < t_hi:
                     _prefix_block(q_ptr, pos_ptr, qtok_ptr, part_ptr, ml_ptr, kh, vh, t_lo + (blk0 + qb) * BQ, t_hi,
-                                  nkeys, kpos0, split, q_s0, q_s1, part_s_split, n_heads, scale, window, h, G, GP, D,
-                                  BQ, BN, WINDOW, UNMASKED)
+                                  nkeys, kpos0, split, q_s0, q_s1, part_s_split, n_heads, scale, window, h, qr_ptr,
+                                  cos_ptr, sin_ptr, qw_ptr, qr_s0, eps, G, GP, D, BQ, BN, WINDOW, UNMASKED, FUSED,
+                                  HAS_NORM, OFFSET)
 
     @triton.jit
     def _prefix_block(q_ptr, pos_ptr, qtok_ptr, part_ptr, ml_ptr, kh, vh, first, t_hi, nkeys, kpos0, split, q_s0,
-                      q_s1, part_s_split, n_heads, scale, window, h,
+                      q_s1, part_s_split, n_heads, scale, window, h, qr_ptr, cos_ptr, sin_ptr, qw_ptr, qr_s0, eps,
                       G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BQ: tl.constexpr, BN: tl.constexpr,
-                      WINDOW: tl.constexpr, UNMASKED: tl.constexpr):
+                      WINDOW: tl.constexpr, UNMASKED: tl.constexpr, FUSED: tl.constexpr, HAS_NORM: tl.constexpr,
+                      OFFSET: tl.constexpr):
         """The partial state of query tokens first … first+BQ-1 (those before t_hi) over one chunk."""
         M: tl.constexpr = BQ * GP
         mi = tl.arange(0, M)
@@ -125,8 +138,11 @@ if triton is not None:
         tok_ok = idx < t_hi
         q_ok = tok_ok & (gi < G)
         tok = tl.load(qtok_ptr + idx, mask=tok_ok, other=0)
-        q = tl.load(q_ptr + tok[:, None] * q_s0 + head[:, None] * q_s1 + dd[None, :], mask=q_ok[:, None], other=0.0)
         qpos = tl.load(pos_ptr + tok, mask=tok_ok, other=0)
+        if FUSED:
+            _queries(q_ptr, qr_ptr, cos_ptr, sin_ptr, qw_ptr, tok, head, q_ok, qpos, q_s0, q_s1, qr_s0, eps, D,
+                     HAS_NORM, OFFSET)
+        q = tl.load(q_ptr + tok[:, None] * q_s0 + head[:, None] * q_s1 + dd[None, :], mask=q_ok[:, None], other=0.0)
         m_i = tl.full([M], float("-inf"), tl.float32)
         l_i = tl.zeros([M], tl.float32)
         acc = tl.zeros([M, D], tl.float32)
@@ -154,11 +170,40 @@ if triton is not None:
         tl.store(part_ptr + row[:, None] * D + dd[None, :], acc, mask=q_ok[:, None])
 
     @triton.jit
+    def _queries(q_ptr, qr_ptr, cos_ptr, sin_ptr, qw_ptr, tok, head, ok, pos, q_s0, q_s1, qr_s0, eps,
+                 D: tl.constexpr, HAS_NORM: tl.constexpr, OFFSET: tl.constexpr):
+        """FUSED: these query vectors (token, head) from the QKV GEMM's output, (q-normed and) rotated into the
+        query buffer, then a barrier: the program reads them back as the unfused kernels read the q/k/v
+        kernel's output. Other programs may write the same vectors at the same time, with the same values."""
+        rope_rows(qr_ptr + tok * qr_s0 + head * D, q_ptr + tok * q_s0 + head * q_s1, ok, pos, cos_ptr, sin_ptr,
+                  qw_ptr, eps, D, HAS_NORM, OFFSET)
+        tl.debug_barrier()
+
+    @triton.jit
+    def _row_keys(k_ptr, v_ptr, kr_ptr, vr_ptr, cos_ptr, sin_ptr, kw_ptr, pos_ptr, r0, rlen, pool_len, kr_s0, vr_s0,
+                  eps, D: tl.constexpr, BN: tl.constexpr, HAS_NORM: tl.constexpr, OFFSET: tl.constexpr):
+        """FUSED: the keys (k-normed and rotated) and values of one row and KV head (k_ptr, v_ptr: that head's
+        buffers) from the QKV GEMM's output into the KV buffer, at the slots the row part reads. Every tile of
+        the row writes them (the same values); the barrier after the tile's queries makes them visible to it."""
+        jn = tl.arange(0, BN)
+        dd = tl.arange(0, D)[None, :]
+        for s in range(0, rlen, BN):
+            key = r0 + s + jn
+            ok = s + jn < rlen
+            slot = pool_len + key
+            rope_rows(kr_ptr + key * kr_s0, k_ptr + slot * D, ok, tl.load(pos_ptr + key, mask=ok, other=0), cos_ptr,
+                      sin_ptr, kw_ptr, eps, D, HAS_NORM, OFFSET)
+            tl.store(v_ptr + slot[:, None] * D + dd, tl.load(vr_ptr + key[:, None] * vr_s0 + dd, mask=ok[:, None]),
+                     mask=ok[:, None])
+
+    @triton.jit
     def row_kernel(q_ptr, k_ptr, v_ptr, o_ptr, seq_ptr, anc_ptr, tslot_ptr, pos_ptr, tiles_ptr, runs_ptr,
-                   nrun_ptr, nsplit_ptr, part_ptr, ml_ptr, pool_len, runs_stride, q_s0, q_s1, o_s0, kv_s_head,
-                   part_s_split, n_heads, scale, window,
+                   nrun_ptr, nsplit_ptr, part_ptr, ml_ptr, qr_ptr, kr_ptr, vr_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr,
+                   pool_len, runs_stride, q_s0, q_s1, o_s0, kv_s_head, part_s_split, qr_s0, kr_s0, vr_s0, n_heads,
+                   scale, window, eps,
                    G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, TILE: tl.constexpr, BT: tl.constexpr,
-                   BN: tl.constexpr, WINDOW: tl.constexpr):
+                   BN: tl.constexpr, WINDOW: tl.constexpr, FUSED: tl.constexpr, HAS_NORM: tl.constexpr,
+                   OFFSET: tl.constexpr):
         tile = tl.program_id(0)
         h = tl.program_id(1)
         t0 = tl.load(tiles_ptr + tile * 5)
@@ -168,20 +213,24 @@ if triton is not None:
         prompt = tl.load(tiles_ptr + tile * 5 + 4)
         nrun = tl.load(nrun_ptr + prompt)  # prefix runs walked here (0 when the prefix kernel did it)
         nsplit = tl.load(nsplit_ptr + prompt)  # partial states the prefix kernel left for this prompt
+        if FUSED:
+            _row_keys(k_ptr + h * kv_s_head, v_ptr + h * kv_s_head, kr_ptr + h * D, vr_ptr + h * D, cos_ptr, sin_ptr,
+                      kw_ptr, pos_ptr, r0, rlen, pool_len, kr_s0, vr_s0, eps, D, BN, HAS_NORM, OFFSET)
         # BT < TILE where a whole tile's query vectors would not fit the registers (d=256 on sm_75)
         for sub in tl.static_range(TILE // BT):
             if sub * BT < cnt:  # unused tiles (count 0) do nothing
                 _row_part(q_ptr, k_ptr, v_ptr, o_ptr, seq_ptr, anc_ptr, tslot_ptr, pos_ptr, runs_ptr, ml_ptr,
                           part_ptr, t0 + sub * BT, cnt - sub * BT, r0, rlen, prompt, nrun, nsplit, pool_len,
                           runs_stride, q_s0, q_s1, o_s0, kv_s_head, part_s_split, n_heads, scale, window, h,
-                          G, GP, D, BT, BN, WINDOW)
+                          qr_ptr, cos_ptr, sin_ptr, qw_ptr, qr_s0, eps, G, GP, D, BT, BN, WINDOW, FUSED, HAS_NORM,
+                          OFFSET)
 
     @triton.jit
     def _row_part(q_ptr, k_ptr, v_ptr, o_ptr, seq_ptr, anc_ptr, tslot_ptr, pos_ptr, runs_ptr, ml_ptr, part_ptr,
                   t0, cnt, r0, rlen, prompt, nrun, nsplit, pool_len, runs_stride, q_s0, q_s1, o_s0, kv_s_head,
-                  part_s_split, n_heads, scale, window, h,
+                  part_s_split, n_heads, scale, window, h, qr_ptr, cos_ptr, sin_ptr, qw_ptr, qr_s0, eps,
                   G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
-                  WINDOW: tl.constexpr):
+                  WINDOW: tl.constexpr, FUSED: tl.constexpr, HAS_NORM: tl.constexpr, OFFSET: tl.constexpr):
         """Up to BT tokens of one row (from t0; `cnt` left in the tile) for KV head h."""
         M: tl.constexpr = BT * GP
         mi = tl.arange(0, M)
@@ -191,10 +240,13 @@ if triton is not None:
         q_ok = tok_ok & (gi < G)
         head = h * G + gi
         dd = tl.arange(0, D)
+        pos_i = tl.load(pos_ptr + tok, mask=tok_ok, other=0)
+        if FUSED:
+            _queries(q_ptr, qr_ptr, cos_ptr, sin_ptr, qw_ptr, tok, head, q_ok, pos_i, q_s0, q_s1, qr_s0, eps, D,
+                     HAS_NORM, OFFSET)
         q = tl.load(q_ptr + tok[:, None] * q_s0 + head[:, None] * q_s1 + dd[None, :], mask=q_ok[:, None], other=0.0)
         seq_i = tl.load(seq_ptr + tok, mask=tok_ok, other=0)
         anc_i = tl.load(anc_ptr + tok, mask=tok_ok, other=0)
-        pos_i = tl.load(pos_ptr + tok, mask=tok_ok, other=0)
 
         m_i = tl.full([M], float("-inf"), tl.float32)
         l_i = tl.zeros([M], tl.float32)

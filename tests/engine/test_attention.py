@@ -188,6 +188,93 @@ def test_split_prefix_equals_dense_gpu(case):
               shipped.with_(inline_reads=1 << 30)], window)
 
 
+def _compare_fused(device, dtype, heads, kv_heads, head_dim, prompts, batch, seed, tol, tunings, window=0,
+                   norm=True, offset=False):
+    """The kernels fed the QKV GEMM's raw q/k/v (RawQKV: they norm, rotate and write K/V themselves) against
+    the q/k/v kernel's torch version followed by dense SDPA. The query buffer and this forward's KV slots start
+    as NaN: whatever the fused kernels read before writing shows."""
+    from qcls.engine.qkv_kernels import rope_torch
+    rng = random.Random(seed)
+    pool = plan_prefixes([p.tokens.prefix_ids for p in prompts], 16)
+    pool_len = pool.n_slots + (-pool.n_slots) % 8
+    packer = Packer(prompts, pool, pool_len)
+    queries = [[rng.randrange(1000) for _ in range(rng.randrange(1, 20))] for _ in range(batch)]
+    total = sum(map(len, queries))
+    n = packer.n_tokens(batch, total) + rng.randrange(0, 40)
+    buf = torch.zeros(packer.buffer_len(batch, n), dtype=torch.long)
+    packer.pack(queries, n, buf)
+    d = unpack(buf.to(device), n, packer.n_reads(batch), len(prompts))
+    key_len = pool_len + n + (-(pool_len + n)) % 16
+    g = torch.Generator().manual_seed(seed)
+    rand = lambda *shape: torch.randn(*shape, generator=g).to(device, dtype)  # noqa: E731
+    qkv = rand(n, (heads + 2 * kv_heads) * head_dim)  # one GEMM's output: q, k, v side by side
+    qr, kr, vr = (x.view(n, -1, head_dim) for x in qkv.split([heads * head_dim, kv_heads * head_dim,
+                                                             kv_heads * head_dim], -1))
+    positions = int(d["pos"].max()) + 1
+    angle = torch.arange(positions)[:, None] * (1e-2 ** (torch.arange(head_dim // 2) / (head_dim // 2)))[None]
+    cos, sin = (torch.cat([f(angle)] * 2, -1).to(device, dtype) for f in (torch.cos, torch.sin))
+    qw, kw = (rand(head_dim), rand(head_dim)) if norm else (None, None)
+    k = rand(kv_heads, key_len + 8, head_dim)  # the prefix pool's K/V; the forward's slots are written below
+    v = rand(kv_heads, key_len + 8, head_dim)
+    slots = torch.arange(pool_len, pool_len + n, device=device)
+    k[:, slots], v[:, slots] = float("nan"), float("nan")
+    k_ref, v_ref = k.clone(), v.clone()
+    pos = d["pos"]
+    q_ref = rope_torch(qr, cos[pos], sin[pos], qw, 1e-6, offset)
+    k_ref[:, slots] = rope_torch(kr, cos[pos], sin[pos], kw, 1e-6, offset).transpose(0, 1)
+    v_ref[:, slots] = vr.transpose(0, 1)
+    visible, slot_pos = packer.visible.to(device), packer.slot_pos.to(device)
+    dense = A.DenseAttention(lambda w: build_mask(d, visible, key_len, w, slot_pos), key_len)(
+        q_ref, k_ref, v_ref, window=window)
+    used = int((d["prompt"] < len(prompts)).sum())
+    for tuning in tunings:
+        plan = plan_tree(packer, batch, total, heads // kv_heads, tuning).to(device)
+        tree = A.TreeAttention(d, plan, pool_len, heads, head_dim, dtype)
+        q, kf, vf = torch.full_like(q_ref, float("nan")), k.clone(), v.clone()
+        got = tree(q, kf, vf, window=window, raw=A.RawQKV(qr, kr, vr, cos, sin, qw, kw, 1e-6, offset)).clone()
+        assert torch.isfinite(got).all()
+        err = (got[:used].float() - dense[:used].float()).abs().max().item()
+        assert err <= tol, f"{tuning}: max |Δ| {err} against the q/k/v kernel + dense"
+        # every query and every key the rows read was written, equal to the q/k/v kernel's
+        assert (q[:used] - q_ref[:used]).abs().max().item() <= tol
+        assert (kf[:, pool_len:pool_len + used] - k_ref[:, pool_len:pool_len + used]).abs().max().item() <= tol
+        assert torch.equal(vf[:, pool_len:pool_len + used], v_ref[:, pool_len:pool_len + used])
+
+
+FUSED_CASES = [  # heads, kv heads, head_dim, batch, window, q/k norm, Gemma3's (1 + w)
+    (4, 2, 16, 1, 0, True, False),
+    (3, 1, 32, 2, 12, False, False),  # no q/k norm (Llama, Qwen2); group of 3; a window
+    (2, 1, 256, 3, 0, True, True),  # d=256, Gemma3's norms
+]
+
+
+@needs_triton
+@pytest.mark.parametrize("case", FUSED_CASES)
+def test_fused_qkv_equals_qkv_kernel_then_dense_interpreted(case):
+    """engine.fuse_qkv_attention: prefixes walked inline and split (the prefix kernel rotates its queries)."""
+    if torch.cuda.is_available():
+        pytest.skip("the GPU run is test_fused_qkv_equals_qkv_kernel_then_dense_gpu")
+    heads, kv, dim, batch, window, norm, offset = case
+    prompts = _chunky_prompts(random.Random(batch))
+    _compare_fused("cpu", torch.float32, heads, kv, dim, prompts, batch, batch, 1e-4,
+                   [INLINE, split(16, 2, 8 if dim == 256 else 16)], window, norm, offset)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", FUSED_CASES + [(32, 8, 128, 4, 0, True, False), (8, 4, 256, 4, 20, True, True)])
+def test_fused_qkv_equals_qkv_kernel_then_dense_gpu(case):
+    """Also with the kernel shapes this GPU ships with (tree_plan.tuning_for), inline and split."""
+    if not torch.cuda.is_available() or A.triton is None:
+        pytest.skip("needs a CUDA GPU with Triton")
+    heads, kv, dim, batch, window, norm, offset = case
+    shipped = tuning_for(dim, heads // kv, torch.device("cuda"))
+    prompts = _chunky_prompts(random.Random(batch))
+    _compare_fused("cuda", torch.float16, heads, kv, dim, prompts, batch, batch, 4e-3,
+                   [shipped.with_(inline_reads=1 << 30), shipped.with_(inline_reads=0, min_chunk=32, max_chunk=32,
+                                                                       partial_limit=1e9), split(16, 2)],
+                   window, norm, offset)
+
+
 @needs_triton
 def test_tree_refused_where_it_cannot_run():
     assert "power of two" in A.tree_available(torch.device("cpu"), 96)

@@ -34,3 +34,42 @@ def test_split_feature_product_equals_the_plain_product(hidden, b):
             want += list(h.feature_weights @ x)
     assert got.shape == (sum(label_counts) * b,)
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("b", [1, 3])
+def test_fused_group_normaliser_equals_the_torch_ops(seed, b):
+    """engine.fuse_tail: the gather, sibling-group log-sum-exps and subtraction in one kernel (Triton's
+    interpreter on a CPU) give the torch path's scores (scoring=trie: the strategy with that normaliser), on
+    random tries (labels of one to three tokens, groups of one or more siblings) and random read states."""
+    from qcls.engine.kernels import triton
+    if triton is None:
+        pytest.skip("Triton is not installed")
+    if torch.cuda.is_available():
+        pytest.skip("the CPU check of the kernel (on a GPU the engine tests run it)")
+    import random
+
+    from qcls.engine.tail import Tail
+    from qcls.scoring.strategies import get_strategy
+    from qcls.scoring.trie import LabelTrie
+    rng = random.Random(10 * seed + b)
+    plans, tokens = [], set()
+    for _ in range(3):
+        labels = {tuple(rng.randrange(10, 30) for _ in range(rng.randrange(1, 4))) for _ in range(rng.randrange(2, 8))}
+        plan = get_strategy("trie").plan(LabelTrie.build(tuple(sorted(labels)), 99))
+        plans.append(plan)
+        tokens |= set(plan.entry_token)
+    tokens = sorted(tokens)
+    g = torch.Generator().manual_seed(b)
+    rows = torch.randn(len(tokens), 16, generator=g)
+    tail = Tail(plans, b, rows, tokens, None, 1024, torch.device("cpu"))
+    assert tail.normaliser == "group" and tail.members is None  # on a CPU the torch ops run
+    h = torch.randn(tail.n_reads, 16, generator=g) * 3
+    want = tail(h).clone()
+    tail.members = tail.group_members()
+    got = tail(h)
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5), (got - want).abs().max()
+    x_want = tail.x1.clone()
+    tail.members[:, 0] = tail.members[:, 0].roll(1)  # a wrong table shows: the check can fail
+    tail(h)
+    assert not torch.allclose(tail.x1, x_want, atol=1e-5)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 PTR = {"q_ptr": "*fp16", "k_ptr": "*fp16", "v_ptr": "*fp16", "o_ptr": "*fp16", "part_ptr": "*fp32", "ml_ptr": "*fp32",
-       "scale": "fp32"}
+       "scale": "fp32", "eps": "fp32", **{f"{x}_ptr": "*fp16" for x in ("qr", "kr", "vr", "cos", "sin", "qw", "kw")}}
 
 
 def _compile(fn, constexprs: dict, warps: int, stages: int) -> dict:
@@ -63,11 +63,16 @@ def resources(head_dim: int, group: int) -> dict:
     from qcls.engine.tree_plan import tuning_for
     torch.cuda.get_device_capability = lambda device=None: (7, 5)
     t = tuning_for(head_dim, group, torch.device("cuda"))
-    common = dict(G=group, GP=1 << (group - 1).bit_length(), D=head_dim, WINDOW=True)
-    return {"prefix": _compile(K.prefix_kernel, {**common, "BQ": t.bq, "BN": t.bn, "QB": t.qb,
-                                                          "UNMASKED": t.unmasked}, t.warps, t.stages),
-            "row": _compile(K.row_kernel, {**common, "TILE": TILE, "BT": t.row_bt, "BN": t.row_bn}, t.row_warps,
-                            t.row_stages)}
+    out = {}
+    for fused in (False, True):  # engine.fuse_qkv_attention: the q/k/v work inside (q/k norms: the most registers)
+        common = dict(G=group, GP=1 << (group - 1).bit_length(), D=head_dim, WINDOW=True, FUSED=fused,
+                      HAS_NORM=fused, OFFSET=False)
+        name = "fused " if fused else ""
+        out[name + "prefix"] = _compile(K.prefix_kernel, {**common, "BQ": t.bq, "BN": t.bn, "QB": t.qb,
+                                                          "UNMASKED": t.unmasked}, t.warps, t.stages)
+        out[name + "row"] = _compile(K.row_kernel, {**common, "TILE": TILE, "BT": t.row_bt, "BN": t.row_bn},
+                                     t.row_warps, t.row_stages)
+    return out
 
 
 @pytest.mark.parametrize("head_dim,group", [(128, 4), (256, 4), (256, 2)])  # Qwen3-4B/8B, Gemma3 270M, 4B
