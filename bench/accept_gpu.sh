@@ -12,7 +12,8 @@
 #   http       bench/load.py HTTP at 8 clients: f728a0a, this checkout, f728a0a again (issue 27)
 #   gpu        the whole GPU test suite (pytest -m gpu)
 #   fusions    issue 27's kernel fusions: their GPU tests; per model (Qwen3-4B, Gemma3-4B) the kernel profile
-#              without them, then each fusion on its own against the rest (bench.paired, in alternation)
+#              without them, then each fusion on its own against the rest (bench.paired, in alternation);
+#              MODELS="qwen3_4b" picks the models
 # e.g.  QCLS_BENCH_COMMIT=<sha> bash bench/accept_gpu.sh bulk host
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -47,15 +48,15 @@ for mode in "$@"; do
         python bench/http_ab.py "$OUT"/http-*.json | tee "$OUT/http_ab.md" ;;
     gpu) step 560 gpu-tests python -m pytest -q -m gpu tests -p no:cacheprovider -rfEs ;;
     fusions)
-        step 200 fusion-tests python -m pytest -q -m gpu tests/engine/test_attention.py tests/engine/test_tail.py \
+        step 150 fusion-tests python -m pytest -q -m gpu tests/engine/test_attention.py tests/engine/test_tail.py \
             tests/engine/test_gpu.py -p no:cacheprovider -rfEs
-        for m in qwen3_4b gemma3_4b; do
-            step 100 "kernels-unfused-$m" python bench/host.py --model "$m" --kernels-only \
+        for m in ${MODELS:-qwen3_4b gemma3_4b}; do
+            step 80 "kernels-unfused-$m" python bench/host.py --model "$m" --kernels-only \
                 --engine fuse_qkv_attention=false fuse_tail=false
-            step 120 "paired-qkv-$m" python -m bench.paired --model "$m" --iters 100 --label \
+            step 100 "paired-qkv-$m" python -m bench.paired --model "$m" --iters 100 --label \
                 "q/k/v kernel then attention / q/k/v inside the attention kernels (engine.fuse_qkv_attention)" \
                 --a "prompts=ecommerce8 engine.fuse_qkv_attention=false" --b prompts=ecommerce8
-            step 120 "paired-tail-$m" python -m bench.paired --model "$m" --iters 100 --label \
+            step 90 "paired-tail-$m" python -m bench.paired --model "$m" --iters 100 --label \
                 "the tail's group normaliser as torch ops / one kernel (engine.fuse_tail)" \
                 --a "prompts=ecommerce8 engine.fuse_tail=false" --b prompts=ecommerce8
         done ;;
