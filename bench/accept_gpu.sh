@@ -11,9 +11,10 @@
 #   host       bench/host.py on Qwen3-4B and Gemma3-4B (host stages, kernels, allocations; issue 27)
 #   http       bench/load.py HTTP at 8 clients: f728a0a, this checkout, f728a0a again (issue 27)
 #   gpu        the whole GPU test suite (pytest -m gpu)
-#   fusions    issue 27's kernel fusions: their GPU tests; per model (Qwen3-4B, Gemma3-4B) the kernel profile
-#              without them, then each fusion on its own against the rest (bench.paired, in alternation);
-#              MODELS="qwen3_4b" picks the models
+#   engine-tests  the GPU tests of qcls/engine (the fused kernels among them)
+#   fusions    issue 27's kernel fusions per model (Qwen3-4B, Gemma3-4B): the kernel profile without them, then
+#              each fusion on its own against the rest (bench.paired, in alternation); MODELS="qwen3_4b" picks
+#   paired-qkv  the q/k/v fusion's pair alone, per model
 # e.g.  QCLS_BENCH_COMMIT=<sha> bash bench/accept_gpu.sh bulk host
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -47,9 +48,14 @@ for mode in "$@"; do
         done
         python bench/http_ab.py "$OUT"/http-*.json | tee "$OUT/http_ab.md" ;;
     gpu) step 560 gpu-tests python -m pytest -q -m gpu tests -p no:cacheprovider -rfEs ;;
+    engine-tests) step 300 engine-tests python -m pytest -q -m gpu tests/engine -p no:cacheprovider -rfEs ;;
+    paired-qkv)
+        for m in ${MODELS:-qwen3_4b gemma3_4b}; do
+            step 100 "paired-qkv-$m" python -m bench.paired --model "$m" --iters 100 --label \
+                "q/k/v kernel then attention / q/k/v inside the attention kernels (engine.fuse_qkv_attention)" \
+                --a "prompts=ecommerce8 engine.fuse_qkv_attention=false" --b prompts=ecommerce8
+        done ;;
     fusions)
-        step 150 fusion-tests python -m pytest -q -m gpu tests/engine/test_attention.py tests/engine/test_tail.py \
-            tests/engine/test_gpu.py -p no:cacheprovider -rfEs
         for m in ${MODELS:-qwen3_4b gemma3_4b}; do
             step 80 "kernels-unfused-$m" python bench/host.py --model "$m" --kernels-only \
                 --engine fuse_qkv_attention=false fuse_tail=false

@@ -199,12 +199,14 @@ class Classifier:
         stages and returned as the results' `timings_ms["device_wait"]` (a server adds it to queue_wait)."""
         if batch.launched is None:  # no good query: nothing was queued
             return batch.results
-        raw, calibrated, stages, n_tokens = self.engine.collect(batch.launched)
+        raw, calibrated, stages, n_tokens, *probs = self.engine.collect(batch.launched)
+        # the fast engine's probabilities come from the device; the reference engine's are computed here
+        raw_p, cal_p = probs[0] if probs else ([None] * len(raw), [None] * len(raw))
         wait = stages.pop("device_wait")
         if not wait_is_queue:
             stages["prepare"] += wait
         t0 = time.perf_counter()
-        built = [self._build(s, c) for s, c in zip(raw, calibrated)]
+        built = [self._build(s, c, p, cp) for s, c, p, cp in zip(raw, calibrated, raw_p, cal_p)]
         post = (time.perf_counter() - t0) * 1e3
         # what every query of the batch shares, rounded once; each result gets its own dicts
         shared = {k: round(stages[k], 4) for k in STAGES[1:-1]}
@@ -266,23 +268,21 @@ class Classifier:
                 states[i] = st[:, k * n_p:(k + 1) * n_p]
         return results, states
 
-    def _build(self, scores: list[list[float]], heads_: list[list[float]]) -> list[PromptResult]:
-        """Per prompt: scores → probabilities (softmax in float64) and winner; with a head (or calibration)
-        the probabilities and the winner are the head's, and the raw winner and raw probabilities are kept
-        beside them. Plain Python: for a handful of labels per prompt it is faster than any tensor op's
-        overhead (and the softmax is inlined: half of this was call overhead, issue 27)."""
+    def _build(self, scores: list[list[float]], heads_: list[list[float]], probs_: list[list[float]] | None = None,
+               hprobs_: list[list[float]] | None = None) -> list[PromptResult]:
+        """Per prompt: probabilities (softmax in float64: the fast engine's from the device, engine/probs.py, else
+        computed here) and winner; with a head (or calibration) the probabilities and the winner are the head's,
+        and the raw winner and raw probabilities are kept beside them."""
         out = []
-        exp, append = math.exp, out.append
-        for (name, names, counts, headed), vals, hvals in zip(self._result_plan, scores, heads_):
-            top = max(vals)
-            exps = [exp(v - top) for v in vals]
-            z = sum(exps)  # each term ≤ 1 and one is exactly 1: plain float64 summation loses nothing that shows
-            probs = [e / z for e in exps]
-            best = _argmax(vals, top)
+        append = out.append
+        if probs_ is None:
+            probs_, hprobs_ = [_softmax(v) for v in scores], [_softmax(v) for v in heads_]
+        for (name, names, counts, headed), vals, hvals, probs, hprobs in zip(self._result_plan, scores, heads_, probs_,
+                                                                             hprobs_):
+            best = _argmax(vals, max(vals))
             if not headed:  # no head, or none for this prompt: the LLM's own label scores
                 append(PromptResult(name, names[best], probs[best], list(map(LabelScore, names, vals, probs, counts))))
                 continue
-            hprobs = _softmax(hvals)
             hbest = _argmax(hvals, max(hvals))
             append(PromptResult(name, names[hbest], hprobs[hbest],
                                 list(map(LabelScore, names, vals, hprobs, counts, probs, hvals)), names[best],

@@ -57,7 +57,8 @@ def tree_available(device: torch.device, head_dim: int) -> str | None:
 class RawQKV:
     """What the q/k/v kernel would read (qkv_kernels.qkv_into), handed to TreeAttention instead so that its
     kernels do that work themselves (engine.fuse_qkv_attention): the QKV GEMM's q/k/v as [N, heads, d] views,
-    the layer's whole cos/sin tables [positions, d] (row = position), the q/k norm weights (None: no norm)."""
+    the layer's cos/sin at each token's position [N, d] (gathered once per forward and rope kind: a row per
+    token, so the kernels need not look up positions first), the q/k norm weights (None: no norm)."""
     q: torch.Tensor
     k: torch.Tensor
     v: torch.Tensor

@@ -116,9 +116,8 @@ class Decoder:
         n, nh, nkv, d = ids.shape[0], self.n_heads, self.n_kv, self.head_dim
         delta = self.embed(ids) if embeds is None else embeds
         res, post = None, None  # post: the norm the last MLP's output still needs (Gemma3), None elsewhere
-        # an attention that does the q/k/v kernel's work reads the whole tables by position itself
-        fused = self.fuse_qkv_attention and getattr(attend, "fuses_qkv", False)
-        rope = self.rope if fused else {key: (cos[pos], sin[pos]) for key, (cos, sin) in self.rope.items()}
+        fused = self.fuse_qkv_attention and getattr(attend, "fuses_qkv", False)  # attention does the q/k/v work
+        rope = {key: (cos[pos], sin[pos]) for key, (cos, sin) in self.rope.items()}
         q = torch.empty(n, nh, d, dtype=self.dtype, device=self.device)
         for i, (layer, lp) in enumerate(zip(self.layers, self.family.layers)):
             a = layer.self_attn

@@ -18,6 +18,7 @@ from qcls.engine.attention import DenseAttention, TreeAttention, tree_available
 from qcls.engine.decoder import Decoder
 from qcls.engine.layout import Packer, PromptLayout, build_mask, unpack
 from qcls.engine.prefix_cache import plan_prefixes
+from qcls.engine.probs import Probabilities
 from qcls.engine.tail import Tail
 from qcls.engine.taps import TapPlan, root_reads
 from qcls.engine.tree_plan import plan_tree, tuning_for
@@ -64,7 +65,8 @@ class Bucket:
         # before it may still be on the device, whose asynchronous copies read and write the other slot.
         self.host = [torch.zeros(size, dtype=torch.long, pin_memory=pinned) for _ in range(SLOTS)]
         self.host_np = [h.numpy() for h in self.host]  # what pack writes (a view each: made once, not per request)
-        self.out = [torch.zeros(tail.table.shape[0], dtype=torch.float32, pin_memory=pinned) for _ in range(SLOTS)]
+        self.probs = Probabilities(tail.label_counts, b, dev)  # the scores and their softmax: what comes back
+        self.out = [torch.zeros(self.probs.out.shape[0], dtype=torch.float64, pin_memory=pinned) for _ in range(SLOTS)]
         self.buf = torch.zeros(size, dtype=torch.long, device=dev)
         self.visible, self.slot_pos = packer.visible.to(dev), packer.slot_pos.to(dev)
         self.embeds = None
@@ -86,7 +88,7 @@ class Bucket:
         return self.hidden
 
     def score(self) -> torch.Tensor:
-        self.scores = self.tail(self.hidden, self.taps.buf if self.taps is not None else None)
+        self.scores = self.probs(self.tail(self.hidden, self.taps.buf if self.taps is not None else None))
         return self.scores
 
     def pack(self, batch: list[list[int]], slot: int) -> None:
@@ -249,10 +251,11 @@ class FastEngine:
                              f"limits (max_batch_size={self.max_batch}, largest query bucket {self.query_buckets[-1]})")
         return self.buckets[key]
 
-    def run(self, batch: list[list[int]]) -> tuple[Scores, Scores, dict[str, float], int]:
+    def run(self, batch: list[list[int]]) -> tuple[Scores, Scores, dict[str, float], int, tuple[Scores, Scores]]:
         """Raw and calibrated scores per query per prompt for a batch of query ids (one tail product makes
         both); stage times in ms (prepare, forward, score, and device_wait: from queueing the batch to the
-        device starting it); tokens per forward."""
+        device starting it); tokens per forward; the softmax of the raw and of the calibrated scores per query per
+        prompt (float64, computed on the device)."""
         return self.collect(self.launch(batch))
 
     @torch.inference_mode()
@@ -299,7 +302,7 @@ class FastEngine:
         """Whether a launched batch's scores are on the host (collect would not wait); never blocks."""
         return job.events is None or job.events[2].query()
 
-    def collect(self, job: InFlight) -> tuple[Scores, Scores, dict[str, float], int]:
+    def collect(self, job: InFlight) -> tuple[Scores, Scores, dict[str, float], int, tuple[Scores, Scores]]:
         """Wait for a launched batch and read its scores (see `run`)."""
         bk = job.bucket
         try:
@@ -312,20 +315,29 @@ class FastEngine:
             flat = bk.out[job.slot].tolist()
         finally:
             self._free.append(job.slot)
-        raw, cal, i, half = [], [], 0, len(flat) // 2  # the tail's raw block, then its calibrated block
+        # the tail's raw block, its calibrated block, then the softmax of each (engine/probs.py)
+        raw, cal, raw_p, cal_p, i = [], [], [], [], 0
+        half = len(flat) // 4
+        c1, c2, c3 = half, 2 * half, 3 * half
         for _ in range(job.batch_size):
-            r, c = [], []
+            r, c, rp, cp = [], [], [], []
             for n in bk.tail.label_counts:
-                r.append(flat[i:i + n])
-                c.append(flat[half + i:half + i + n])
-                i += n
+                j = i + n
+                r.append(flat[i:j])
+                c.append(flat[c1 + i:c1 + j])
+                rp.append(flat[c2 + i:c2 + j])
+                cp.append(flat[c3 + i:c3 + j])
+                i = j
             raw.append(r)
             cal.append(c)
+            raw_p.append(rp)
+            cal_p.append(cp)
         score += (time.perf_counter() - done) * 1e3
         # device time is measured by events, host time by the clock; what is left of the wall time is the wait
         # for the device (a batch ahead of this one, the launch latency)
         wait = max(0.0, (time.perf_counter() - job.started) * 1e3 - job.prepare_ms - fwd - score)
-        return raw, cal, {"prepare": job.prepare_ms, "forward": fwd, "score": score, "device_wait": wait}, bk.n_tokens
+        return (raw, cal, {"prepare": job.prepare_ms, "forward": fwd, "score": score, "device_wait": wait}, bk.n_tokens,
+                (raw_p, cal_p))
 
     def states(self, job: InFlight) -> torch.Tensor:
         """[taps, rows, H] (rows = query-major × prompt) of a collected batch, on the host; read it before the

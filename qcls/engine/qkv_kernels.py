@@ -136,12 +136,12 @@ if triton is not None:
 
 if triton is not None:
     @triton.jit
-    def rope_rows(src, dst, ok, pos, cos_ptr, sin_ptr, w_ptr, eps, D: tl.constexpr, HAS_NORM: tl.constexpr,
+    def rope_rows(src, dst, ok, tok, cos_ptr, sin_ptr, w_ptr, eps, D: tl.constexpr, HAS_NORM: tl.constexpr,
                   OFFSET: tl.constexpr):
         """_qkv_heads_kernel's arithmetic for a block of rows, inside another kernel (issue 27: the tree
         attention's prologue, engine.fuse_qkv_attention): `src`/`dst` [R] point at each row's head (D values),
-        `pos` [R] its position (a row of the cos/sin tables [positions, D]); rows where `ok` is false are
-        neither read nor written."""
+        `tok` [R] its token (a row of the forward's cos/sin [tokens, D]); rows where `ok` is false are neither
+        read nor written."""
         half: tl.constexpr = D // 2
         i = tl.arange(0, half)[None, :]
         m = ok[:, None]
@@ -156,7 +156,7 @@ if triton is not None:
                 w2 = w2 + 1.0
             x1 = w1 * x1 * inv
             x2 = w2 * x2 * inv
-        row = pos[:, None] * D
+        row = tok[:, None] * D
         c1 = tl.load(cos_ptr + row + i, mask=m, other=0.0).to(tl.float32)
         c2 = tl.load(cos_ptr + row + half + i, mask=m, other=0.0).to(tl.float32)
         s1 = tl.load(sin_ptr + row + i, mask=m, other=0.0).to(tl.float32)

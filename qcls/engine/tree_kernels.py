@@ -140,7 +140,7 @@ if triton is not None:
         tok = tl.load(qtok_ptr + idx, mask=tok_ok, other=0)
         qpos = tl.load(pos_ptr + tok, mask=tok_ok, other=0)
         if FUSED:
-            _queries(q_ptr, qr_ptr, cos_ptr, sin_ptr, qw_ptr, tok, head, q_ok, qpos, q_s0, q_s1, qr_s0, eps, D,
+            _queries(q_ptr, qr_ptr, cos_ptr, sin_ptr, qw_ptr, tok, head, q_ok, q_s0, q_s1, qr_s0, eps, D,
                      HAS_NORM, OFFSET)
         q = tl.load(q_ptr + tok[:, None] * q_s0 + head[:, None] * q_s1 + dd[None, :], mask=q_ok[:, None], other=0.0)
         m_i = tl.full([M], float("-inf"), tl.float32)
@@ -170,18 +170,18 @@ if triton is not None:
         tl.store(part_ptr + row[:, None] * D + dd[None, :], acc, mask=q_ok[:, None])
 
     @triton.jit
-    def _queries(q_ptr, qr_ptr, cos_ptr, sin_ptr, qw_ptr, tok, head, ok, pos, q_s0, q_s1, qr_s0, eps,
+    def _queries(q_ptr, qr_ptr, cos_ptr, sin_ptr, qw_ptr, tok, head, ok, q_s0, q_s1, qr_s0, eps,
                  D: tl.constexpr, HAS_NORM: tl.constexpr, OFFSET: tl.constexpr):
         """FUSED: these query vectors (token, head) from the QKV GEMM's output, (q-normed and) rotated into the
         query buffer, then a barrier: the program reads them back as the unfused kernels read the q/k/v
         kernel's output. Other programs may write the same vectors at the same time, with the same values."""
-        rope_rows(qr_ptr + tok * qr_s0 + head * D, q_ptr + tok * q_s0 + head * q_s1, ok, pos, cos_ptr, sin_ptr,
+        rope_rows(qr_ptr + tok * qr_s0 + head * D, q_ptr + tok * q_s0 + head * q_s1, ok, tok, cos_ptr, sin_ptr,
                   qw_ptr, eps, D, HAS_NORM, OFFSET)
         tl.debug_barrier()
 
     @triton.jit
-    def _row_keys(k_ptr, v_ptr, kr_ptr, vr_ptr, cos_ptr, sin_ptr, kw_ptr, pos_ptr, r0, rlen, pool_len, kr_s0, vr_s0,
-                  eps, D: tl.constexpr, BN: tl.constexpr, HAS_NORM: tl.constexpr, OFFSET: tl.constexpr):
+    def _row_keys(k_ptr, v_ptr, kr_ptr, vr_ptr, cos_ptr, sin_ptr, kw_ptr, r0, rlen, pool_len, kr_s0, vr_s0, eps,
+                  D: tl.constexpr, BN: tl.constexpr, HAS_NORM: tl.constexpr, OFFSET: tl.constexpr):
         """FUSED: the keys (k-normed and rotated) and values of one row and KV head (k_ptr, v_ptr: that head's
         buffers) from the QKV GEMM's output into the KV buffer, at the slots the row part reads. Every tile of
         the row writes them (the same values); the barrier after the tile's queries makes them visible to it."""
@@ -191,8 +191,8 @@ if triton is not None:
             key = r0 + s + jn
             ok = s + jn < rlen
             slot = pool_len + key
-            rope_rows(kr_ptr + key * kr_s0, k_ptr + slot * D, ok, tl.load(pos_ptr + key, mask=ok, other=0), cos_ptr,
-                      sin_ptr, kw_ptr, eps, D, HAS_NORM, OFFSET)
+            rope_rows(kr_ptr + key * kr_s0, k_ptr + slot * D, ok, key, cos_ptr, sin_ptr, kw_ptr, eps, D, HAS_NORM,
+                      OFFSET)
             tl.store(v_ptr + slot[:, None] * D + dd, tl.load(vr_ptr + key[:, None] * vr_s0 + dd, mask=ok[:, None]),
                      mask=ok[:, None])
 
@@ -215,7 +215,7 @@ if triton is not None:
         nsplit = tl.load(nsplit_ptr + prompt)  # partial states the prefix kernel left for this prompt
         if FUSED:
             _row_keys(k_ptr + h * kv_s_head, v_ptr + h * kv_s_head, kr_ptr + h * D, vr_ptr + h * D, cos_ptr, sin_ptr,
-                      kw_ptr, pos_ptr, r0, rlen, pool_len, kr_s0, vr_s0, eps, D, BN, HAS_NORM, OFFSET)
+                      kw_ptr, r0, rlen, pool_len, kr_s0, vr_s0, eps, D, BN, HAS_NORM, OFFSET)
         # BT < TILE where a whole tile's query vectors would not fit the registers (d=256 on sm_75)
         for sub in tl.static_range(TILE // BT):
             if sub * BT < cnt:  # unused tiles (count 0) do nothing
@@ -242,7 +242,7 @@ if triton is not None:
         dd = tl.arange(0, D)
         pos_i = tl.load(pos_ptr + tok, mask=tok_ok, other=0)
         if FUSED:
-            _queries(q_ptr, qr_ptr, cos_ptr, sin_ptr, qw_ptr, tok, head, q_ok, pos_i, q_s0, q_s1, qr_s0, eps, D,
+            _queries(q_ptr, qr_ptr, cos_ptr, sin_ptr, qw_ptr, tok, head, q_ok, q_s0, q_s1, qr_s0, eps, D,
                      HAS_NORM, OFFSET)
         q = tl.load(q_ptr + tok[:, None] * q_s0 + head[:, None] * q_s1 + dd[None, :], mask=q_ok[:, None], other=0.0)
         seq_i = tl.load(seq_ptr + tok, mask=tok_ok, other=0)

@@ -231,7 +231,8 @@ def _compare_fused(device, dtype, heads, kv_heads, head_dim, prompts, batch, see
         plan = plan_tree(packer, batch, total, heads // kv_heads, tuning).to(device)
         tree = A.TreeAttention(d, plan, pool_len, heads, head_dim, dtype)
         q, kf, vf = torch.full_like(q_ref, float("nan")), k.clone(), v.clone()
-        got = tree(q, kf, vf, window=window, raw=A.RawQKV(qr, kr, vr, cos, sin, qw, kw, 1e-6, offset)).clone()
+        raw = A.RawQKV(qr, kr, vr, cos[pos], sin[pos], qw, kw, 1e-6, offset)
+        got = tree(q, kf, vf, window=window, raw=raw).clone()
         assert torch.isfinite(got).all()
         err = (got[:used].float() - dense[:used].float()).abs().max().item()
         assert err <= tol, f"{tuning}: max |Δ| {err} against the q/k/v kernel + dense"

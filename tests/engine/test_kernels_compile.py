@@ -19,6 +19,8 @@ QKV = {"q_ptr": "*fp16", "k_ptr": "*fp16", "v_ptr": "*fp16", "cos_ptr": "*fp16",
 POST = {"x_ptr": "*fp16", "r_ptr": "*fp32", "wp_ptr": "*fp16", "w_ptr": "*fp16", "y_ptr": "*fp16", "s_ptr": "*fp32",
         "H": "i32", "eps_post": "fp32", "eps": "fp32"}
 ACT = {"g_ptr": "*fp16", "u_ptr": "*fp16", "out_ptr": "*fp16", "I": "i32", "g_s0": "i32", "u_s0": "i32"}
+GROUP = {"logits_ptr": "*fp32", "flat_ptr": "*i64", "members_ptr": "*i64", "out_ptr": "*fp32", "E": "i32"}
+SOFTMAX = {"x_ptr": "*fp32", "idx_ptr": "*i64", "out_ptr": "*fp64", "S": "i32", "N2": "i32"}
 # (kernel, argument types, constexprs): what decoder.py launches for Qwen3-4B and Gemma3-4B in fp16; the final
 # norm writes float32 states
 CASES = [
@@ -33,6 +35,8 @@ CASES = [
     ("_post_add_rmsnorm_kernel", {**POST, "y_ptr": "*fp32"}, {"OFFSET": True, "BLOCK": 4096}),
     ("_act_mul_kernel", ACT, {"GELU": False, "BLOCK": 1024}),
     ("_act_mul_kernel", ACT, {"GELU": True, "BLOCK": 1024}),
+    ("_group_scores_kernel", GROUP, {"W": 10, "BE": 128, "BW": 16}),  # the tail (engine.fuse_tail)
+    ("_softmax_kernel", SOFTMAX, {"L": 10, "BS": 32, "BL": 16}),  # the probabilities (engine/probs.py)
 ]
 
 
@@ -42,9 +46,11 @@ def compile_all(arch: int) -> None:
     from triton.compiler import ASTSource
 
     from qcls.engine import kernels as K
+    from qcls.engine import probs as P
     from qcls.engine import qkv_kernels as Q
+    from qcls.engine import tail as T
     for name, sig, consts in CASES:
-        fn = getattr(K, name, None) or getattr(Q, name)
+        fn = next(getattr(m, name) for m in (K, Q, T, P) if hasattr(m, name))
         names = list(fn.arg_names)
         src = ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in consts}},
                         constexprs={(names.index(k),): v for k, v in consts.items()})

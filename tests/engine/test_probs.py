@@ -1,0 +1,37 @@
+"""engine/probs.py: every (query, prompt) segment of the tail's scores softmaxed in float64 on the device,
+against the host's softmax (classifier._softmax), through the torch ops (CPU) and the Triton kernel (its
+interpreter on a CPU)."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from qcls.classifier import _softmax
+from qcls.engine.kernels import triton
+from qcls.engine.probs import Probabilities
+
+
+@pytest.mark.parametrize("b", [1, 4])
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_segment_softmax_equals_the_host_softmax(b, impl):
+    if impl == "triton" and (triton is None or torch.cuda.is_available()):
+        pytest.skip("the interpreted kernel runs on a CPU machine with Triton (a GPU runs it in the engine tests)")
+    rng = random.Random(b)
+    counts = [rng.randrange(1, 12) for _ in range(5)] + [1]  # a one-label prompt: probability 1
+    probs = Probabilities(counts, b, torch.device("cpu"))
+    n = sum(counts) * b
+    scores = torch.tensor([rng.uniform(-60, 10) for _ in range(2 * n)], dtype=torch.float32)
+    scores[3] = scores[4] = 5.0  # a tie
+    out = probs(scores, impl=impl).tolist()
+    assert len(out) == 4 * n
+    assert out[:2 * n] == scores.double().tolist()  # the scores, exactly
+    off = 0
+    for _ in range(2 * b):
+        for c in counts:
+            want = _softmax(scores[off:off + c].tolist())
+            got = out[2 * n + off:2 * n + off + c]
+            assert got == pytest.approx(want, rel=1e-12, abs=1e-300), (off, c)
+            off += c
+    assert off == 2 * n
