@@ -87,9 +87,9 @@ def per_step(clf: Classifier, queries: list[str], iters: int) -> dict[str, float
             steps["forward graph replay (queued)"] = us(lambda: bk.graphs[0].replay())
             steps["tail graph replay (queued)"] = us(lambda: bk.graphs[1].replay())
     job = eng.launch(batch)
-    raw, cal, *_ = eng.collect(job)
+    raw, cal, _, _, (raw_p, cal_p) = eng.collect(job)
     steps["launch + collect (device incl.)"] = us(lambda: eng.collect(eng.launch(batch)))
-    steps["build results"] = us(lambda: [clf._build(s, c) for s, c in zip(raw, cal)])
+    steps["build results"] = us(lambda: [clf._build(*x) for x in zip(raw, cal, raw_p, cal_p)])
     steps["classify (whole request)"] = us(lambda: clf.classify(queries))
 
     def new_request():
