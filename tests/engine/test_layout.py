@@ -124,3 +124,72 @@ def test_kept_layouts_give_the_buffer_a_fresh_packer_gives():
         assert len(kept._recent) == 2  # bounded: the oldest went first
     finally:
         L.LAYOUTS_KEPT = old
+
+
+def _reference_layout(packer, lengths, n):
+    """The layout built query by query (qcls before issue 27's vectorised build): each template copied,
+    shifted and concatenated in turn. The slow, obvious version the packer's layout must equal."""
+    import numpy as np
+
+    from qcls.engine.attention import TILE, TILE_FIELDS
+    from qcls.engine.layout import FIELDS, QROW
+    n_p = len(packer.prompts)
+    cols, reads, tiles, row_start, row_len, where, off = [], [], [], [], [], [], 0
+    for qi, lq in enumerate(lengths):
+        t = packer._templates[lq]
+        where.append((t.query_at + off).reshape(n_p, lq))
+        c = t.cols.copy()
+        c[2] += qi * n_p
+        c[QROW, t.query_at] += qi * n_p
+        cols.append(c)
+        reads.append(t.reads + off)
+        tl = t.tiles.copy()
+        tl[:, 0] += off
+        tl[:, 2] += off
+        tiles.append(tl)
+        row_start.append(t.row_start + off)
+        row_len.append(t.row_len)
+        off += c.shape[1]
+    pad = n - off
+    pads = np.zeros((len(FIELDS), pad), dtype=np.int64)
+    pads[2] = -1 - np.arange(pad)
+    pads[5] = -1
+    pads[6] = n_p
+    pads[QROW] = -1
+    cols.append(pads)
+    starts = np.arange(off, n, TILE, dtype=np.int64)
+    cnt = np.minimum(TILE, n - starts)
+    tiles.append(np.stack([starts, cnt, starts, cnt, np.full_like(starts, n_p)], 1))
+    tiles_all = np.concatenate(tiles)
+    room = packer.max_tiles(len(lengths), n)
+    tiles_all = np.concatenate([tiles_all, np.zeros((room - len(tiles_all), TILE_FIELDS), dtype=np.int64)])
+    qtok, qstart = packer._tokens_by_prompt(np.stack(row_start), np.stack(row_len), n)
+    flat = np.concatenate([np.concatenate(cols, 1).ravel(), qtok, qstart, *reads, tiles_all.ravel()])
+    return flat, where
+
+
+def test_layout_equals_the_query_by_query_build():
+    """The vectorised layout (every template laid at once) against the query-by-query build, on random
+    prompts (multi-token tries, rows longer than one tile, one prompt without a prefix) and random batches of
+    1-6 queries of 1-40 tokens, with and without padding."""
+    import random
+
+    import numpy as np
+    rng = random.Random(0)
+    prompts = [_layout(tuple(rng.randrange(100) for _ in range(rng.randrange(0, 12))),
+                       tuple(rng.randrange(100) for _ in range(rng.randrange(1, 6))),
+                       tuple(sorted({tuple(rng.randrange(50, 70) for _ in range(rng.randrange(1, 4)))
+                                     for _ in range(rng.randrange(2, 9))})))
+               for _ in range(5)]
+    pool = plan_prefixes([p.tokens.prefix_ids for p in prompts], 4)
+    packer = Packer(prompts, pool, pool_len=pool.n_slots + (-pool.n_slots) % 8, max_query=40)
+    for _ in range(60):
+        lengths = [rng.randrange(1, 41) for _ in range(rng.randrange(1, 7))]
+        n = packer.n_tokens(len(lengths), sum(lengths)) + rng.choice([0, 1, 17, 40])
+        got, got_where = packer.layout(lengths, n)
+        want, want_where = _reference_layout(packer, lengths, n)
+        assert got.shape == want.shape == (packer.buffer_len(len(lengths), n),)
+        np.testing.assert_array_equal(got, want)
+        assert len(got_where) == len(want_where)
+        for g, w in zip(got_where, want_where):
+            np.testing.assert_array_equal(g, w)
