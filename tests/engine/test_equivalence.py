@@ -248,3 +248,31 @@ def test_attention_tree_refused_where_it_cannot_run(tiny_dirs, monkeypatch):
     cfg = tiny_cfg(tiny_dirs["qwen3"], [prompt("a", MULTI)], engine={"attention": "tree"})
     with pytest.raises(ValueError, match=r"engine.attention=tree cannot run: .*use engine.attention=auto or sdpa"):
         Classifier(cfg)
+
+
+@needs_triton
+@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+def test_tree_attention_fused_qkv_with_separate_projection_modules(tiny_dirs, family):
+    """engine.fuse_qkv_attention where q, k and v come from three modules rather than one fused GEMM (what a
+    quantized or streamed backend's layers give): three tensors with their own row strides, against the
+    reference (Triton's interpreter on a CPU)."""
+    from torch import nn
+
+    class Separate(nn.Linear):  # not a plain nn.Linear: the decoder calls it as a module (decoder._fuse_linears)
+        pass
+
+    prompts = [prompt("a", MULTI), prompt("b", SHARED, system="B?")]
+    fast_cfg = tiny_cfg(tiny_dirs[family], prompts, scoring={"name": "trie"},
+                        engine={"attention": "tree", "fuse_qkv_attention": True})
+    loaded = get_backend("fp16").load(fast_cfg)
+    for layer in loaded.model.model.layers:
+        old = layer.self_attn.q_proj
+        new = Separate(old.in_features, old.out_features, bias=old.bias is not None)
+        new.load_state_dict(old.state_dict())
+        layer.self_attn.q_proj = new
+    fast = Classifier(fast_cfg, loaded=loaded)
+    ref = Classifier(tiny_cfg(tiny_dirs[family], prompts, scoring={"name": "trie"}, engine={"kind": "reference"}),
+                     loaded=loaded)
+    assert all(q is None for q in fast.engine.dec.qkv) and fast.engine.dec.fuse_qkv_attention
+    for b in (1, 3):
+        assert_same(fast, ref, QUERIES[:b])
