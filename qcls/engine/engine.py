@@ -18,7 +18,7 @@ from qcls.engine.attention import DenseAttention, TreeAttention, tree_available
 from qcls.engine.decoder import Decoder
 from qcls.engine.layout import Packer, PromptLayout, build_mask, unpack
 from qcls.engine.prefix_cache import plan_prefixes
-from qcls.engine.probs import Probabilities
+from qcls.engine.probs import Probabilities, split_blocks
 from qcls.engine.tail import Tail
 from qcls.engine.taps import TapPlan, root_reads
 from qcls.engine.tree_plan import plan_tree, tuning_for
@@ -315,23 +315,7 @@ class FastEngine:
             flat = bk.out[job.slot].tolist()
         finally:
             self._free.append(job.slot)
-        # the tail's raw block, its calibrated block, then the softmax of each (engine/probs.py)
-        raw, cal, raw_p, cal_p, i = [], [], [], [], 0
-        half = len(flat) // 4
-        c1, c2, c3 = half, 2 * half, 3 * half
-        for _ in range(job.batch_size):
-            r, c, rp, cp = [], [], [], []
-            for n in bk.tail.label_counts:
-                j = i + n
-                r.append(flat[i:j])
-                c.append(flat[c1 + i:c1 + j])
-                rp.append(flat[c2 + i:c2 + j])
-                cp.append(flat[c3 + i:c3 + j])
-                i = j
-            raw.append(r)
-            cal.append(c)
-            raw_p.append(rp)
-            cal_p.append(cp)
+        raw, cal, raw_p, cal_p = split_blocks(flat, job.batch_size, bk.tail.label_counts)
         score += (time.perf_counter() - done) * 1e3
         # device time is measured by events, host time by the clock; what is left of the wall time is the wait
         # for the device (a batch ahead of this one, the launch latency)

@@ -65,3 +65,25 @@ class Probabilities:
         self.out[:self.n2] = x
         self.out[self.n2:] = torch.softmax(ext[self.pad], -1).view(-1)[self.valid]
         return self.out
+
+
+def split_blocks(flat: list[float], b: int, label_counts: list[int]) -> tuple[list, list, list, list]:
+    """A copied-back buffer (`Probabilities.out`: raw, calibrated, softmax(raw), softmax(calibrated)) as four
+    [query][prompt][label] lists (written out, not looped over: this runs on every request)."""
+    raw, cal, raw_p, cal_p, i = [], [], [], [], 0
+    c1 = len(flat) // 4
+    c2, c3 = 2 * c1, 3 * c1
+    for _ in range(b):
+        r, c, rp, cp = [], [], [], []
+        for n in label_counts:
+            j = i + n
+            r.append(flat[i:j])
+            c.append(flat[c1 + i:c1 + j])
+            rp.append(flat[c2 + i:c2 + j])
+            cp.append(flat[c3 + i:c3 + j])
+            i = j
+        raw.append(r)
+        cal.append(c)
+        raw_p.append(rp)
+        cal_p.append(cp)
+    return raw, cal, raw_p, cal_p

@@ -77,6 +77,19 @@ if triton is not None:
 
 if triton is not None:
     @triton.jit
+    def _normed(x1, x2, w_ptr, i, eps, D: tl.constexpr, OFFSET: tl.constexpr):
+        """Rows of heads as their two halves x1, x2 [R, D/2] (float32), RMS-normed by w (Qwen3's q/k norm;
+        Gemma3's by 1 + w with OFFSET); `i` [1, D/2] the column indices of a half."""
+        half: tl.constexpr = D // 2
+        inv = 1.0 / tl.sqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / D + eps)[:, None]
+        w1 = tl.load(w_ptr + i).to(tl.float32)
+        w2 = tl.load(w_ptr + half + i).to(tl.float32)
+        if OFFSET:
+            w1 = w1 + 1.0
+            w2 = w2 + 1.0
+        return w1 * x1 * inv, w2 * x2 * inv
+
+    @triton.jit
     def _qkv_heads_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, qo_ptr, kb_ptr, vb_ptr, slot_ptr,
                           q_s0, k_s0, v_s0, qo_s0, kb_s_head, eps, NH: tl.constexpr, D: tl.constexpr,
                           HB: tl.constexpr, HAS_NORM: tl.constexpr, OFFSET: tl.constexpr):
@@ -99,14 +112,7 @@ if triton is not None:
             x1 = tl.load(src + i).to(tl.float32)
             x2 = tl.load(src + half + i).to(tl.float32)
             if HAS_NORM:
-                inv = 1.0 / tl.sqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / D + eps)[:, None]
-                w1 = tl.load(qw_ptr + i).to(tl.float32)
-                w2 = tl.load(qw_ptr + half + i).to(tl.float32)
-                if OFFSET:
-                    w1 = w1 + 1.0
-                    w2 = w2 + 1.0
-                x1 = w1 * x1 * inv
-                x2 = w2 * x2 * inv
+                x1, x2 = _normed(x1, x2, qw_ptr, i, eps, D, OFFSET)
             dst = qo_ptr + t * qo_s0 + (g * HB + h) * D
             tl.store(dst + i, (x1 * c1 - x2 * s1).to(qo_ptr.dtype.element_ty))
             tl.store(dst + half + i, (x2 * c2 + x1 * s2).to(qo_ptr.dtype.element_ty))
@@ -117,14 +123,7 @@ if triton is not None:
             x1 = tl.load(src + i).to(tl.float32)
             x2 = tl.load(src + half + i).to(tl.float32)
             if HAS_NORM:
-                inv = 1.0 / tl.sqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / D + eps)[:, None]
-                w1 = tl.load(kw_ptr + i).to(tl.float32)
-                w2 = tl.load(kw_ptr + half + i).to(tl.float32)
-                if OFFSET:
-                    w1 = w1 + 1.0
-                    w2 = w2 + 1.0
-                x1 = w1 * x1 * inv
-                x2 = w2 * x2 * inv
+                x1, x2 = _normed(x1, x2, kw_ptr, i, eps, D, OFFSET)
             kd = kb_ptr + kh * kb_s_head + slot * D
             tl.store(kd + i, (x1 * c1 - x2 * s1).to(kb_ptr.dtype.element_ty))
             tl.store(kd + half + i, (x2 * c2 + x1 * s2).to(kb_ptr.dtype.element_ty))
@@ -148,14 +147,7 @@ if triton is not None:
         x1 = tl.load(src[:, None] + i, mask=m, other=0.0).to(tl.float32)
         x2 = tl.load(src[:, None] + half + i, mask=m, other=0.0).to(tl.float32)
         if HAS_NORM:
-            inv = 1.0 / tl.sqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / D + eps)[:, None]
-            w1 = tl.load(w_ptr + i).to(tl.float32)
-            w2 = tl.load(w_ptr + half + i).to(tl.float32)
-            if OFFSET:
-                w1 = w1 + 1.0
-                w2 = w2 + 1.0
-            x1 = w1 * x1 * inv
-            x2 = w2 * x2 * inv
+            x1, x2 = _normed(x1, x2, w_ptr, i, eps, D, OFFSET)
         row = tok[:, None] * D
         c1 = tl.load(cos_ptr + row + i, mask=m, other=0.0).to(tl.float32)
         c2 = tl.load(cos_ptr + row + half + i, mask=m, other=0.0).to(tl.float32)

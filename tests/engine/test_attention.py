@@ -62,18 +62,24 @@ def _chunky_prompts(rng: random.Random) -> list[PromptLayout]:
     return [_with_labels(rng, f"c{i}", p) for i, p in enumerate(prefixes)]
 
 
-def _compare(device, dtype, heads, kv_heads, head_dim, prompts, batch, seed, tol, tunings, window=0):
+def _packed(device, prompts, batch, seed):
+    """A random batch of `batch` queries packed for these prompts (plus some padding): (packer, pool_len,
+    descriptors, tokens, query tokens, key_len)."""
     rng = random.Random(seed)
     pool = plan_prefixes([p.tokens.prefix_ids for p in prompts], 16)
     pool_len = pool.n_slots + (-pool.n_slots) % 8
     packer = Packer(prompts, pool, pool_len)
     queries = [[rng.randrange(1000) for _ in range(rng.randrange(1, 20))] for _ in range(batch)]
     total = sum(map(len, queries))
-    n = packer.n_tokens(batch, total) + rng.randrange(0, 40)  # and some padding
+    n = packer.n_tokens(batch, total) + rng.randrange(0, 40)
     buf = torch.zeros(packer.buffer_len(batch, n), dtype=torch.long)
     packer.pack(queries, n, buf)
     d = unpack(buf.to(device), n, packer.n_reads(batch), len(prompts))
-    key_len = pool_len + n + (-(pool_len + n)) % 16
+    return packer, pool_len, d, n, total, pool_len + n + (-(pool_len + n)) % 16
+
+
+def _compare(device, dtype, heads, kv_heads, head_dim, prompts, batch, seed, tol, tunings, window=0):
+    packer, pool_len, d, n, total, key_len = _packed(device, prompts, batch, seed)
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(n, heads, head_dim, generator=g).to(device, dtype)
     k = torch.randn(kv_heads, key_len + 8, head_dim, generator=g).to(device, dtype)
@@ -194,17 +200,7 @@ def _compare_fused(device, dtype, heads, kv_heads, head_dim, prompts, batch, see
     the q/k/v kernel's torch version followed by dense SDPA. The query buffer and this forward's KV slots start
     as NaN: whatever the fused kernels read before writing shows."""
     from qcls.engine.qkv_kernels import rope_torch
-    rng = random.Random(seed)
-    pool = plan_prefixes([p.tokens.prefix_ids for p in prompts], 16)
-    pool_len = pool.n_slots + (-pool.n_slots) % 8
-    packer = Packer(prompts, pool, pool_len)
-    queries = [[rng.randrange(1000) for _ in range(rng.randrange(1, 20))] for _ in range(batch)]
-    total = sum(map(len, queries))
-    n = packer.n_tokens(batch, total) + rng.randrange(0, 40)
-    buf = torch.zeros(packer.buffer_len(batch, n), dtype=torch.long)
-    packer.pack(queries, n, buf)
-    d = unpack(buf.to(device), n, packer.n_reads(batch), len(prompts))
-    key_len = pool_len + n + (-(pool_len + n)) % 16
+    packer, pool_len, d, n, total, key_len = _packed(device, prompts, batch, seed)
     g = torch.Generator().manual_seed(seed)
     rand = lambda *shape: torch.randn(*shape, generator=g).to(device, dtype)  # noqa: E731
     qkv = rand(n, (heads + 2 * kv_heads) * head_dim)  # one GEMM's output: q, k, v side by side

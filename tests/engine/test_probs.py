@@ -35,3 +35,13 @@ def test_segment_softmax_equals_the_host_softmax(b, impl):
             assert got == pytest.approx(want, rel=1e-12, abs=1e-300), (off, c)
             off += c
     assert off == 2 * n
+
+
+def test_split_blocks_reads_the_four_blocks_per_query_and_prompt():
+    from qcls.engine.probs import split_blocks
+    flat = [float(i) for i in range(4 * 10)]  # 2 queries × prompts of 3 and 2 labels: blocks of 10
+    raw, cal, raw_p, cal_p = split_blocks(flat, 2, [3, 2])
+    assert raw == [[[0, 1, 2], [3, 4]], [[5, 6, 7], [8, 9]]]
+    assert cal == [[[10, 11, 12], [13, 14]], [[15, 16, 17], [18, 19]]]
+    assert raw_p == [[[20, 21, 22], [23, 24]], [[25, 26, 27], [28, 29]]]
+    assert cal_p == [[[30, 31, 32], [33, 34]], [[35, 36, 37], [38, 39]]]
