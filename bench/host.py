@@ -27,6 +27,7 @@ from bench import common as C  # noqa: E402
 from bench.latency import QUERIES, make_cfg, prompt_sets  # noqa: E402
 from qcls.backends.base import LoadedModel, module_bytes  # noqa: E402
 from qcls.classifier import Classifier  # noqa: E402
+from qcls.engine.probs import split_blocks  # noqa: E402
 from qcls.qwen_tokenizer import build_qwen_tokenizer  # noqa: E402
 from qcls.scoring.tokenization import encode_query  # noqa: E402
 
@@ -129,12 +130,9 @@ def request_timeline(clf: Classifier, queries: list[str], iters: int) -> dict[st
         flat = bk.out[0].tolist()
         t.append(time.perf_counter())
         dev = ev[0].elapsed_time(ev[2]) * 1e3
-        scores, i = [], 0  # results built as a request builds them, so the next launch starts as cold
-        for n in bk.tail.label_counts:
-            scores.append(flat[i:i + n])
-            i += n
-        for _ in queries:
-            clf._build(scores, scores)
+        # results built as a request builds them, so the next launch starts as cold
+        for x in zip(*split_blocks(flat, len(queries), bk.tail.label_counts)):
+            clf._build(*x)
         d = [(b - a) * 1e6 for a, b in zip(t, t[1:])]
         rows.append({"bucket_for + pack": d[0], "event + load queued": d[1], "forward replay + event": d[2],
                      "tail replay + copy + event queued": d[3], "wait for the device": d[4], "scores to the host": d[5],
