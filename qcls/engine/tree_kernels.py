@@ -240,11 +240,16 @@ if triton is not None:
         q_ok = tok_ok & (gi < G)
         head = h * G + gi
         dd = tl.arange(0, D)
-        pos_i = tl.load(pos_ptr + tok, mask=tok_ok, other=0)
-        if FUSED:
+        if FUSED:  # positions loaded after the prologue: live across it they cost sm_75 registers (d=256)
             _queries(q_ptr, qr_ptr, cos_ptr, sin_ptr, qw_ptr, tok, head, q_ok, q_s0, q_s1, qr_s0, eps, D,
                      HAS_NORM, OFFSET)
-        q = tl.load(q_ptr + tok[:, None] * q_s0 + head[:, None] * q_s1 + dd[None, :], mask=q_ok[:, None], other=0.0)
+            q = tl.load(q_ptr + tok[:, None] * q_s0 + head[:, None] * q_s1 + dd[None, :], mask=q_ok[:, None],
+                        other=0.0)
+            pos_i = tl.load(pos_ptr + tok, mask=tok_ok, other=0)
+        else:
+            pos_i = tl.load(pos_ptr + tok, mask=tok_ok, other=0)
+            q = tl.load(q_ptr + tok[:, None] * q_s0 + head[:, None] * q_s1 + dd[None, :], mask=q_ok[:, None],
+                        other=0.0)
         seq_i = tl.load(seq_ptr + tok, mask=tok_ok, other=0)
         anc_i = tl.load(anc_ptr + tok, mask=tok_ok, other=0)
 
