@@ -15,6 +15,8 @@
 #   fusions    issue 27's kernel fusions per model (Qwen3-4B, Gemma3-4B): the kernel profile without them, then
 #              each fusion on its own against the rest (bench.paired, in alternation); MODELS="qwen3_4b" picks
 #   paired-qkv  the q/k/v fusion's pair alone, per model
+#   row-variants  bench/attention.py --variants: the row kernel's shapes on ecommerce8, batch 1-4
+#   kernels    bench/host.py --kernels-only per model; ROW_TUNING="row_maxnreg=168 …" over the shipped tuning
 # e.g.  QCLS_BENCH_COMMIT=<sha> bash bench/accept_gpu.sh bulk host
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -65,6 +67,11 @@ for mode in "$@"; do
             step 90 "paired-tail-$m" python -m bench.paired --model "$m" --iters 100 --label \
                 "the tail's group normaliser as torch ops / one kernel (engine.fuse_tail)" \
                 --a "prompts=ecommerce8 engine.fuse_tail=false" --b prompts=ecommerce8
+        done ;;
+    row-variants) step 420 row-variants python -m bench.attention --variants ;;
+    kernels)
+        for m in ${MODELS:-qwen3_4b gemma3_4b}; do
+            step 90 "kernels-$m" python bench/host.py --model "$m" --kernels-only ${ROW_TUNING:+--row-tuning $ROW_TUNING}
         done ;;
     *) echo "unknown mode $mode"; rc=1 ;;
     esac

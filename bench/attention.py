@@ -110,9 +110,10 @@ def timed_ms(fn, device: str) -> float:
 
 
 class Timer:
-    """Attention of one case over every layer, each layer with its own random K/V."""
+    """Attention of one case over every layer, each layer with its own random K/V. `fused`: the kernels take
+    a random QKV GEMM output and rotate it themselves (engine.fuse_qkv_attention, Gemma3-style norms)."""
 
-    def __init__(self, case: Case, hs: Heads, windows: list[int]):
+    def __init__(self, case: Case, hs: Heads, windows: list[int], fused: bool = False):
         g = torch.Generator(device=hs.device).manual_seed(0)
         dtype = torch.float16 if hs.device == "cuda" else torch.float32
         self.case, self.hs, self.windows, self.dtype = case, hs, windows, dtype
@@ -120,19 +121,33 @@ class Timer:
         shape = (hs.layers, hs.kv, case.key_len, hs.dim)
         self.k = torch.randn(shape, device=hs.device, dtype=dtype, generator=g)
         self.v = torch.randn(shape, device=hs.device, dtype=dtype, generator=g)
+        self.raw = None
+        if fused:
+            qkv = torch.randn(case.n, hs.heads + 2 * hs.kv, hs.dim, device=hs.device, dtype=dtype, generator=g)
+            ang = torch.rand(case.n, hs.dim, device=hs.device, generator=g) * 6.28
+            w = lambda: 0.1 * torch.randn(hs.dim, device=hs.device, dtype=dtype, generator=g)  # noqa: E731
+            self.raw = A.RawQKV(qkv[:, :hs.heads], qkv[:, hs.heads:hs.heads + hs.kv], qkv[:, hs.heads + hs.kv:],
+                                ang.cos().to(dtype), ang.sin().to(dtype), w(), w(), 1e-6, True)
         vis, pos = case.packer.visible.to(hs.device), case.packer.slot_pos.to(hs.device)
         self.dense = A.DenseAttention(lambda w: build_mask(case.d, vis, case.key_len, w, pos), case.key_len)
         self.ref = {w: self.dense(self.q, self.k[0], self.v[0], window=w).clone() for w in set(windows)}
 
     def tree(self, tuning: Tuning) -> tuple[float, float]:
-        """(ms for all layers, max |Δ| against dense SDPA on layer 0 under each window used)."""
+        """(ms for all layers, max |Δ| against dense SDPA on layer 0 under each window used; fused: against the
+        unfused kernels over the q/k/v the fused ones wrote)."""
         c, u = self.case, self.case.used
         plan = plan_tree(c.packer, c.b, c.tokens, self.hs.heads // self.hs.kv, tuning).to(self.hs.device)
         attn = A.TreeAttention(c.d, plan, c.pool_len, self.hs.heads, self.hs.dim, self.dtype)
-        err = max((attn(self.q, self.k[0], self.v[0], window=w)[:u].float() - r[:u].float()).abs().max().item()
-                  for w, r in self.ref.items())
-        return timed_ms(lambda: [attn(self.q, self.k[i], self.v[i], window=w) for i, w in enumerate(self.windows)],
-                        self.hs.device), err
+        if self.raw is not None:
+            err = 0.0
+            for w in set(self.windows):
+                got = attn(self.q, self.k[0], self.v[0], window=w, raw=self.raw)[:u].float()
+                err = max(err, (got - attn(self.q, self.k[0], self.v[0], window=w)[:u].float()).abs().max().item())
+        else:
+            err = max((attn(self.q, self.k[0], self.v[0], window=w)[:u].float() - r[:u].float()).abs().max().item()
+                      for w, r in self.ref.items())
+        return timed_ms(lambda: [attn(self.q, self.k[i], self.v[i], window=w, raw=self.raw)
+                                 for i, w in enumerate(self.windows)], self.hs.device), err
 
     def sdpa(self) -> float:
         return timed_ms(lambda: [self.dense(self.q, self.k[i], self.v[i], window=w) for i, w in enumerate(self.windows)],
@@ -175,6 +190,59 @@ def gemma_rows(tok, sets: dict, device: str, layers_scale: float, names, batches
     return rows
 
 
+ROW_VARIANTS = {  # --variants: the row kernel's shapes (tree_plan.Tuning fields) against the shipped ones
+    128: {"maxnreg 168": dict(row_maxnreg=168), "maxnreg 128": dict(row_maxnreg=128),
+          "stages 2": dict(row_stages=2), "stages 2, maxnreg 168": dict(row_stages=2, row_maxnreg=168),
+          "8 warps, maxnreg 128": dict(row_warps=8, row_maxnreg=128), "8 warps, maxnreg 96": dict(row_warps=8, row_maxnreg=96),
+          "bt 8, maxnreg 128": dict(row_bt=8, row_maxnreg=128), "bt 8": dict(row_bt=8), "bn 16": dict(row_bn=16),
+          "bn 16, maxnreg 168": dict(row_bn=16, row_maxnreg=168)},
+    256: {"stages 2": dict(row_stages=2), "stages 1": dict(row_stages=1), "maxnreg 96": dict(row_maxnreg=96),
+          "stages 2, maxnreg 96": dict(row_stages=2, row_maxnreg=96), "4 warps": dict(row_warps=4),
+          "4 warps, maxnreg 168": dict(row_warps=4, row_maxnreg=168), "bt 8": dict(row_bt=8),
+          "bt 8, stages 2": dict(row_bt=8, row_stages=2), "bn 16": dict(row_bn=16)},
+}
+
+
+def compiled_resources(fn) -> dict:
+    """(num_warps, num_stages, maxnreg) → 'regs/spills/shared' of every compiled variant of a Triton kernel."""
+    out = {}
+    for cache in getattr(fn, "device_caches", {}).values():
+        for kern in (cache[0].values() if isinstance(cache, tuple) else ()):
+            try:
+                kern._init_handles()
+                o = kern.metadata
+                out[(o.num_warps, o.num_stages, getattr(o, "maxnreg", None))] = \
+                    f"{kern.n_regs} regs, {kern.n_spills} spills, {o.shared // 1024} KiB shared"
+            except Exception as e:  # noqa: BLE001 — Triton internals differ between versions: report, go on
+                out[str(type(kern))] = f"unread ({type(e).__name__})"
+    return out
+
+
+def variant_rows(tok, device: str, smoke: bool) -> str:
+    """The row kernel's shapes on ecommerce8 at batch 1-4: Qwen3-4B heads unfused, Gemma3-4B heads fused (as
+    they ship), each variant against the shipped tuning."""
+    base = [p.model_dump() for p in compose(["prompts=ecommerce8"]).prompts]
+    heads = [("qwen3-4b", Heads(32, 8, 128, 36, device), False), ("gemma3-4b, fused", Heads(8, 4, 256, 34, device), True),
+             ("qwen3-4b, fused", Heads(32, 8, 128, 36, device), True)]
+    if smoke:
+        heads = [("tiny d16", Heads(4, 2, 16, 1, "cpu"), False), ("tiny d16, fused", Heads(4, 2, 16, 1, "cpu"), True)]
+    text = "| heads | variant | batch 1 | batch 2 | batch 3 | batch 4 | max abs Δ |\n|---|---|---|---|---|---|---|\n"
+    for label, hs, fused in heads:
+        shipped = tuning_for(hs.dim, hs.heads // hs.kv, torch.device(device))
+        variants = {"shipped": shipped, **{k: shipped.with_(**v) for k, v in ROW_VARIANTS.get(hs.dim, {}).items()}}
+        windows = [0 if (i + 1) % 6 == 0 else 1024 for i in range(hs.layers)] if hs.dim == 256 else [0] * hs.layers
+        timers = {b: Timer(make_case(tok, "ecommerce8", base, b, hs), hs, windows, fused) for b in (1, 2, 3, 4)}
+        for what, t in variants.items():
+            res = run(timers, t, list(timers))
+            text += (f"| {label} | {what} | " + " | ".join(f"{res[b][0]:.3f}" for b in timers) +
+                     f" | {max(r[1] for r in res.values()):.4f} |\n")
+            print(text.splitlines()[-1], flush=True)
+        text += f"\n{label} compiled row kernels: {compiled_resources(A.K.row_kernel)}\n\n"
+        del timers
+        C.free()
+    return text
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sweep", action="store_true")
@@ -182,7 +250,16 @@ def main() -> None:
     ap.add_argument("--out-tuning", default=None, help="write the chosen tuning here (JSON, for bench/prefix.py)")
     ap.add_argument("--no-gemma", action="store_true")
     ap.add_argument("--smoke", action="store_true", help="CPU: Triton interpreter, 4/2 heads of 16, one layer")
+    ap.add_argument("--variants", action="store_true",
+                    help="only the row kernel's shapes (ROW_VARIANTS) on ecommerce8, batch 1-4, ms per forward")
     args = ap.parse_args()
+    if args.variants:
+        text = C.header("attention: the row kernel's shapes on ecommerce8 (ms per forward's attention)",
+                        f"bench/attention.py --variants{' --smoke' if args.smoke else ''}; Qwen3-4B heads (36 layers, "
+                        "q/k/v kernel before), Gemma3-4B heads (34 layers, q/k/v fused, window 1024 on 5 of 6)")
+        text += variant_rows(build_qwen_tokenizer(), "cpu" if args.smoke else "cuda", args.smoke)
+        print(text) if args.smoke else C.append(text)
+        return
     hs = Heads(4, 2, 16, 1, "cpu") if args.smoke else QWEN3
     tok = build_qwen_tokenizer()
     base = [p.model_dump() for p in compose(["prompts=ecommerce8"]).prompts]

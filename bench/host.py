@@ -27,6 +27,7 @@ from bench import common as C  # noqa: E402
 from bench.latency import QUERIES, make_cfg, prompt_sets  # noqa: E402
 from qcls.backends.base import LoadedModel, module_bytes  # noqa: E402
 from qcls.classifier import Classifier  # noqa: E402
+from qcls.engine import tree_plan as TP  # noqa: E402
 from qcls.engine.probs import split_blocks  # noqa: E402
 from qcls.qwen_tokenizer import build_qwen_tokenizer  # noqa: E402
 from qcls.scoring.tokenization import encode_query  # noqa: E402
@@ -221,8 +222,14 @@ def main() -> None:
     ap.add_argument("--engine", nargs="*", default=[], metavar="KEY=VALUE",
                     help="engine settings, e.g. fuse_qkv_attention=false fuse_tail=false (YAML values)")
     ap.add_argument("--kernels-only", action="store_true", help="only the per-kernel profile (GPU)")
+    ap.add_argument("--row-tuning", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="tree_plan.Tuning fields over the shipped ones for every head_dim, e.g. row_maxnreg=168")
     args = ap.parse_args()
+    over = {k: yaml.safe_load(v) for k, v in (x.split("=", 1) for x in args.row_tuning)}
+    if over:  # tuning_for reads TUNING when the buckets are built
+        TP.TUNING.update({d: t.with_(**over) for d, t in TP.TUNING.items()})
     engine = {k: yaml.safe_load(v) for k, v in (x.split("=", 1) for x in args.engine)}
+    named = args.engine + [f"tuning.{x}" for x in args.row_tuning]  # in the section's title
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.float16 if dev == "cuda" else torch.float32
     model = C.random_qwen3(args.model, dev, dtype)
@@ -230,9 +237,10 @@ def main() -> None:
     clf = Classifier(make_cfg(prompt_sets()[EIGHT], "trie", args.buckets, engine=engine), loaded=loaded)
     kind = "GPU" if dev == "cuda" else "CPU profile (the device is the host: forward/score are CPU compute)"
     text = C.header(f"host stages: {args.model} random weights, ecommerce8 ({kind})"
-                    + (f", engine {' '.join(args.engine)}" if args.engine else ""),
+                    + (f", engine {' '.join(named)}" if named else ""),
                     f"bench/host.py --model {args.model} --iters {args.iters} --profile-iters {args.profile_iters}"
-                    f"{' --engine ' + ' '.join(args.engine) if args.engine else ''}; "
+                    f"{' --engine ' + ' '.join(args.engine) if args.engine else ''}"
+                    f"{' --row-tuning ' + ' '.join(args.row_tuning) if args.row_tuning else ''}; "
                     f"graphs {clf.engine.graphs}; queries {QUERIES}")
     if args.kernels_only:
         text += kernel_tables(clf)

@@ -155,5 +155,5 @@ class TreeAttention:
             plan.runs.stride(0), q.stride(0), q.stride(1), self.out.stride(0), k.stride(0), split_stride, qr_s0,
             kr_s0, kr_s0, nh, scale, window, eps,
             G=g, GP=gp, D=d, TILE=TILE, BT=t.row_bt, BN=t.row_bn, WINDOW=window > 0, **fused,
-            num_warps=t.row_warps, num_stages=t.row_stages)
+            num_warps=t.row_warps, num_stages=t.row_stages, **({"maxnreg": t.row_maxnreg} if t.row_maxnreg else {}))
         return self.out

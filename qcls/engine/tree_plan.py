@@ -56,6 +56,8 @@ class Tuning:
     row_bn: int = 32  # row kernel: keys per step
     row_warps: int = 4
     row_stages: int = 3
+    row_maxnreg: int = 0  # row kernel: registers per thread ptxas may use (0: its own choice); fewer registers,
+    # more programs resident per SM
     merge_warps: int = 0  # row kernel warps in batch-1 buckets whose prefixes are split (0: row_warps): one program
     # per prompt and KV head then merges every partial state of its tile, and more warps share that work
     unmasked: bool = False  # prefix kernel: whole key steps without masks, then a masked last step (sm_80+: on
