@@ -136,7 +136,7 @@ class Timer:
         """(ms for all layers, max |Δ| against dense SDPA on layer 0 under each window used; fused: against the
         unfused kernels over the q/k/v the fused ones wrote)."""
         c, u = self.case, self.case.used
-        plan = plan_tree(c.packer, c.b, c.tokens, self.hs.heads // self.hs.kv, tuning).to(self.hs.device)
+        plan = plan_tree(c.packer, c.b, c.tokens, self.hs.heads // self.hs.kv, tuning, self.hs.kv).to(self.hs.device)
         attn = A.TreeAttention(c.d, plan, c.pool_len, self.hs.heads, self.hs.dim, self.dtype)
         if self.raw is not None:
             err = 0.0

@@ -57,7 +57,7 @@ class Bucket:
         self.taps = taps  # shared by the buckets of batch size b: a forward writes it, its own tail reads it
         # the tree kernels' work lists: fixed by the prompts and the bucket's shape
         group = dec.n_heads // dec.n_kv
-        self.tree = plan_tree(packer, b, query_tokens, group, tuning_for(dec.head_dim, group, dev)).to(dev) \
+        self.tree = plan_tree(packer, b, query_tokens, group, tuning_for(dec.head_dim, group, dev), dec.n_kv).to(dev) \
             if tree else None
         self.slots = torch.arange(pool_len, pool_len + n, device=dev)  # where this forward's K/V go
         size, pinned = packer.buffer_len(b, n), dev.type == "cuda"

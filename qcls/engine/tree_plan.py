@@ -56,8 +56,10 @@ class Tuning:
     row_bn: int = 32  # row kernel: keys per step
     row_warps: int = 4
     row_stages: int = 3
-    row_maxnreg: int = 0  # row kernel: registers per thread ptxas may use (0: its own choice); fewer registers,
-    # more programs resident per SM
+    row_maxnreg: int = 0  # row kernel: registers per thread in crowded buckets (0: ptxas's choice everywhere) …
+    row_crowded: float = 0.0  # … a bucket is crowded when its row grid, at an even split of its query tokens, has
+    # more programs than this per SM: more programs resident per SM (one wave, not two) then pay for the spills
+    sms: int = 0  # the device's SMs (tuning_for; 0: no bucket is crowded)
     merge_warps: int = 0  # row kernel warps in batch-1 buckets whose prefixes are split (0: row_warps): one program
     # per prompt and KV head then merges every partial state of its tile, and more warps share that work
     unmasked: bool = False  # prefix kernel: whole key steps without masks, then a masked last step (sm_80+: on
@@ -78,8 +80,15 @@ TUNING: dict[int, Tuning] = {
     # at batch 4; 384 / 512 / 768 split the few-shot prompts at batch 4, +0.09 ms (H200, 2026-11-24, bench/RESULTS.md)
     # merge_warps=8: batch-1 buckets with split prefixes 6-9 % less added time on 1k / 2k / the shared block, nothing
     # else changed (H200, 2026-11-24, bench/RESULTS.md)
-    128: Tuning(inline_reads=1536, partial_ratio=0.125, stages=3, unmasked=True, merge_warps=8),
-    256: Tuning(bn=32, row_warps=8),
+    # row_bn=16: 9 % (batch 1) to 12 % (batch 4) less attention time on ecommerce8, unfused and fused; 168
+    # registers where more than 2 programs per SM are needed (ptxas takes 181-244, 2 programs per SM of 4 warps): at
+    # batch 4 (280 programs, 132 SMs) 0.498 → 0.401 ms, at batch 3 (216 programs) 0.327 → 0.386 (H100, 2026-11-25,
+    # bench/attention.py --variants, bench/RESULTS.md)
+    128: Tuning(inline_reads=1536, partial_ratio=0.125, stages=3, unmasked=True, merge_warps=8, row_bn=16,
+                row_maxnreg=168, row_crowded=2.0),
+    # row_stages=2, and 96 registers past one program per SM: Gemma3-4B (fused q/k/v) batch 4 0.800 → 0.695 ms,
+    # batches 1-3 unchanged without the limit (0.44-0.47; with it 0.52-0.72) (same run)
+    256: Tuning(bn=32, row_warps=8, row_stages=2, row_maxnreg=96, row_crowded=1.0),
 }
 
 
@@ -95,8 +104,24 @@ def tuning_for(head_dim: int, group: int, device: torch.device | None = None) ->
                    row_stages=1)
     else:
         t = TUNING.get(head_dim) or TUNING[128]
+    if device is not None and device.type == "cuda" and torch.cuda.is_available():
+        t = t.with_(sms=torch.cuda.get_device_properties(device).multi_processor_count)
     # a dot needs ≥ 16 query vectors (tokens × padded group)
     return t.with_(bq=max(t.bq, 16 // gp), row_bt=max(t.row_bt, 16 // gp))
+
+
+def row_programs(prompt_tokens: list[int], b: int, kv_heads: int) -> int:
+    """Row-kernel programs that hold tokens when the bucket's query tokens are split evenly over its b queries:
+    b rows per prompt of ⌈tokens / b⌉, each ⌈/ TILE⌉ tiles, per KV head (the grid's room for uneven splits
+    is larger; its empty tiles return at once)."""
+    return kv_heads * sum(b * -(-(-(-t // b)) // TILE) for t in prompt_tokens)
+
+
+def crowded(tuning: Tuning, prompt_tokens: list[int], b: int, kv_heads: int) -> Tuning:
+    """The tuning with its register limit only where the bucket is crowded (Tuning.row_crowded)."""
+    if tuning.row_maxnreg and tuning.sms and row_programs(prompt_tokens, b, kv_heads) > tuning.row_crowded * tuning.sms:
+        return tuning
+    return tuning.with_(row_maxnreg=0)
 
 
 @dataclass
@@ -192,13 +217,14 @@ def inline_reads(prefix_len: list[int], prompt_tokens: list[int], b: int) -> int
     return max([n * max(b, -(-t // TILE)) for n, t in zip(prefix_len, prompt_tokens)] + [0])
 
 
-def plan_tree(packer: "Packer", b: int, query_tokens: int, group: int, tuning: Tuning) -> TreePlan:
-    """The plan of the bucket of b queries with `query_tokens` query tokens in all, for a model whose KV
-    heads each serve `group` query heads."""
+def plan_tree(packer: "Packer", b: int, query_tokens: int, group: int, tuning: Tuning, kv_heads: int = 0) -> TreePlan:
+    """The plan of the bucket of b queries with `query_tokens` query tokens in all, for a model whose
+    `kv_heads` KV heads each serve `group` query heads (kv_heads 0: no bucket counts as crowded)."""
     order, prefix_len = packer.order, packer.prefix_len
     zeros = torch.zeros(len(order) + 1, dtype=torch.long)
     runs, n_runs = prefix_runs(packer.pool)
     prompt_tokens = packer.prompt_tokens(b, query_tokens)
+    tuning = crowded(tuning, prompt_tokens, b, kv_heads)
     if inline_reads(prefix_len.tolist(), prompt_tokens, b) <= tuning.inline_reads:
         return TreePlan(tuning, torch.zeros(0, WORK_FIELDS, dtype=torch.long), zeros, n_runs, runs, 0)
     tokens_in = [0]

@@ -22,6 +22,13 @@ needs_triton = pytest.mark.skipif(A.triton is None, reason="Triton is not instal
 INLINE = Tuning(inline_reads=1 << 30, row_bn=16)
 
 
+def limited(head_dim: int, group: int) -> Tuning:
+    """This GPU's shipped shapes with the row kernel's register limit (tree_plan's crowded buckets) in every bucket
+    (a limit that makes ptxas spill where the shipped one does not)."""
+    t = tuning_for(head_dim, group, torch.device("cuda"))
+    return t.with_(row_maxnreg=t.row_maxnreg or 128, row_crowded=0.0, inline_reads=1 << 30)
+
+
 def split(chunk: int, qb: int = 1, row_bt: int = 16, unmasked: bool = False) -> Tuning:
     """Every prefix split into chunks of `chunk` keys (tiny, so the CPU interpreter sees many of them); with
     `unmasked`, whole 16-key steps load without masks and only a chunk's last partial step is masked."""
@@ -89,7 +96,9 @@ def _compare(device, dtype, heads, kv_heads, head_dim, prompts, batch, seed, tol
     used = int((d["prompt"] < len(prompts)).sum())
     outs = []
     for tuning in tunings:
-        plan = plan_tree(packer, batch, total, heads // kv_heads, tuning).to(device)
+        plan = plan_tree(packer, batch, total, heads // kv_heads, tuning, kv_heads).to(device)
+        if tuning.sms and tuning.row_maxnreg and not tuning.row_crowded:
+            assert plan.tuning.row_maxnreg == tuning.row_maxnreg  # every bucket crowded: launched with the limit
         tree = A.TreeAttention(d, plan, pool_len, heads, head_dim, dtype)
         tree.out.fill_(float("nan"))
         got = tree(q, k, v, window=window).clone()
@@ -116,7 +125,8 @@ def test_tree_attention_equals_dense_interpreted(case):
     heads, kv, dim, n_prompts, batch, strategy = case
     for seed in range(2):
         prompts = _random_prompts(random.Random(seed), n_prompts, strategy)
-        _compare("cpu", torch.float32, heads, kv, dim, prompts, batch, seed, 1e-4, [INLINE, split(16, 2)])
+        _compare("cpu", torch.float32, heads, kv, dim, prompts, batch, seed, 1e-4,
+                 [INLINE, split(16, 2), INLINE.with_(row_maxnreg=128, row_crowded=0.0, sms=1)])
 
 
 SPLIT_CASES = [  # heads, kv heads, head_dim, batch, window, chunk, query blocks per program, row pass tokens
@@ -152,7 +162,7 @@ def test_tree_attention_equals_dense_gpu(case):
     heads, kv, dim, n_prompts, batch, strategy = case
     for seed in range(3):
         prompts = _random_prompts(random.Random(seed), n_prompts, strategy)
-        _compare("cuda", torch.float16, heads, kv, dim, prompts, batch, seed, 2e-3, [INLINE, split(16, 2)])
+        _compare("cuda", torch.float16, heads, kv, dim, prompts, batch, seed, 2e-3, [INLINE, split(16, 2), limited(dim, heads // kv)])
 
 
 def test_turing_shapes_fit_its_registers(monkeypatch):
@@ -191,7 +201,9 @@ def test_split_prefix_equals_dense_gpu(case):
              [split(chunk, qb, row_bt), split(chunk, qb, row_bt, unmasked=True),
               shipped.with_(inline_reads=0, min_chunk=chunk, max_chunk=chunk, partial_limit=1e9),
               shipped.with_(inline_reads=0, min_chunk=chunk, max_chunk=chunk, partial_limit=1e9, unmasked=False),
-              shipped.with_(inline_reads=1 << 30)], window)
+              shipped.with_(inline_reads=1 << 30), limited(dim, heads // kv).with_(inline_reads=0, min_chunk=chunk,
+                                                                                   max_chunk=chunk, partial_limit=1e9)],
+             window)
 
 
 def _compare_fused(device, dtype, heads, kv_heads, head_dim, prompts, batch, seed, tol, tunings, window=0,
@@ -224,7 +236,7 @@ def _compare_fused(device, dtype, heads, kv_heads, head_dim, prompts, batch, see
         q_ref, k_ref, v_ref, window=window)
     used = int((d["prompt"] < len(prompts)).sum())
     for tuning in tunings:
-        plan = plan_tree(packer, batch, total, heads // kv_heads, tuning).to(device)
+        plan = plan_tree(packer, batch, total, heads // kv_heads, tuning, kv_heads).to(device)
         tree = A.TreeAttention(d, plan, pool_len, heads, head_dim, dtype)
         q, kf, vf = torch.full_like(q_ref, float("nan")), k.clone(), v.clone()
         raw = A.RawQKV(qr, kr, vr, cos[pos], sin[pos], qw, kw, 1e-6, offset)
@@ -268,8 +280,8 @@ def test_fused_qkv_equals_qkv_kernel_then_dense_gpu(case):
     prompts = _chunky_prompts(random.Random(batch))
     _compare_fused("cuda", torch.float16, heads, kv, dim, prompts, batch, batch, 4e-3,
                    [shipped.with_(inline_reads=1 << 30), shipped.with_(inline_reads=0, min_chunk=32, max_chunk=32,
-                                                                       partial_limit=1e9), split(16, 2)],
-                   window, norm, offset)
+                                                                       partial_limit=1e9), split(16, 2),
+                    limited(dim, heads // kv)], window, norm, offset)
 
 
 @needs_triton

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from qcls.engine.layout import Packer
 from qcls.engine.prefix_cache import plan_prefixes
-from qcls.engine.tree_plan import Tuning, inline_reads, plan_chunks, plan_tree, prefix_runs
+from qcls.engine.tree_plan import Tuning, crowded, inline_reads, plan_chunks, plan_tree, prefix_runs, row_programs, tuning_for
 from tests.engine.test_layout import _layout
 
 HEADER = tuple(range(100, 140))  # 40 tokens: two full shared blocks of 16, then 8 in a mixed block
@@ -110,3 +110,24 @@ def test_merge_warps_only_where_batch_one_prefixes_are_split():
     assert plan_tree(packer, 4, 32, 4, t).tuning.row_warps == 4  # batch 4: enough tiles already
     assert plan_tree(packer, 1, 8, 4, t.with_(inline_reads=1 << 30)).tuning.row_warps == 4  # walked inline
     assert plan_tree(packer, 1, 8, 4, t.with_(merge_warps=0)).tuning.row_warps == 4
+
+
+def test_row_programs_count_tiles_of_an_even_split_per_kv_head():
+    # batch 4, 24 query tokens: 6 per query; a prompt of 4 × 13 + 24 = 76 tokens has rows of 19 → 2 tiles each
+    assert row_programs([76], 4, 1) == 8
+    assert row_programs([76, 40], 4, 8) == 8 * (8 + 4)  # 40 / 4 = 10 tokens a row: one tile each
+    assert row_programs([17], 1, 2) == 2 * 2  # one row of 17: two tiles
+    assert row_programs([33], 2, 1) == 2 * 2  # ⌈33 / 2⌉ = 17 tokens a row: two tiles each
+
+
+def test_register_limit_only_in_crowded_buckets():
+    t = Tuning(row_maxnreg=168, row_crowded=2.0, sms=10)
+    assert crowded(t, [76, 40], 4, 2).row_maxnreg == 168  # 24 programs > 2 × 10
+    assert crowded(t, [76, 40], 4, 1).row_maxnreg == 0  # 12 programs ≤ 20
+    assert crowded(t.with_(sms=0), [76, 40], 4, 2).row_maxnreg == 0  # SMs unknown (CPU): never limited
+    assert crowded(t, [76, 40], 4, 0).row_maxnreg == 0  # KV heads not given
+    packer = _packer([(3,) * 40, (4,) * 40])
+    programs = row_programs(packer.prompt_tokens(4, 64), 4, 8)
+    assert plan_tree(packer, 4, 64, 4, t.with_(sms=programs // 2 - 1), 8).tuning.row_maxnreg == 168
+    assert plan_tree(packer, 4, 64, 4, t.with_(sms=programs // 2), 8).tuning.row_maxnreg == 0
+    assert tuning_for(128, 4).sms == 0 and tuning_for(128, 4).row_maxnreg  # no device: the limit, never applied
