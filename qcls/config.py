@@ -118,10 +118,10 @@ class EngineSpec(_Strict):
     # norm; false runs them as two launches (before issue 27)
     fuse_post_norms: bool = True
     # the tree attention's kernels do the q/k/v kernel's work (q/k norms, RoPE, the KV write) themselves: one
-    # launch fewer per layer; false runs the q/k/v kernel before attention (before issue 27); null (auto): fused
-    # for head_dim ≥ 256 (Gemma3-4B: 1 % faster at batch 1 on an H100), not for 128 (Qwen3-4B: 2-3 % slower
-    # at batch 4; bench/RESULTS.md). Dense SDPA (engine.attention=sdpa, CPUs) always runs the q/k/v kernel.
-    fuse_qkv_attention: bool | None = None
+    # launch fewer per layer (H100, per request: Gemma3-4B 1 % faster, Qwen3-4B 0.6-0.7 % with the row kernel's
+    # 16-key steps; bench/RESULTS.md); false runs the q/k/v kernel before attention (before issue 27). Dense SDPA
+    # (engine.attention=sdpa, CPUs) always runs the q/k/v kernel.
+    fuse_qkv_attention: bool = True
     # the tail's sibling-group normaliser (scoring=trie) as one kernel on a GPU; false: the torch ops (gathers,
     # log-sum-exps, subtraction: eight launches, before issue 27)
     fuse_tail: bool = True

@@ -24,12 +24,11 @@ from qcls.engine.qkv_kernels import qkv_heads_per_program, qkv_into
 
 class Decoder:
     def __init__(self, model, max_keys: int, reach: int | None = None, qkv_heads: int = 0,
-                 fuse_post_norms: bool = True, fuse_qkv_attention: bool | None = None):
+                 fuse_post_norms: bool = True, fuse_qkv_attention: bool = True):
         """`reach`: the highest position + 1 any token of this engine can have. A sliding window at least
         that wide hides nothing (pos(q) - pos(k) < reach ≤ window), so such a layer is global here; None keeps
         every window. `qkv_heads`: engine.qkv_heads_per_program; `fuse_post_norms`: engine.fuse_post_norms;
-        `fuse_qkv_attention`: engine.fuse_qkv_attention (with an attention that takes RawQKV; None: where
-        head_dim ≥ 256, the shapes where it measured faster)."""
+        `fuse_qkv_attention`: engine.fuse_qkv_attention (with an attention that takes RawQKV)."""
         cfg = model.config
         self.family = describe(model)
         base = model.model
@@ -41,7 +40,7 @@ class Decoder:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.qkv_heads = qkv_heads_per_program(self.n_heads, self.n_kv, qkv_heads)
         self.fuse_post_norms = fuse_post_norms
-        self.fuse_qkv_attention = self.head_dim >= 256 if fuse_qkv_attention is None else fuse_qkv_attention
+        self.fuse_qkv_attention = fuse_qkv_attention
         # The final norm lives where the decoder computes (an offloading backend may keep the embedding
         # table on the CPU).
         self.device = self.norm.weight.device

@@ -141,7 +141,7 @@ class FastEngine:
                  full_head: torch.Tensor | None, *, max_batch: int, query_buckets: list[int], block_size: int,
                  vocab_chunk: int, use_graphs: bool, embed_fn=None, attention: str = "auto",
                  heads: list[PromptHead | None] | None = None, taps: list[Tap] = (), qkv_heads: int = 0,
-                 fuse_post_norms: bool = True, fuse_qkv_attention: bool | None = None, fuse_tail: bool = True):
+                 fuse_post_norms: bool = True, fuse_qkv_attention: bool = True, fuse_tail: bool = True):
         """`heads`: per prompt its head (a calibration or a learned head) or None, built into the tail's
         tables; `taps`: hidden states to keep from every forward besides those the heads read (`states`,
         for fitting heads); `qkv_heads`, `fuse_post_norms`, `fuse_qkv_attention`, `fuse_tail`: engine.qkv_heads_per_program,

@@ -189,14 +189,13 @@ needs_triton = pytest.mark.skipif(__import__("qcls.engine.attention", fromlist=[
 
 
 @needs_triton
-@pytest.mark.parametrize("family,strategy,fused", [("qwen3", "trie", False), ("llama", "exact", None),
-                                                   ("qwen2", "mean_logprob", None), ("qwen3", "trie", True),
+@pytest.mark.parametrize("family,strategy,fused", [("qwen3", "trie", False), ("llama", "exact", False),
+                                                   ("qwen2", "mean_logprob", False), ("qwen3", "trie", True),
                                                    ("gemma3", "trie", True), ("llama", "exact", True)])
 def test_tree_attention_engine(tiny_dirs, family, strategy, fused):
     """The whole engine with the tree-attention kernel (Triton's interpreter on a CPU): batches 1–4; with the
-    q/k/v work inside the attention kernels (engine.fuse_qkv_attention=true; the tiny models' heads are
-    narrower than 256, so auto (None) runs the q/k/v kernel) for q/k-normed (Qwen3, Gemma3's 1 + w) and
-    plain (Llama) heads."""
+    q/k/v work inside the attention kernels (engine.fuse_qkv_attention, the default) and without it, for
+    q/k-normed (Qwen3, Gemma3's 1 + w) and plain (Llama) heads."""
     prompts = [prompt("a", MULTI), prompt("b", SHARED, system="B?"), prompt("c", SINGLE, system="C?"),
                {"name": "bare", "template": "{query} is a", "labels": SHARED}]  # no prefix to attend to
     fast, ref = pair(tiny_dirs[family], prompts, strategy, engine={"attention": "tree", "fuse_qkv_attention": fused})
