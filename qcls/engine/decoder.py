@@ -88,22 +88,25 @@ class Decoder:
     def _eps(norm) -> float:
         return getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))
 
-    def _norm(self, x: torch.Tensor, res: torch.Tensor | None, norm,
-              out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(norm(x + res) in out_dtype (default the model's), x + res in float32) with the family's RMSNorm kind."""
-        return add_rmsnorm(x, res, norm.weight, self._eps(norm), out_dtype or self.dtype, self.family.norm_offset)
+    def _norm(self, x: torch.Tensor, res: torch.Tensor | None, norm, out_dtype: torch.dtype | None = None,
+              rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + res) in out_dtype (default the model's), x + res in float32) with the family's RMSNorm kind;
+        `rows`: of these rows only (gathered inside the norm)."""
+        return add_rmsnorm(x, res, norm.weight, self._eps(norm), out_dtype or self.dtype, self.family.norm_offset,
+                           rows)
 
     def _norm_after(self, delta: torch.Tensor, post, res: torch.Tensor | None, norm,
-                    out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    out_dtype: torch.dtype | None = None, rows: torch.Tensor | None = None):
         """`_norm(delta, res, norm)` where `post` is None, else Gemma3's post-norm of `delta` first (its float32
-        output joins the residual unrounded): one fused launch with fuse_post_norms, else two."""
+        output joins the residual unrounded): one fused launch with fuse_post_norms, else two. `rows`: the
+        result has these rows of delta and res only."""
         if post is None:
-            return self._norm(delta, res, norm, out_dtype)
+            return self._norm(delta, res, norm, out_dtype, rows)
         if self.fuse_post_norms:
             return post_add_rmsnorm(delta, res, post.weight, self._eps(post), norm.weight, self._eps(norm),
-                                    out_dtype or self.dtype, self.family.norm_offset)
-        delta, _ = self._norm(delta, None, post, torch.float32)
-        return self._norm(delta, res, norm, out_dtype)
+                                    out_dtype or self.dtype, self.family.norm_offset, rows=rows)
+        delta, _ = self._norm(delta, None, post, torch.float32, rows)
+        return self._norm(delta, res if rows is None else res[rows], norm, out_dtype)
 
     def forward(self, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, attend,
                 read: torch.Tensor, embeds: torch.Tensor | None = None, taps=None) -> torch.Tensor:
@@ -142,10 +145,10 @@ class Decoder:
                          offset=self.family.norm_offset, heads_per_program=self.qkv_heads)
                 att = attend(q, self.k[i], self.v[i], window=self.windows[i], scale=self.scale)
             delta = a.o_proj(att)
-            if i == len(self.layers) - 1:  # the last MLP and the final norm only for rows that are read
-                delta, res = delta[read], res[read]
+            # the last MLP and the final norm only for rows that are read (the norm gathers them)
+            rows = read if i == len(self.layers) - 1 else None
             # Gemma3's norms after attention and MLP (attn_out, mlp_out) run with the next norm (_norm_after)
-            x, res = self._norm_after(delta, lp.attn_out, res, lp.mlp_in)
+            x, res = self._norm_after(delta, lp.attn_out, res, lp.mlp_in, rows=rows)
             if self.gate_up[i] is not None:
                 gu = F.linear(x, *self.gate_up[i])  # (module names looked up per call: benches swap them)
                 delta = layer.mlp.down_proj(gelu_tanh_mul(gu) if self.gelu else silu_mul(gu))

@@ -31,9 +31,11 @@ def use_triton(x: torch.Tensor) -> bool:
 
 
 # ---- residual add + RMSNorm --------------------------------------------------------------------------
-def add_rmsnorm_torch(x, residual, weight, eps, out_dtype=None, offset: bool = False):
+def add_rmsnorm_torch(x, residual, weight, eps, out_dtype=None, offset: bool = False, rows=None):
     """(RMSNorm(x + residual) · weight (1 + weight with `offset`) in out_dtype (default x's), x + residual in
-    float32)."""
+    float32); `rows`: only these rows of x and residual, in this order."""
+    if rows is not None:
+        x, residual = x[rows], (residual[rows] if residual is not None else None)
     s = x.float() if residual is None else x.float() + residual.float()
     y = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + eps) * (weight.float() + 1.0 if offset else weight.float())
     return y.to(out_dtype or x.dtype), s
@@ -41,14 +43,15 @@ def add_rmsnorm_torch(x, residual, weight, eps, out_dtype=None, offset: bool = F
 
 if triton is not None:
     @triton.jit
-    def _add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, H, eps, HAS_RES: tl.constexpr, OFFSET: tl.constexpr,
-                            BLOCK: tl.constexpr):
+    def _add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, rows_ptr, H, eps, HAS_RES: tl.constexpr,
+                            OFFSET: tl.constexpr, GATHER: tl.constexpr, BLOCK: tl.constexpr):
         row = tl.program_id(0)
+        src = tl.load(rows_ptr + row) if GATHER else row  # GATHER: output row i reads input row rows[i]
         cols = tl.arange(0, BLOCK)
         m = cols < H
-        x = tl.load(x_ptr + row * H + cols, mask=m, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + src * H + cols, mask=m, other=0.0).to(tl.float32)
         if HAS_RES:
-            x = x + tl.load(r_ptr + row * H + cols, mask=m, other=0.0)
+            x = x + tl.load(r_ptr + src * H + cols, mask=m, other=0.0)
         tl.store(s_ptr + row * H + cols, x, mask=m)
         inv = 1.0 / tl.sqrt(tl.sum(x * x, 0) / H + eps)
         w = tl.load(w_ptr + cols, mask=m, other=0.0).to(tl.float32)
@@ -64,46 +67,51 @@ def norm_warps(h: int) -> int:
 
 
 def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
-                out_dtype: torch.dtype | None = None, offset: bool = False):
+                out_dtype: torch.dtype | None = None, offset: bool = False, rows: torch.Tensor | None = None,
+                impl: str = "auto"):
     """(RMSNorm(x + residual) · weight, x + residual): the residual stream (`residual`, and the sum returned)
     in float32; the normed output in `out_dtype` (default x's: what the next GEMM reads). `offset`: Gemma3's
-    RMSNorm, × (1 + weight)."""
-    if not use_triton(x):
-        return add_rmsnorm_torch(x, residual, weight, eps, out_dtype, offset)
-    n, h = x.shape
+    RMSNorm, × (1 + weight). `rows` [R] (int64): only these rows, gathered by the kernel itself (the last layer
+    keeps only the rows the tail reads: no gather launches before it). impl: auto, or torch / triton (tests)."""
+    if impl == "torch" or (impl == "auto" and not use_triton(x)):
+        return add_rmsnorm_torch(x, residual, weight, eps, out_dtype, offset, rows)
+    n, h = (x.shape[0] if rows is None else rows.shape[0]), x.shape[1]
     y = torch.empty(n, h, dtype=out_dtype or x.dtype, device=x.device)
     s = torch.empty(n, h, dtype=torch.float32, device=x.device)
-    _add_rmsnorm_kernel[(n,)](x, residual if residual is not None else s, weight, y, s, h, eps,
-                              HAS_RES=residual is not None, OFFSET=offset, BLOCK=triton.next_power_of_2(h),
-                              num_warps=norm_warps(h))
+    _add_rmsnorm_kernel[(n,)](x, residual if residual is not None else s, weight, y, s, rows if rows is not None else s,
+                              h, eps, HAS_RES=residual is not None, OFFSET=offset, GATHER=rows is not None,
+                              BLOCK=triton.next_power_of_2(h), num_warps=norm_warps(h))
     return y, s
 
 
 # ---- Gemma3's post-norm + residual add + the next pre-norm -------------------------------------------------
-def post_add_rmsnorm_torch(x, residual, w_post, eps_post, weight, eps, out_dtype, offset: bool = False):
+def post_add_rmsnorm_torch(x, residual, w_post, eps_post, weight, eps, out_dtype, offset: bool = False, rows=None):
     """(RMSNorm(residual + RMSNorm_post(x)) in out_dtype, residual + RMSNorm_post(x) in float32): the two norms
-    add_rmsnorm_torch runs one after the other, the post-norm's output kept in float32."""
+    add_rmsnorm_torch runs one after the other, the post-norm's output kept in float32; `rows` as there."""
+    if rows is not None:
+        x, residual = x[rows], residual[rows]
     d, _ = add_rmsnorm_torch(x, None, w_post, eps_post, torch.float32, offset)
     return add_rmsnorm_torch(d, residual, weight, eps, out_dtype, offset)
 
 
 if triton is not None:
     @triton.jit
-    def _post_add_rmsnorm_kernel(x_ptr, r_ptr, wp_ptr, w_ptr, y_ptr, s_ptr, H, eps_post, eps, OFFSET: tl.constexpr,
-                                 BLOCK: tl.constexpr):
+    def _post_add_rmsnorm_kernel(x_ptr, r_ptr, wp_ptr, w_ptr, y_ptr, s_ptr, rows_ptr, H, eps_post, eps,
+                                 OFFSET: tl.constexpr, GATHER: tl.constexpr, BLOCK: tl.constexpr):
         """_add_rmsnorm_kernel's two launches in one: d = RMSNorm_post(x) in float32, s = r + d, y = RMSNorm(s).
         The same operations as the two launches (the compiler may fuse d's last product with the add: one float32
         rounding fewer), without d written and read back (issue 27: Gemma3 ran 137 norm launches a forward,
         0.35 ms at 126 tokens on an H100)."""
         row = tl.program_id(0)
+        src = tl.load(rows_ptr + row) if GATHER else row  # as in _add_rmsnorm_kernel
         cols = tl.arange(0, BLOCK)
         m = cols < H
-        x = tl.load(x_ptr + row * H + cols, mask=m, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + src * H + cols, mask=m, other=0.0).to(tl.float32)
         inv = 1.0 / tl.sqrt(tl.sum(x * x, 0) / H + eps_post)
         wp = tl.load(wp_ptr + cols, mask=m, other=0.0).to(tl.float32)
         if OFFSET:
             wp = wp + 1.0
-        s = x * inv * wp + tl.load(r_ptr + row * H + cols, mask=m, other=0.0)
+        s = x * inv * wp + tl.load(r_ptr + src * H + cols, mask=m, other=0.0)
         tl.store(s_ptr + row * H + cols, s, mask=m)
         inv2 = 1.0 / tl.sqrt(tl.sum(s * s, 0) / H + eps)
         w = tl.load(w_ptr + cols, mask=m, other=0.0).to(tl.float32)
@@ -114,17 +122,18 @@ if triton is not None:
 
 def post_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, w_post: torch.Tensor, eps_post: float,
                      weight: torch.Tensor, eps: float, out_dtype: torch.dtype, offset: bool = False,
-                     impl: str = "auto"):
+                     impl: str = "auto", rows: torch.Tensor | None = None):
     """Gemma3's norm after attention or the MLP, its output added to the float32 residual, and the next norm:
     (RMSNorm(s) · weight in out_dtype, s = residual + RMSNorm_post(x) · w_post in float32). One launch on CUDA
-    (engine.fuse_post_norms); impl: auto, or torch / triton (tests)."""
+    (engine.fuse_post_norms); `rows` as add_rmsnorm's; impl: auto, or torch / triton (tests)."""
     if impl == "torch" or (impl == "auto" and not use_triton(x)):
-        return post_add_rmsnorm_torch(x, residual, w_post, eps_post, weight, eps, out_dtype, offset)
-    n, h = x.shape
+        return post_add_rmsnorm_torch(x, residual, w_post, eps_post, weight, eps, out_dtype, offset, rows)
+    n, h = (x.shape[0] if rows is None else rows.shape[0]), x.shape[1]
     y = torch.empty(n, h, dtype=out_dtype, device=x.device)
     s = torch.empty(n, h, dtype=torch.float32, device=x.device)
-    _post_add_rmsnorm_kernel[(n,)](x, residual, w_post, weight, y, s, h, eps_post, eps, OFFSET=offset,
-                                   BLOCK=triton.next_power_of_2(h), num_warps=norm_warps(h))
+    _post_add_rmsnorm_kernel[(n,)](x, residual, w_post, weight, y, s, rows if rows is not None else s, h, eps_post,
+                                   eps, OFFSET=offset, GATHER=rows is not None, BLOCK=triton.next_power_of_2(h),
+                                   num_warps=norm_warps(h))
     return y, s
 
 

@@ -73,20 +73,44 @@ def _post_norm_case(device, dtype, h=96, n=7):
     x = (torch.randn(n, h, generator=g) * 3).to(device, dtype)
     r = torch.randn(n, h, generator=g).to(device)  # the float32 residual stream
     wp, w = (torch.randn(h, generator=g) * 0.1).to(device, dtype), (torch.randn(h, generator=g) * 0.1).to(device, dtype)
-    out = {impl: K.post_add_rmsnorm(x, r, wp, 1e-6, w, 1e-5, dtype, offset=True, impl=impl)
-           for impl in ("triton", "torch")}
-    (y1, s1), (y0, s0) = out["triton"], out["torch"]
-    # the torch version is the two separate norms; the kernel the same math in one pass
-    d, _ = K.add_rmsnorm_torch(x, None, wp, 1e-6, torch.float32, True)
-    assert torch.equal(s0, d + r)
-    assert (s1 - s0).abs().max() <= 1e-5 * s0.abs().max()
-    tol = 2e-2 if dtype == torch.float16 else 1e-5
-    assert (y1.float() - y0.float()).abs().max() < tol
+    rows = torch.tensor([n - 1, 0, 2, 2], device=device)  # the last layer's read rows: any order, repeats
+    for sel in (None, rows):
+        out = {impl: K.post_add_rmsnorm(x, r, wp, 1e-6, w, 1e-5, dtype, offset=True, impl=impl, rows=sel)
+               for impl in ("triton", "torch")}
+        (y1, s1), (y0, s0) = out["triton"], out["torch"]
+        # the torch version is the two separate norms; the kernel the same math in one pass
+        xs, rs = (x, r) if sel is None else (x[sel], r[sel])
+        d, _ = K.add_rmsnorm_torch(xs, None, wp, 1e-6, torch.float32, True)
+        assert torch.equal(s0, d + rs)
+        assert (s1 - s0).abs().max() <= 1e-5 * s0.abs().max()
+        tol = 2e-2 if dtype == torch.float16 else 1e-5
+        assert (y1.float() - y0.float()).abs().max() < tol
+
+
+def _norm_case(device, dtype, h=96, n=7):
+    """add_rmsnorm's kernel against its torch version, with and without a residual and a row selection."""
+    g = torch.Generator().manual_seed(2)
+    x = (torch.randn(n, h, generator=g) * 3).to(device, dtype)
+    r = torch.randn(n, h, generator=g).to(device)
+    w = (torch.randn(h, generator=g) * 0.1).to(device, dtype)
+    rows = torch.tensor([3, 3, 0, n - 1], device=device)
+    for res in (None, r):
+        for sel in (None, rows):
+            y1, s1 = K.add_rmsnorm(x, res, w, 1e-6, offset=True, rows=sel, impl="triton")
+            y0, s0 = K.add_rmsnorm(x, res, w, 1e-6, offset=True, rows=sel, impl="torch")
+            want = (x.float() if res is None else x.float() + res)[slice(None) if sel is None else sel]
+            assert torch.equal(s0, want) and torch.equal(s1, want)
+            assert (y1.float() - y0.float()).abs().max() < (2e-2 if dtype == torch.float16 else 1e-5)
 
 
 @pytest.mark.skipif(K.triton is None or torch.cuda.is_available(), reason="interpreter run: needs Triton, no GPU")
 def test_post_norm_kernel_interpreted():
     _post_norm_case("cpu", torch.float32)
+
+
+@pytest.mark.skipif(K.triton is None or torch.cuda.is_available(), reason="interpreter run: needs Triton, no GPU")
+def test_norm_kernel_with_rows_interpreted():
+    _norm_case("cpu", torch.float32)
 
 
 def test_qkv_heads_per_program():
@@ -128,6 +152,12 @@ def test_triton_qkv_into(norm, hb):
 def test_triton_post_add_rmsnorm():
     _cuda()
     _post_norm_case("cuda", torch.float16, h=2560, n=37)
+
+
+@gpu
+def test_triton_add_rmsnorm_rows():
+    _cuda()
+    _norm_case("cuda", torch.float16, h=2560, n=37)
 
 
 @gpu

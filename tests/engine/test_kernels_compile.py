@@ -11,28 +11,31 @@ from pathlib import Path
 
 import pytest
 
-NORM = {"x_ptr": "*fp16", "r_ptr": "*fp32", "w_ptr": "*fp16", "y_ptr": "*fp16", "s_ptr": "*fp32", "H": "i32",
-        "eps": "fp32"}
+NORM = {"x_ptr": "*fp16", "r_ptr": "*fp32", "w_ptr": "*fp16", "y_ptr": "*fp16", "s_ptr": "*fp32", "rows_ptr": "*i64",
+        "H": "i32", "eps": "fp32"}
 QKV = {"q_ptr": "*fp16", "k_ptr": "*fp16", "v_ptr": "*fp16", "cos_ptr": "*fp16", "sin_ptr": "*fp16", "qw_ptr": "*fp16",
        "kw_ptr": "*fp16", "qo_ptr": "*fp16", "kb_ptr": "*fp16", "vb_ptr": "*fp16", "slot_ptr": "*i64", "q_s0": "i32",
        "k_s0": "i32", "v_s0": "i32", "qo_s0": "i32", "kb_s_head": "i32", "eps": "fp32"}
 POST = {"x_ptr": "*fp16", "r_ptr": "*fp32", "wp_ptr": "*fp16", "w_ptr": "*fp16", "y_ptr": "*fp16", "s_ptr": "*fp32",
-        "H": "i32", "eps_post": "fp32", "eps": "fp32"}
+        "rows_ptr": "*i64", "H": "i32", "eps_post": "fp32", "eps": "fp32"}
 ACT = {"g_ptr": "*fp16", "u_ptr": "*fp16", "out_ptr": "*fp16", "I": "i32", "g_s0": "i32", "u_s0": "i32"}
 GROUP = {"logits_ptr": "*fp32", "flat_ptr": "*i64", "members_ptr": "*i64", "out_ptr": "*fp32", "E": "i32"}
 SOFTMAX = {"x_ptr": "*fp32", "idx_ptr": "*i64", "out_ptr": "*fp64", "S": "i32", "N2": "i32"}
 # (kernel, argument types, constexprs): what decoder.py launches for Qwen3-4B and Gemma3-4B in fp16; the final
 # norm writes float32 states
 CASES = [
-    ("_add_rmsnorm_kernel", NORM, {"HAS_RES": True, "OFFSET": False, "BLOCK": 4096}),
-    ("_add_rmsnorm_kernel", {**NORM, "y_ptr": "*fp32"}, {"HAS_RES": True, "OFFSET": False, "BLOCK": 4096}),
-    ("_add_rmsnorm_kernel", NORM, {"HAS_RES": False, "OFFSET": True, "BLOCK": 4096}),
+    ("_add_rmsnorm_kernel", NORM, {"HAS_RES": True, "OFFSET": False, "GATHER": False, "BLOCK": 4096}),
+    ("_add_rmsnorm_kernel", {**NORM, "y_ptr": "*fp32"}, {"HAS_RES": True, "OFFSET": False, "GATHER": False,
+                                                         "BLOCK": 4096}),
+    ("_add_rmsnorm_kernel", NORM, {"HAS_RES": False, "OFFSET": True, "GATHER": False, "BLOCK": 4096}),
+    ("_add_rmsnorm_kernel", NORM, {"HAS_RES": True, "OFFSET": False, "GATHER": True, "BLOCK": 4096}),  # last layer
     ("_qkv_kernel", QKV, {"NH": 32, "D": 128, "HAS_NORM": True, "OFFSET": False}),
     ("_qkv_kernel", QKV, {"NH": 8, "D": 256, "HAS_NORM": True, "OFFSET": True}),
     ("_qkv_heads_kernel", QKV, {"NH": 32, "D": 128, "HB": 8, "HAS_NORM": True, "OFFSET": False}),
     ("_qkv_heads_kernel", QKV, {"NH": 8, "D": 256, "HB": 4, "HAS_NORM": True, "OFFSET": True}),
-    ("_post_add_rmsnorm_kernel", POST, {"OFFSET": True, "BLOCK": 4096}),
-    ("_post_add_rmsnorm_kernel", {**POST, "y_ptr": "*fp32"}, {"OFFSET": True, "BLOCK": 4096}),
+    ("_post_add_rmsnorm_kernel", POST, {"OFFSET": True, "GATHER": False, "BLOCK": 4096}),
+    ("_post_add_rmsnorm_kernel", POST, {"OFFSET": True, "GATHER": True, "BLOCK": 4096}),
+    ("_post_add_rmsnorm_kernel", {**POST, "y_ptr": "*fp32"}, {"OFFSET": True, "GATHER": False, "BLOCK": 4096}),
     ("_act_mul_kernel", ACT, {"GELU": False, "BLOCK": 1024}),
     ("_act_mul_kernel", ACT, {"GELU": True, "BLOCK": 1024}),
     ("_group_scores_kernel", GROUP, {"W": 10, "BE": 128, "BW": 16}),  # the tail (engine.fuse_tail)
