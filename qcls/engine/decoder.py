@@ -62,13 +62,14 @@ class Decoder:
             raise ValueError("a layer has a q norm without a k norm (or the reverse): not a supported family")
 
     @torch.inference_mode()
-    def _rope_table(self, rotary_emb, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin for every position once, from the model's own rotary module (so every rope variant
-        the config names — default, llama3, linear, yarn, Gemma3's per layer type — is honoured)."""
+    def _rope_table(self, rotary_emb, n: int) -> torch.Tensor:
+        """cos and sin for every position once, [2, positions, head_dim], from the model's own rotary module (so
+        every rope variant the config names — default, llama3, linear, yarn, Gemma3's per layer type — is
+        honoured). One table for both: a forward gathers its tokens' rows of both in one launch."""
         pos = torch.arange(n, device=self.device)[None]
         x = torch.zeros(1, dtype=self.dtype, device=self.device)
         cos, sin = rotary_emb(x, pos)
-        return cos[0].to(self.dtype).contiguous(), sin[0].to(self.dtype).contiguous()
+        return torch.stack([cos[0], sin[0]]).to(self.dtype).contiguous()
 
     @property
     def kv_bytes(self) -> int:
@@ -117,14 +118,17 @@ class Decoder:
         gather it, scaled as the module scales it). `taps` (engine/taps.py TapSink), when given, records the
         residual stream after the layers it names (the state a learned head reads)."""
         n, nh, nkv, d = ids.shape[0], self.n_heads, self.n_kv, self.head_dim
-        delta = self.embed(ids) if embeds is None else embeds
+        # a plain embedding table on this device: the first norm gathers the tokens' rows itself (one launch fewer)
+        table = embeds is None and type(self.embed) is nn.Embedding and self.embed.max_norm is None and \
+            self.embed.weight.device == self.device
+        delta = embeds if embeds is not None else self.embed.weight if table else self.embed(ids)
         res, post = None, None  # post: the norm the last MLP's output still needs (Gemma3), None elsewhere
         fused = self.fuse_qkv_attention and getattr(attend, "fuses_qkv", False)  # attention does the q/k/v work
-        rope = {key: (cos[pos], sin[pos]) for key, (cos, sin) in self.rope.items()}
+        rope = {key: torch.index_select(cs, 1, pos) for key, cs in self.rope.items()}  # [2, N, d]: cos, sin
         q = torch.empty(n, nh, d, dtype=self.dtype, device=self.device)
         for i, (layer, lp) in enumerate(zip(self.layers, self.family.layers)):
             a = layer.self_attn
-            x, res = self._norm_after(delta, post, res, lp.attn_in)
+            x, res = self._norm_after(delta, post, res, lp.attn_in, rows=ids if table and i == 0 else None)
             if taps is not None and i in taps.layers:  # res = the residual stream after i layers
                 taps.record(i, res)
             if self.qkv[i] is not None:
@@ -133,7 +137,7 @@ class Decoder:
             else:
                 qp, kp, vp = a.q_proj(x), a.k_proj(x), a.v_proj(x)
             qn, kn = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
-            cos, sin = rope[lp.rope]
+            cos, sin = rope[lp.rope][0], rope[lp.rope][1]
             qv, kv, vv = qp.view(n, nh, d), kp.view(n, nkv, d), vp.view(n, nkv, d)
             qw, kw = (qn.weight, kn.weight) if qn is not None else (None, None)
             eps = self._eps(qn) if qn is not None else 0.0
