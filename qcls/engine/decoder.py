@@ -62,14 +62,15 @@ class Decoder:
             raise ValueError("a layer has a q norm without a k norm (or the reverse): not a supported family")
 
     @torch.inference_mode()
-    def _rope_table(self, rotary_emb, n: int) -> torch.Tensor:
-        """cos and sin for every position once, [2, positions, head_dim], from the model's own rotary module (so
-        every rope variant the config names — default, llama3, linear, yarn, Gemma3's per layer type — is
-        honoured). One table for both: a forward gathers its tokens' rows of both in one launch."""
+    def _rope_table(self, rotary_emb, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin for every position once, from the model's own rotary module (so every rope variant
+        the config names — default, llama3, linear, yarn, Gemma3's per layer type — is honoured). Two tables,
+        each gathered by a forward along its first dimension: torch's fast gather (one [2, positions, d] table
+        gathered along positions took a generic kernel, 7.4 µs against 2 × 1.9 µs on an H200)."""
         pos = torch.arange(n, device=self.device)[None]
         x = torch.zeros(1, dtype=self.dtype, device=self.device)
         cos, sin = rotary_emb(x, pos)
-        return torch.stack([cos[0], sin[0]]).to(self.dtype).contiguous()
+        return cos[0].to(self.dtype).contiguous(), sin[0].to(self.dtype).contiguous()
 
     @property
     def kv_bytes(self) -> int:
@@ -124,7 +125,7 @@ class Decoder:
         delta = embeds if embeds is not None else self.embed.weight if table else self.embed(ids)
         res, post = None, None  # post: the norm the last MLP's output still needs (Gemma3), None elsewhere
         fused = self.fuse_qkv_attention and getattr(attend, "fuses_qkv", False)  # attention does the q/k/v work
-        rope = {key: torch.index_select(cs, 1, pos) for key, cs in self.rope.items()}  # [2, N, d]: cos, sin
+        rope = {key: (cos[pos], sin[pos]) for key, (cos, sin) in self.rope.items()}
         q = torch.empty(n, nh, d, dtype=self.dtype, device=self.device)
         for i, (layer, lp) in enumerate(zip(self.layers, self.family.layers)):
             a = layer.self_attn
@@ -137,7 +138,7 @@ class Decoder:
             else:
                 qp, kp, vp = a.q_proj(x), a.k_proj(x), a.v_proj(x)
             qn, kn = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
-            cos, sin = rope[lp.rope][0], rope[lp.rope][1]
+            cos, sin = rope[lp.rope]
             qv, kv, vv = qp.view(n, nh, d), kp.view(n, nkv, d), vp.view(n, nkv, d)
             qw, kw = (qn.weight, kn.weight) if qn is not None else (None, None)
             eps = self._eps(qn) if qn is not None else 0.0
