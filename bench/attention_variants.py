@@ -1,0 +1,59 @@
+"""bench/attention.py --variants: the row kernel's shapes next to the shipped ones (tree_plan.TUNING) on ecommerce8 at
+batch 1-4, Qwen3-4B and Gemma3-4B heads with the q/k/v work fused as they ship, and the registers, spills and shared
+memory each variant compiled to (read from Triton's cache; the key is warps, stages and register limit)."""
+from __future__ import annotations
+
+import torch
+
+from bench import common as C
+from bench.attention import Heads, Timer, make_case, run
+from qcls.compose import compose
+from qcls.engine import attention as A
+from qcls.engine.tree_plan import tuning_for
+
+ROW_VARIANTS = {  # --variants: the row kernel's shapes (tree_plan.Tuning fields) against the shipped ones
+    128: {"32-key steps (before)": dict(row_bn=32), "no register limit": dict(row_maxnreg=0),
+          "register limit everywhere": dict(row_crowded=0.0), "stages 2": dict(row_stages=2),
+          "stages 4": dict(row_stages=4)},
+    256: {"stages 3, no limit (before)": dict(row_stages=3, row_maxnreg=0), "no register limit": dict(row_maxnreg=0),
+          "register limit everywhere": dict(row_crowded=0.0), "16-key steps": dict(row_bn=16)},
+}
+
+
+def compiled_resources(fn) -> dict:
+    """(num_warps, num_stages, maxnreg) → 'regs/spills/shared' of every compiled variant of a Triton kernel."""
+    out = {}
+    for cache in getattr(fn, "device_caches", {}).values():
+        for kern in (cache[0].values() if isinstance(cache, tuple) else ()):
+            try:
+                kern._init_handles()
+                o = kern.metadata
+                out[(o.num_warps, o.num_stages, getattr(o, "maxnreg", None))] = \
+                    f"{kern.n_regs} regs, {kern.n_spills} spills, {o.shared // 1024} KiB shared"
+            except Exception as e:  # noqa: BLE001 — Triton internals differ between versions: report, go on
+                out[str(type(kern))] = f"unread ({type(e).__name__})"
+    return out
+
+
+def variant_rows(tok, device: str, smoke: bool) -> str:
+    """The row kernel's shapes on ecommerce8 at batch 1-4, Qwen3-4B and Gemma3-4B heads with the q/k/v work fused
+    (as they ship), each variant against the shipped tuning."""
+    base = [p.model_dump() for p in compose(["prompts=ecommerce8"]).prompts]
+    heads = [("qwen3-4b, fused", Heads(32, 8, 128, 36, device), True), ("gemma3-4b, fused", Heads(8, 4, 256, 34, device), True)]
+    if smoke:
+        heads = [("tiny d16", Heads(4, 2, 16, 1, "cpu"), False), ("tiny d16, fused", Heads(4, 2, 16, 1, "cpu"), True)]
+    text = "| heads | variant | batch 1 | batch 2 | batch 3 | batch 4 | max abs Δ |\n|---|---|---|---|---|---|---|\n"
+    for label, hs, fused in heads:
+        shipped = tuning_for(hs.dim, hs.heads // hs.kv, torch.device(device))
+        variants = {"shipped": shipped, **{k: shipped.with_(**v) for k, v in ROW_VARIANTS.get(hs.dim, {}).items()}}
+        windows = [0 if (i + 1) % 6 == 0 else 1024 for i in range(hs.layers)] if hs.dim == 256 else [0] * hs.layers
+        timers = {b: Timer(make_case(tok, "ecommerce8", base, b, hs), hs, windows, fused) for b in (1, 2, 3, 4)}
+        for what, t in variants.items():
+            res = run(timers, t, list(timers))
+            text += (f"| {label} | {what} | " + " | ".join(f"{res[b][0]:.3f}" for b in timers) +
+                     f" | {max(r[1] for r in res.values()):.4f} |\n")
+            print(text.splitlines()[-1], flush=True)
+        text += f"\n{label} compiled row kernels: {compiled_resources(A.K.row_kernel)}\n\n"
+        del timers
+        C.free()
+    return text
