@@ -15,7 +15,8 @@
 #   fusions    issue 27's kernel fusions per model (Qwen3-4B, Gemma3-4B): the kernel profile without them, then
 #              each fusion on its own against the rest (bench.paired, in alternation); MODELS="qwen3_4b" picks
 #   paired-qkv  the q/k/v fusion's pair alone, per model
-#   row-variants  bench/attention.py --variants: the row kernel's shapes on ecommerce8, batch 1-4
+#   row-variants  bench/attention.py --variants: the row kernel's shapes on ecommerce8, batch 1-4; --ablate: where
+#              its time goes
 #   latency    bench/latency.py (Qwen3-4B, Gemma3-4B; 2 and 8 prompts, batch 1 and 4, T4 projection) of f728a0a
 #              (.dev/base27), this checkout, f728a0a again: drift shows as the two baseline runs' difference
 #   offload    the fp16-offload GPU tests and bench/offload_diff.py (the streamed path's max |Δ score| against fp16)
@@ -85,7 +86,9 @@ for mode in "$@"; do
         step 150 offload python -m pytest -q -m gpu tests/backends/test_offload.py -p no:cacheprovider
         step 120 offload-diff python bench/offload_diff.py ;;
     fidelity) step 150 fidelity python bench/fidelity.py --model qwen3_4b --queries 8 --parts strategies ;;
-    row-variants) step 420 row-variants python -m bench.attention --variants ;;
+    row-variants)
+        step 420 row-variants python -m bench.attention --variants
+        step 200 row-ablate python -m bench.attention --ablate ;;
     kernels)
         for m in ${MODELS:-qwen3_4b gemma3_4b}; do
             step 90 "kernels-$m" python bench/host.py --model "$m" --kernels-only ${ROW_TUNING:+--row-tuning $ROW_TUNING}

@@ -36,6 +36,7 @@ from qcls.engine import attention as A  # noqa: E402
 from qcls.engine.engine import token_buckets  # noqa: E402
 from qcls.engine.layout import Packer, PromptLayout, build_mask, unpack  # noqa: E402
 from qcls.engine.prefix_cache import plan_prefixes  # noqa: E402
+from qcls.engine.qkv_kernels import rope_torch  # noqa: E402
 from qcls.engine.tree_plan import Tuning, plan_tree, tuning_for  # noqa: E402
 from qcls.qwen_tokenizer import build_qwen_tokenizer  # noqa: E402
 from qcls.scoring.strategies import get_strategy  # noqa: E402
@@ -134,15 +135,19 @@ class Timer:
 
     def tree(self, tuning: Tuning) -> tuple[float, float]:
         """(ms for all layers, max |Δ| against dense SDPA on layer 0 under each window used; fused: against the
-        unfused kernels over the q/k/v the fused ones wrote)."""
+        unfused kernels over q/k/v rotated by qkv_kernels.rope_torch)."""
         c, u = self.case, self.case.used
         plan = plan_tree(c.packer, c.b, c.tokens, self.hs.heads // self.hs.kv, tuning, self.hs.kv).to(self.hs.device)
         attn = A.TreeAttention(c.d, plan, c.pool_len, self.hs.heads, self.hs.dim, self.dtype)
-        if self.raw is not None:
-            err = 0.0
+        if self.raw is not None:  # the unfused kernels over q and this forward's K/V rotated by rope_torch
+            r, err = self.raw, 0.0
+            q = rope_torch(r.q, r.cos, r.sin, r.q_norm, r.eps, r.offset)
+            k, v = self.k[0].clone(), self.v[0].clone()
+            k[:, c.pool_len:c.pool_len + c.n] = rope_torch(r.k, r.cos, r.sin, r.k_norm, r.eps, r.offset).transpose(0, 1)
+            v[:, c.pool_len:c.pool_len + c.n] = r.v.transpose(0, 1)
             for w in set(self.windows):
-                got = attn(self.q, self.k[0], self.v[0], window=w, raw=self.raw)[:u].float()
-                err = max(err, (got - attn(self.q, self.k[0], self.v[0], window=w)[:u].float()).abs().max().item())
+                got = attn(self.q, self.k[0], self.v[0], window=w, raw=r)[:u].float()
+                err = max(err, (got - attn(q, k, v, window=w)[:u].float()).abs().max().item())
         else:
             err = max((attn(self.q, self.k[0], self.v[0], window=w)[:u].float() - r[:u].float()).abs().max().item()
                       for w, r in self.ref.items())
@@ -199,7 +204,17 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="CPU: Triton interpreter, 4/2 heads of 16, one layer")
     ap.add_argument("--variants", action="store_true",
                     help="only the row kernel's shapes (ROW_VARIANTS) on ecommerce8, batch 1-4, ms per forward")
+    ap.add_argument("--ablate", action="store_true",
+                    help="where the row kernel's time goes on ecommerce8 at batch 1 and 4 (parts of the work taken away)")
     args = ap.parse_args()
+    if args.ablate:
+        text = C.header("attention: where the row kernel's time goes on ecommerce8 (ms per forward's attention)",
+                        f"bench/attention.py --ablate{' --smoke' if args.smoke else ''}; shipped tuning, q/k/v fused; "
+                        "parts of the work taken away through the tables (outputs then wrong, only timed)")
+        from bench.attention_variants import ablation_rows
+        text += ablation_rows(build_qwen_tokenizer(), "cpu" if args.smoke else "cuda", args.smoke)
+        print(text) if args.smoke else C.append(text)
+        return
     if args.variants:
         text = C.header("attention: the row kernel's shapes on ecommerce8 (ms per forward's attention)",
                         f"bench/attention.py --variants{' --smoke' if args.smoke else ''}; Qwen3-4B heads (36 layers), "

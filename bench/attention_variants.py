@@ -1,22 +1,26 @@
 """bench/attention.py --variants: the row kernel's shapes next to the shipped ones (tree_plan.TUNING) on ecommerce8 at
 batch 1-4, Qwen3-4B and Gemma3-4B heads with the q/k/v work fused as they ship, and the registers, spills and shared
-memory each variant compiled to (read from Triton's cache; the key is warps, stages and register limit)."""
+memory each variant compiled to (read from Triton's cache; the key is warps, stages and register limit). And
+--ablate: where the row kernel's time goes (ablation_rows)."""
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 
 from bench import common as C
-from bench.attention import Heads, Timer, make_case, run
+from bench.attention import Heads, Timer, make_case, run, timed_ms
 from qcls.compose import compose
 from qcls.engine import attention as A
-from qcls.engine.tree_plan import tuning_for
+from qcls.engine.tree_plan import plan_tree, tuning_for
 
 ROW_VARIANTS = {  # --variants: the row kernel's shapes (tree_plan.Tuning fields) against the shipped ones
-    128: {"32-key steps (before)": dict(row_bn=32), "no register limit": dict(row_maxnreg=0),
-          "register limit everywhere": dict(row_crowded=0.0), "stages 2": dict(row_stages=2),
-          "stages 4": dict(row_stages=4)},
-    256: {"stages 3, no limit (before)": dict(row_stages=3, row_maxnreg=0), "no register limit": dict(row_maxnreg=0),
-          "register limit everywhere": dict(row_crowded=0.0), "16-key steps": dict(row_bn=16)},
+    128: {"row keys through the KV buffer": dict(row_keys_in_registers=False), "32-key steps": dict(row_bn=32),
+          "no register limit": dict(row_maxnreg=0), "register limit everywhere": dict(row_crowded=0.0)},
+    256: {"row keys in registers": dict(row_keys_in_registers=True), "64-key steps": dict(row_bn=64),
+          "64-key steps, 1 stage": dict(row_bn=64, row_stages=1), "64-key steps, no register limit":
+          dict(row_bn=64, row_maxnreg=0), "16 warps": dict(row_warps=16), "16 warps, no register limit":
+          dict(row_warps=16, row_maxnreg=0), "no register limit": dict(row_maxnreg=0)},
 }
 
 
@@ -56,4 +60,42 @@ def variant_rows(tok, device: str, smoke: bool) -> str:
         text += f"\n{label} compiled row kernels: {compiled_resources(A.K.row_kernel)}\n\n"
         del timers
         C.free()
+    return text
+
+
+def ablation_rows(tok, device: str, smoke: bool) -> str:
+    """Where the row kernel's time goes on ecommerce8 (shipped tuning, q/k/v fused), at batch 1 and 4: the same
+    launches with parts of the work taken away through the tables (the outputs are then wrong, only timed): no
+    prefix walk (every prompt's run count 0), no row keys (row lengths 0), empty tiles (token counts 0 too: the
+    launch and the descriptor loads), and the unfused kernels (q/k/v from the buffers)."""
+    base = [p.model_dump() for p in compose(["prompts=ecommerce8"]).prompts]
+    heads = [("qwen3-4b", Heads(32, 8, 128, 36, device)), ("gemma3-4b", Heads(8, 4, 256, 34, device))]
+    if smoke:
+        heads = [("tiny d16", Heads(4, 2, 16, 1, "cpu"))]
+    text = ("| heads | batch | as shipped | no prefix walk | no row keys | empty tiles | unfused |\n"
+            "|---|---|---|---|---|---|---|\n")
+    for label, hs in heads:
+        t = tuning_for(hs.dim, hs.heads // hs.kv, torch.device(device))
+        windows = [0 if (i + 1) % 6 == 0 else 1024 for i in range(hs.layers)] if hs.dim == 256 else [0] * hs.layers
+        for b in (1, 4):
+            tm = Timer(make_case(tok, "ecommerce8", base, b, hs), hs, windows, True)
+            c = tm.case
+            plan = plan_tree(c.packer, c.b, c.tokens, hs.heads // hs.kv, t, hs.kv).to(hs.device)
+            no_row = c.d["tiles"].clone().view(-1, A.TILE_FIELDS)
+            no_row[:, 3] = 0
+            empty = no_row.clone()
+            empty[:, 1] = 0
+
+            def ms(d, p, raw):
+                attn = A.TreeAttention(d, p, c.pool_len, hs.heads, hs.dim, tm.dtype)
+                return timed_ms(lambda: [attn(tm.q, tm.k[i], tm.v[i], window=w, raw=raw)
+                                         for i, w in enumerate(windows)], hs.device)
+            cols = [ms(c.d, plan, tm.raw),
+                    ms(c.d, replace(plan, inline_runs=torch.zeros_like(plan.inline_runs)), tm.raw),
+                    ms({**c.d, "tiles": no_row.view(-1)}, plan, tm.raw), ms({**c.d, "tiles": empty.view(-1)}, plan, tm.raw),
+                    ms(c.d, plan, None)]
+            text += f"| {label} | {b} | " + " | ".join(f"{x:.3f}" for x in cols) + " |\n"
+            print(text.splitlines()[-1], flush=True)
+            del tm
+            C.free()
     return text

@@ -109,8 +109,9 @@ class TreeAttention:
 
     Its output and the partial states of the prefix chunks are allocated here, once per forward: inside a
     CUDA graph capture that is at start-up, and every layer reuses them (o_proj reads the output before
-    the next layer writes it). `raw` (RawQKV): the kernels rotate q, k and v themselves, writing q and this
-    forward's K/V (at pool_len + token) before they read them."""
+    the next layer writes it). `raw` (RawQKV): the kernels rotate q and k themselves, q in registers; this
+    forward's K/V go to the KV buffer (at pool_len + token) only where the tuning keeps the row's keys out of
+    the registers (Tuning.row_keys_in_registers); the query buffer is not used."""
     fuses_qkv = True
 
     def __init__(self, d: dict[str, torch.Tensor], plan: TreePlan, pool_len: int, heads: int, head_dim: int,
@@ -155,5 +156,6 @@ class TreeAttention:
             plan.runs.stride(0), q.stride(0), q.stride(1), self.out.stride(0), k.stride(0), split_stride, qr_s0,
             kr_s0, kr_s0, nh, scale, window, eps,
             G=g, GP=gp, D=d, TILE=TILE, BT=t.row_bt, BN=t.row_bn, WINDOW=window > 0, **fused,
+            KEYS_REG=t.row_keys_in_registers,
             num_warps=t.row_warps, num_stages=t.row_stages, **({"maxnreg": t.row_maxnreg} if t.row_maxnreg else {}))
         return self.out

@@ -10,7 +10,7 @@ from qcls.engine.kernels import triton, use_triton
 if triton is not None:
     import triton.language as tl
 else:
-    rope_rows = None
+    rope_values = None
 
 
 def rope_torch(x, cos, sin, norm_w, eps, offset: bool = False):
@@ -135,12 +135,12 @@ if triton is not None:
 
 if triton is not None:
     @triton.jit
-    def rope_rows(src, dst, ok, tok, cos_ptr, sin_ptr, w_ptr, eps, D: tl.constexpr, HAS_NORM: tl.constexpr,
-                  OFFSET: tl.constexpr):
+    def rope_values(src, ok, tok, cos_ptr, sin_ptr, w_ptr, eps, D: tl.constexpr, HAS_NORM: tl.constexpr,
+                    OFFSET: tl.constexpr):
         """_qkv_heads_kernel's arithmetic for a block of rows, inside another kernel (issue 27: the tree
-        attention's prologue, engine.fuse_qkv_attention): `src`/`dst` [R] point at each row's head (D values),
-        `tok` [R] its token (a row of the forward's cos/sin [tokens, D]); rows where `ok` is false are neither
-        read nor written."""
+        attention, engine.fuse_qkv_attention): `src` [R] points at each row's head (D values), `tok` [R] its token
+        (a row of the forward's cos/sin [tokens, D]); returns the rotated halves [R, D/2] in float32 (rows where
+        `ok` is false read nothing and come out 0)."""
         half: tl.constexpr = D // 2
         i = tl.arange(0, half)[None, :]
         m = ok[:, None]
@@ -153,8 +153,7 @@ if triton is not None:
         c2 = tl.load(cos_ptr + row + half + i, mask=m, other=0.0).to(tl.float32)
         s1 = tl.load(sin_ptr + row + i, mask=m, other=0.0).to(tl.float32)
         s2 = tl.load(sin_ptr + row + half + i, mask=m, other=0.0).to(tl.float32)
-        tl.store(dst[:, None] + i, (x1 * c1 - x2 * s1).to(dst.dtype.element_ty), mask=m)
-        tl.store(dst[:, None] + half + i, (x2 * c2 + x1 * s2).to(dst.dtype.element_ty), mask=m)
+        return x1 * c1 - x2 * s1, x2 * c2 + x1 * s2
 
 
 def qkv_heads_per_program(nh: int, nkv: int, wanted: int = 0) -> int:

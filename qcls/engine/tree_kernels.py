@@ -12,10 +12,12 @@
   writes the output.
 
 FUSED (engine.fuse_qkv_attention, issue 27): the kernels take the QKV GEMM's output as it is and do the q/k/v
-kernel's work themselves (qkv_kernels.rope_rows), one launch fewer per layer: each program (q-norms and) rotates
-its own query vectors into the query buffer, and each row-kernel program writes its row's keys and values into
-the KV buffer for its KV head, then reads them back after a barrier. Programs that share tokens write the same
-values.
+kernel's work themselves (qkv_kernels.rope_values), one launch fewer per layer: each program (q-norms and) rotates
+its own query vectors in registers, rounded to the model's dtype as the q/k/v kernel rounds them (no store, barrier
+and read back on the program's critical path). The row's keys: with KEYS_REG (Tuning.row_keys_in_registers) the
+row kernel rotates them step by step in registers too, and nothing goes through the query or KV buffers; without it
+(where the registers do not hold them: d=256, sm_75) each row-kernel program writes its row's keys and values into
+the KV buffer for its KV head first and reads them back after a barrier (programs of one row write the same values).
 
 Scores are in log2 units: `scale` is the softmax scale × log2(e) (the caller folds it), so every exponential
 is an exp2 (one MUFU instruction; exp is exp2 of a product) and the partial maxima m are log2 units too.
@@ -34,7 +36,7 @@ try:
 except ImportError:  # CPU-only installs
     triton = None
 
-from qcls.engine.qkv_kernels import rope_rows  # noqa: E402  (None without Triton)
+from qcls.engine.qkv_kernels import rope_values  # noqa: E402  (None without Triton)
 
 WORK_FIELDS = 7  # first slot, keys, position of the first key, split index, prompt range lo/hi, first query block
 RUN_FIELDS = 3  # a prefix run of contiguous pool slots: first slot, keys, position of the first key
@@ -140,9 +142,11 @@ if triton is not None:
         tok = tl.load(qtok_ptr + idx, mask=tok_ok, other=0)
         qpos = tl.load(pos_ptr + tok, mask=tok_ok, other=0)
         if FUSED:
-            _queries(q_ptr, qr_ptr, cos_ptr, sin_ptr, qw_ptr, tok, head, q_ok, q_s0, q_s1, qr_s0, eps, D,
-                     HAS_NORM, OFFSET)
-        q = tl.load(q_ptr + tok[:, None] * q_s0 + head[:, None] * q_s1 + dd[None, :], mask=q_ok[:, None], other=0.0)
+            q = _rotated(qr_ptr + tok * qr_s0 + head * D, q_ok, tok, cos_ptr, sin_ptr, qw_ptr, eps, M, D, HAS_NORM,
+                         OFFSET, q_ptr)
+        else:
+            q = tl.load(q_ptr + tok[:, None] * q_s0 + head[:, None] * q_s1 + dd[None, :], mask=q_ok[:, None],
+                        other=0.0)
         m_i = tl.full([M], float("-inf"), tl.float32)
         l_i = tl.zeros([M], tl.float32)
         acc = tl.zeros([M, D], tl.float32)
@@ -170,31 +174,34 @@ if triton is not None:
         tl.store(part_ptr + row[:, None] * D + dd[None, :], acc, mask=q_ok[:, None])
 
     @triton.jit
-    def _queries(q_ptr, qr_ptr, cos_ptr, sin_ptr, qw_ptr, tok, head, ok, q_s0, q_s1, qr_s0, eps,
-                 D: tl.constexpr, HAS_NORM: tl.constexpr, OFFSET: tl.constexpr):
-        """FUSED: these query vectors (token, head) from the QKV GEMM's output, (q-normed and) rotated into the
-        query buffer, then a barrier: the program reads them back as the unfused kernels read the q/k/v
-        kernel's output. Other programs may write the same vectors at the same time, with the same values."""
-        rope_rows(qr_ptr + tok * qr_s0 + head * D, q_ptr + tok * q_s0 + head * q_s1, ok, tok, cos_ptr, sin_ptr,
-                  qw_ptr, eps, D, HAS_NORM, OFFSET)
-        tl.debug_barrier()
+    def _rotated(src, ok, tok, cos_ptr, sin_ptr, w_ptr, eps, R: tl.constexpr, D: tl.constexpr,
+                 HAS_NORM: tl.constexpr, OFFSET: tl.constexpr, like_ptr):
+        """FUSED: rows [R, D] of heads from the QKV GEMM's output (`src` [R] each row's head, `tok` [R] its token),
+        (normed and) rotated, rounded to like_ptr's dtype: the values the q/k/v kernel would have written there."""
+        y1, y2 = rope_values(src, ok, tok, cos_ptr, sin_ptr, w_ptr, eps, D, HAS_NORM, OFFSET)
+        dt = like_ptr.dtype.element_ty
+        return tl.reshape(tl.permute(tl.join(y1.to(dt), y2.to(dt)), (0, 2, 1)), (R, D))  # [R, 2, D/2] → [R, D]
 
     @triton.jit
     def _row_keys(k_ptr, v_ptr, kr_ptr, vr_ptr, cos_ptr, sin_ptr, kw_ptr, r0, rlen, pool_len, kr_s0, vr_s0, eps,
                   D: tl.constexpr, BN: tl.constexpr, HAS_NORM: tl.constexpr, OFFSET: tl.constexpr):
-        """FUSED: the keys (k-normed and rotated) and values of one row and KV head (k_ptr, v_ptr: that head's
-        buffers) from the QKV GEMM's output into the KV buffer, at the slots the row part reads. Every tile of
-        the row writes them (the same values); the barrier after the tile's queries makes them visible to it."""
+        """FUSED without KEYS_REG: the keys (k-normed and rotated) and values of one row and KV head (k_ptr, v_ptr:
+        that head's buffers) from the QKV GEMM's output into the KV buffer, at the slots the row part reads, then a
+        barrier that makes them visible to the program."""
+        half: tl.constexpr = D // 2
         jn = tl.arange(0, BN)
+        i = tl.arange(0, half)[None, :]
         dd = tl.arange(0, D)[None, :]
         for s in range(0, rlen, BN):
             key = r0 + s + jn
             ok = s + jn < rlen
-            slot = pool_len + key
-            rope_rows(kr_ptr + key * kr_s0, k_ptr + slot * D, ok, key, cos_ptr, sin_ptr, kw_ptr, eps, D, HAS_NORM,
-                      OFFSET)
-            tl.store(v_ptr + slot[:, None] * D + dd, tl.load(vr_ptr + key[:, None] * vr_s0 + dd, mask=ok[:, None]),
-                     mask=ok[:, None])
+            dst = k_ptr + (pool_len + key)[:, None] * D
+            y1, y2 = rope_values(kr_ptr + key * kr_s0, ok, key, cos_ptr, sin_ptr, kw_ptr, eps, D, HAS_NORM, OFFSET)
+            tl.store(dst + i, y1.to(k_ptr.dtype.element_ty), mask=ok[:, None])
+            tl.store(dst + half + i, y2.to(k_ptr.dtype.element_ty), mask=ok[:, None])
+            tl.store(v_ptr + (pool_len + key)[:, None] * D + dd,
+                     tl.load(vr_ptr + key[:, None] * vr_s0 + dd, mask=ok[:, None]), mask=ok[:, None])
+        tl.debug_barrier()
 
     @triton.jit
     def row_kernel(q_ptr, k_ptr, v_ptr, o_ptr, seq_ptr, anc_ptr, tslot_ptr, pos_ptr, tiles_ptr, runs_ptr,
@@ -203,7 +210,7 @@ if triton is not None:
                    scale, window, eps,
                    G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, TILE: tl.constexpr, BT: tl.constexpr,
                    BN: tl.constexpr, WINDOW: tl.constexpr, FUSED: tl.constexpr, HAS_NORM: tl.constexpr,
-                   OFFSET: tl.constexpr):
+                   OFFSET: tl.constexpr, KEYS_REG: tl.constexpr):
         tile = tl.program_id(0)
         h = tl.program_id(1)
         t0 = tl.load(tiles_ptr + tile * 5)
@@ -213,7 +220,7 @@ if triton is not None:
         prompt = tl.load(tiles_ptr + tile * 5 + 4)
         nrun = tl.load(nrun_ptr + prompt)  # prefix runs walked here (0 when the prefix kernel did it)
         nsplit = tl.load(nsplit_ptr + prompt)  # partial states the prefix kernel left for this prompt
-        if FUSED:
+        if FUSED and not KEYS_REG:
             _row_keys(k_ptr + h * kv_s_head, v_ptr + h * kv_s_head, kr_ptr + h * D, vr_ptr + h * D, cos_ptr, sin_ptr,
                       kw_ptr, r0, rlen, pool_len, kr_s0, vr_s0, eps, D, BN, HAS_NORM, OFFSET)
         # BT < TILE where a whole tile's query vectors would not fit the registers (d=256 on sm_75)
@@ -222,16 +229,18 @@ if triton is not None:
                 _row_part(q_ptr, k_ptr, v_ptr, o_ptr, seq_ptr, anc_ptr, tslot_ptr, pos_ptr, runs_ptr, ml_ptr,
                           part_ptr, t0 + sub * BT, cnt - sub * BT, r0, rlen, prompt, nrun, nsplit, pool_len,
                           runs_stride, q_s0, q_s1, o_s0, kv_s_head, part_s_split, n_heads, scale, window, h,
-                          qr_ptr, cos_ptr, sin_ptr, qw_ptr, qr_s0, eps, G, GP, D, BT, BN, WINDOW, FUSED, HAS_NORM,
-                          OFFSET)
+                          qr_ptr, kr_ptr + h * D, vr_ptr + h * D, cos_ptr, sin_ptr, qw_ptr, kw_ptr, qr_s0, kr_s0, vr_s0,
+                          eps, G, GP, D, BT, BN, WINDOW, FUSED, HAS_NORM, OFFSET, KEYS_REG)
 
     @triton.jit
     def _row_part(q_ptr, k_ptr, v_ptr, o_ptr, seq_ptr, anc_ptr, tslot_ptr, pos_ptr, runs_ptr, ml_ptr, part_ptr,
                   t0, cnt, r0, rlen, prompt, nrun, nsplit, pool_len, runs_stride, q_s0, q_s1, o_s0, kv_s_head,
-                  part_s_split, n_heads, scale, window, h, qr_ptr, cos_ptr, sin_ptr, qw_ptr, qr_s0, eps,
-                  G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
-                  WINDOW: tl.constexpr, FUSED: tl.constexpr, HAS_NORM: tl.constexpr, OFFSET: tl.constexpr):
-        """Up to BT tokens of one row (from t0; `cnt` left in the tile) for KV head h."""
+                  part_s_split, n_heads, scale, window, h, qr_ptr, kr_ptr, vr_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr,
+                  qr_s0, kr_s0, vr_s0, eps, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BT: tl.constexpr,
+                  BN: tl.constexpr, WINDOW: tl.constexpr, FUSED: tl.constexpr, HAS_NORM: tl.constexpr,
+                  OFFSET: tl.constexpr, KEYS_REG: tl.constexpr):
+        """Up to BT tokens of one row (from t0; `cnt` left in the tile) for KV head h (FUSED: kr_ptr / vr_ptr point at
+        that head's keys / values in the QKV GEMM's output)."""
         M: tl.constexpr = BT * GP
         mi = tl.arange(0, M)
         ti, gi = mi // GP, mi % GP
@@ -240,11 +249,9 @@ if triton is not None:
         q_ok = tok_ok & (gi < G)
         head = h * G + gi
         dd = tl.arange(0, D)
-        if FUSED:  # positions loaded after the prologue: live across it they cost sm_75 registers (d=256)
-            _queries(q_ptr, qr_ptr, cos_ptr, sin_ptr, qw_ptr, tok, head, q_ok, q_s0, q_s1, qr_s0, eps, D,
-                     HAS_NORM, OFFSET)
-            q = tl.load(q_ptr + tok[:, None] * q_s0 + head[:, None] * q_s1 + dd[None, :], mask=q_ok[:, None],
-                        other=0.0)
+        if FUSED:  # positions loaded after the rotation: live across it they cost sm_75 registers (d=256)
+            q = _rotated(qr_ptr + tok * qr_s0 + head * D, q_ok, tok, cos_ptr, sin_ptr, qw_ptr, eps, M, D, HAS_NORM,
+                         OFFSET, q_ptr)
             pos_i = tl.load(pos_ptr + tok, mask=tok_ok, other=0)
         else:
             pos_i = tl.load(pos_ptr + tok, mask=tok_ok, other=0)
@@ -289,9 +296,16 @@ if triton is not None:
             if WINDOW:
                 vis = vis & (pos_i[:, None] - pos_j[None, :] < window)
             slot = pool_len + key
-            kt = tl.load(kh + slot[None, :] * D + dd[:, None], mask=j_ok[None, :], other=0.0)
+            if FUSED and KEYS_REG:  # the row's keys from the QKV GEMM's output, rotated here (every tile does it)
+                kt = tl.trans(_rotated(kr_ptr + key * kr_s0, j_ok, key, cos_ptr, sin_ptr, kw_ptr, eps, BN, D, HAS_NORM,
+                                       OFFSET, k_ptr))
+            else:
+                kt = tl.load(kh + slot[None, :] * D + dd[:, None], mask=j_ok[None, :], other=0.0)
             sc = tl.where(vis, tl.dot(q, kt) * scale, float("-inf"))
-            vt = tl.load(vh + slot[:, None] * D + dd[None, :], mask=j_ok[:, None], other=0.0)
+            if FUSED and KEYS_REG:
+                vt = tl.load(vr_ptr + key[:, None] * vr_s0 + dd[None, :], mask=j_ok[:, None], other=0.0)
+            else:
+                vt = tl.load(vh + slot[:, None] * D + dd[None, :], mask=j_ok[:, None], other=0.0)
             m_i, l_i, acc = _online(sc, m_i, l_i, acc, vt)
 
         o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]

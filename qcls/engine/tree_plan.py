@@ -63,6 +63,8 @@ class Tuning:
     sms: int = 0  # the device's SMs (tuning_for; 0: no bucket is crowded)
     merge_warps: int = 0  # row kernel warps in batch-1 buckets whose prefixes are split (0: row_warps): one program
     # per prompt and KV head then merges every partial state of its tile, and more warps share that work
+    row_keys_in_registers: bool = False  # fused q/k/v: the row kernel rotates its row's keys in registers at each
+    # step; otherwise it writes them to the KV buffer first and reads them back after a barrier (tree_kernels.py)
     unmasked: bool = False  # prefix kernel: whole key steps without masks, then a masked last step (sm_80+: on
     # sm_75 the second copy of the step spills registers)
 
@@ -85,8 +87,11 @@ TUNING: dict[int, Tuning] = {
     # registers where more than 2 programs per SM are needed (ptxas takes 181-244, 2 programs per SM of 4 warps): at
     # batch 4 (280 programs, 132 SMs) 0.498 → 0.401 ms, at batch 3 (216 programs) 0.327 → 0.386 (H100, 2026-11-25,
     # bench/attention.py --variants, bench/RESULTS.md)
+    # row_keys_in_registers (outside crowded buckets, `crowded`): Qwen3-4B (fused) 0.365 → 0.343 ms at batch 1, 0.412
+    # → 0.394 at batch 3; at head_dim 256 (Gemma3-4B) it cost 7 % at batch 1 and 38 % at batch 4 (H100, 2026-11-26,
+    # bench/attention.py --variants, bench/RESULTS.md)
     128: Tuning(inline_reads=1536, partial_ratio=0.125, stages=3, unmasked=True, merge_warps=8, row_bn=16,
-                row_maxnreg=168, row_crowded=2.0),
+                row_maxnreg=168, row_crowded=2.0, row_keys_in_registers=True),
     # row_stages=2, and 96 registers past one program per SM: Gemma3-4B (fused q/k/v) batch 4 0.800 → 0.695 ms,
     # batches 1-3 unchanged without the limit (0.44-0.47; with it 0.52-0.72) (same run)
     256: Tuning(bn=32, row_warps=8, row_stages=2, row_maxnreg=96, row_crowded=1.0),
@@ -119,9 +124,10 @@ def row_programs(prompt_tokens: list[int], b: int, kv_heads: int) -> int:
 
 
 def crowded(tuning: Tuning, prompt_tokens: list[int], b: int, kv_heads: int) -> Tuning:
-    """The tuning with its register limit only where the bucket is crowded (Tuning.row_crowded)."""
+    """The tuning with its register limit only where the bucket is crowded (Tuning.row_crowded). Under the limit
+    the row's keys go through the KV buffer: rotated in registers they spill (Qwen3-4B at batch 4, 0.500 → 0.526 ms)."""
     if tuning.row_maxnreg and tuning.sms and row_programs(prompt_tokens, b, kv_heads) > tuning.row_crowded * tuning.sms:
-        return tuning
+        return tuning.with_(row_keys_in_registers=False)
     return tuning.with_(row_maxnreg=0)
 
 

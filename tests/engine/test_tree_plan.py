@@ -126,6 +126,8 @@ def test_register_limit_only_in_crowded_buckets():
     assert crowded(t, [76, 40], 4, 1).row_maxnreg == 0  # 12 programs ≤ 20
     assert crowded(t.with_(sms=0), [76, 40], 4, 2).row_maxnreg == 0  # SMs unknown (CPU): never limited
     assert crowded(t, [76, 40], 4, 0).row_maxnreg == 0  # KV heads not given
+    keys = t.with_(row_keys_in_registers=True)  # under the limit the row's keys go through the KV buffer
+    assert not crowded(keys, [76, 40], 4, 2).row_keys_in_registers and crowded(keys, [76, 40], 4, 1).row_keys_in_registers
     packer = _packer([(3,) * 40, (4,) * 40])
     programs = row_programs(packer.prompt_tokens(4, 64), 4, 8)
     assert plan_tree(packer, 4, 64, 4, t.with_(sms=programs // 2 - 1), 8).tuning.row_maxnreg == 168
