@@ -87,8 +87,8 @@ TUNING: dict[int, Tuning] = {
     # registers where more than 2 programs per SM are needed (ptxas takes 181-244, 2 programs per SM of 4 warps): at
     # batch 4 (280 programs, 132 SMs) 0.498 → 0.401 ms, at batch 3 (216 programs) 0.327 → 0.386 (H100, 2026-11-25,
     # bench/attention.py --variants, bench/RESULTS.md)
-    # row_keys_in_registers (outside crowded buckets, `crowded`): Qwen3-4B (fused) 0.365 → 0.343 ms at batch 1, 0.412
-    # → 0.394 at batch 3; at head_dim 256 (Gemma3-4B) it cost 7 % at batch 1 and 38 % at batch 4 (H100, 2026-11-26,
+    # row_keys_in_registers (outside crowded buckets, `crowded`): Qwen3-4B (fused) 0.364 → 0.333 ms at batch 1, 0.410
+    # → 0.394 at batch 3; at head_dim 256 (Gemma3-4B) it cost 7-8 % at batches 1-3 (H100, 2026-11-26, 9f5c01b,
     # bench/attention.py --variants, bench/RESULTS.md)
     128: Tuning(inline_reads=1536, partial_ratio=0.125, stages=3, unmasked=True, merge_warps=8, row_bn=16,
                 row_maxnreg=168, row_crowded=2.0, row_keys_in_registers=True),
