@@ -207,20 +207,16 @@ def main() -> None:
     ap.add_argument("--ablate", action="store_true",
                     help="where the row kernel's time goes on ecommerce8 at batch 1 and 4 (parts of the work taken away)")
     args = ap.parse_args()
-    if args.ablate:
-        text = C.header("attention: where the row kernel's time goes on ecommerce8 (ms per forward's attention)",
-                        f"bench/attention.py --ablate{' --smoke' if args.smoke else ''}; shipped tuning, q/k/v fused; "
-                        "parts of the work taken away through the tables (outputs then wrong, only timed)")
-        from bench.attention_variants import ablation_rows
-        text += ablation_rows(build_qwen_tokenizer(), "cpu" if args.smoke else "cuda", args.smoke)
-        print(text) if args.smoke else C.append(text)
-        return
-    if args.variants:
-        text = C.header("attention: the row kernel's shapes on ecommerce8 (ms per forward's attention)",
-                        f"bench/attention.py --variants{' --smoke' if args.smoke else ''}; Qwen3-4B heads (36 layers), "
-                        "Gemma3-4B heads (34 layers, window 1024 on 5 of 6), q/k/v fused as they ship")
-        from bench.attention_variants import variant_rows  # (it imports this module's timers)
-        text += variant_rows(build_qwen_tokenizer(), "cpu" if args.smoke else "cuda", args.smoke)
+    if args.ablate or args.variants:  # the row kernel alone on ecommerce8 (bench/attention_variants.py)
+        from bench import attention_variants as V  # (it imports this module's timers)
+        flag, title, config, rows = (
+            ("--ablate", "where the row kernel's time goes", "shipped tuning, q/k/v fused; parts of the work taken away "
+             "through the tables (outputs then wrong, only timed)", V.ablation_rows) if args.ablate else
+            ("--variants", "the row kernel's shapes", "Qwen3-4B heads (36 layers), Gemma3-4B heads (34 layers, window "
+             "1024 on 5 of 6), q/k/v fused as they ship", V.variant_rows))
+        text = C.header(f"attention: {title} on ecommerce8 (ms per forward's attention)",
+                        f"bench/attention.py {flag}{' --smoke' if args.smoke else ''}; {config}")
+        text += rows(build_qwen_tokenizer(), "cpu" if args.smoke else "cuda", args.smoke)
         print(text) if args.smoke else C.append(text)
         return
     hs = Heads(4, 2, 16, 1, "cpu") if args.smoke else QWEN3
