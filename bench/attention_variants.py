@@ -16,11 +16,10 @@ from qcls.engine.tree_plan import plan_tree, tuning_for
 
 ROW_VARIANTS = {  # --variants: the row kernel's shapes (tree_plan.Tuning fields) against the shipped ones
     128: {"row keys through the KV buffer": dict(row_keys_in_registers=False), "32-key steps": dict(row_bn=32),
-          "no register limit": dict(row_maxnreg=0), "register limit everywhere": dict(row_crowded=0.0)},
-    256: {"row keys in registers": dict(row_keys_in_registers=True), "64-key steps": dict(row_bn=64),
-          "64-key steps, 1 stage": dict(row_bn=64, row_stages=1), "64-key steps, no register limit":
-          dict(row_bn=64, row_maxnreg=0), "16 warps": dict(row_warps=16), "16 warps, no register limit":
-          dict(row_warps=16, row_maxnreg=0), "no register limit": dict(row_maxnreg=0)},
+          "no register limit": dict(row_maxnreg=0), "register limit everywhere": dict(row_crowded=0.0),
+          "query heads over 2 programs at batch 1": dict(row_head_split=2)},
+    256: {"query heads in one program (before)": dict(row_head_split=1), "row keys in registers":
+          dict(row_keys_in_registers=True), "64-key steps": dict(row_bn=64), "no register limit": dict(row_maxnreg=0)},
 }
 
 

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from qcls.engine import tree_kernels as K
-from qcls.engine.tree_plan import TreePlan
+from qcls.engine.tree_plan import TreePlan, head_split
 
 triton = K.triton
 
@@ -150,12 +150,13 @@ class TreeAttention:
                 q.stride(0), q.stride(1), k.stride(0), split_stride, qr_s0, nh, scale, window, eps,
                 G=g, GP=gp, D=d, BQ=t.bq, BN=t.bn, QB=t.qb, WINDOW=window > 0, UNMASKED=t.unmasked, **fused,
                 num_warps=t.warps, num_stages=t.stages)
-        K.row_kernel[(ds["tiles"].shape[0] // TILE_FIELDS, nkv)](
+        hs = head_split(t, g)  # the row kernel's programs per KV head and tile
+        K.row_kernel[(ds["tiles"].shape[0] // TILE_FIELDS, nkv * hs)](
             q, k, v, self.out, ds["seq"], ds["anc"], ds["tslot"], ds["pos"], ds["tiles"], plan.runs,
             plan.inline_runs, plan.n_splits, self.part, self.ml, qr, kr, vr, cos, sin, qw, kw, self.pool_len,
             plan.runs.stride(0), q.stride(0), q.stride(1), self.out.stride(0), k.stride(0), split_stride, qr_s0,
             kr_s0, kr_s0, nh, scale, window, eps,
-            G=g, GP=gp, D=d, TILE=TILE, BT=t.row_bt, BN=t.row_bn, WINDOW=window > 0, **fused,
-            KEYS_REG=t.row_keys_in_registers,
+            G=g // hs, GP=triton.next_power_of_2(g // hs), D=d, TILE=TILE, BT=t.row_bt, BN=t.row_bn,
+            WINDOW=window > 0, **fused, KEYS_REG=t.row_keys_in_registers, HS=hs,
             num_warps=t.row_warps, num_stages=t.row_stages, **({"maxnreg": t.row_maxnreg} if t.row_maxnreg else {}))
         return self.out

@@ -6,7 +6,8 @@
   state of every (token, query head) over the chunk: running max m, sum l and unnormalised output acc
   (fp32), under the chunk's index along the prompt's prefix. UNMASKED (sm_80+) loads the chunk's whole
   steps of BN keys without masks and masks only its last, partial step.
-- `row_kernel`: one program = one tile (≤ TILE tokens of one row) × one KV head. It starts from the tile's
+- `row_kernel`: one program = one tile (≤ TILE tokens of one row) × one KV head (or, HS > 1, one of HS parts of
+  its group of query heads: more, smaller programs where the grid is small). It starts from the tile's
   prefix state, merging the partials of its prompt's chunks or, for short prefixes, walking the prefix
   itself (one launch instead of two), adds the row's own keys (causal / trie ancestry), normalises and
   writes the output.
@@ -210,9 +211,10 @@ if triton is not None:
                    scale, window, eps,
                    G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, TILE: tl.constexpr, BT: tl.constexpr,
                    BN: tl.constexpr, WINDOW: tl.constexpr, FUSED: tl.constexpr, HAS_NORM: tl.constexpr,
-                   OFFSET: tl.constexpr, KEYS_REG: tl.constexpr):
+                   OFFSET: tl.constexpr, KEYS_REG: tl.constexpr, HS: tl.constexpr):
         tile = tl.program_id(0)
-        h = tl.program_id(1)
+        hq = tl.program_id(1)  # its query heads are hq·G … hq·G+G-1 (G: the group's heads / HS)
+        h = hq // HS  # their KV head
         t0 = tl.load(tiles_ptr + tile * 5)
         cnt = tl.load(tiles_ptr + tile * 5 + 1)
         r0 = tl.load(tiles_ptr + tile * 5 + 2)
@@ -228,26 +230,26 @@ if triton is not None:
             if sub * BT < cnt:  # unused tiles (count 0) do nothing
                 _row_part(q_ptr, k_ptr, v_ptr, o_ptr, seq_ptr, anc_ptr, tslot_ptr, pos_ptr, runs_ptr, ml_ptr,
                           part_ptr, t0 + sub * BT, cnt - sub * BT, r0, rlen, prompt, nrun, nsplit, pool_len,
-                          runs_stride, q_s0, q_s1, o_s0, kv_s_head, part_s_split, n_heads, scale, window, h,
+                          runs_stride, q_s0, q_s1, o_s0, kv_s_head, part_s_split, n_heads, scale, window, h, hq,
                           qr_ptr, kr_ptr + h * D, vr_ptr + h * D, cos_ptr, sin_ptr, qw_ptr, kw_ptr, qr_s0, kr_s0, vr_s0,
                           eps, G, GP, D, BT, BN, WINDOW, FUSED, HAS_NORM, OFFSET, KEYS_REG)
 
     @triton.jit
     def _row_part(q_ptr, k_ptr, v_ptr, o_ptr, seq_ptr, anc_ptr, tslot_ptr, pos_ptr, runs_ptr, ml_ptr, part_ptr,
                   t0, cnt, r0, rlen, prompt, nrun, nsplit, pool_len, runs_stride, q_s0, q_s1, o_s0, kv_s_head,
-                  part_s_split, n_heads, scale, window, h, qr_ptr, kr_ptr, vr_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr,
+                  part_s_split, n_heads, scale, window, h, hq, qr_ptr, kr_ptr, vr_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr,
                   qr_s0, kr_s0, vr_s0, eps, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BT: tl.constexpr,
                   BN: tl.constexpr, WINDOW: tl.constexpr, FUSED: tl.constexpr, HAS_NORM: tl.constexpr,
                   OFFSET: tl.constexpr, KEYS_REG: tl.constexpr):
-        """Up to BT tokens of one row (from t0; `cnt` left in the tile) for KV head h (FUSED: kr_ptr / vr_ptr point at
-        that head's keys / values in the QKV GEMM's output)."""
+        """Up to BT tokens of one row (from t0; `cnt` left in the tile) for query heads hq·G … hq·G+G-1 of KV head h
+        (FUSED: kr_ptr / vr_ptr point at that head's keys / values in the QKV GEMM's output)."""
         M: tl.constexpr = BT * GP
         mi = tl.arange(0, M)
         ti, gi = mi // GP, mi % GP
         tok = t0 + ti
         tok_ok = ti < cnt
         q_ok = tok_ok & (gi < G)
-        head = h * G + gi
+        head = hq * G + gi
         dd = tl.arange(0, D)
         if FUSED:  # positions loaded after the rotation: live across it they cost sm_75 registers (d=256)
             q = _rotated(qr_ptr + tok * qr_s0 + head * D, q_ok, tok, cos_ptr, sin_ptr, qw_ptr, eps, M, D, HAS_NORM,

@@ -61,6 +61,8 @@ class Tuning:
     row_crowded: float = 0.0  # … a bucket is crowded when its row grid, at an even split of its query tokens, has
     # more programs than this per SM: more programs resident per SM (one wave, not two) then pay for the spills
     sms: int = 0  # the device's SMs (tuning_for; 0: no bucket is crowded)
+    row_head_split: int = 1  # row kernel, batch-1 buckets: a KV head's query heads split over up to this many
+    # programs (head_split): one row per prompt makes a small grid (Gemma3-4B on ecommerce8: 40 programs, 132 SMs)
     merge_warps: int = 0  # row kernel warps in batch-1 buckets whose prefixes are split (0: row_warps): one program
     # per prompt and KV head then merges every partial state of its tile, and more warps share that work
     row_keys_in_registers: bool = False  # fused q/k/v: the row kernel rotates its row's keys in registers at each
@@ -94,7 +96,9 @@ TUNING: dict[int, Tuning] = {
                 row_maxnreg=168, row_crowded=2.0, row_keys_in_registers=True),
     # row_stages=2, and 96 registers past one program per SM: Gemma3-4B (fused q/k/v) batch 4 0.800 → 0.695 ms,
     # batches 1-3 unchanged without the limit (0.44-0.47; with it 0.52-0.72) (same run)
-    256: Tuning(bn=32, row_warps=8, row_stages=2, row_maxnreg=96, row_crowded=1.0),
+    # row_head_split=2 (batch 1 only): Gemma3-4B 0.443 → 0.365 ms; at batches 2-4 it was slower (0.453 → 0.470,
+    # 0.452 → 0.499, 0.719 → 0.754); Qwen3-4B slower at every batch (0.334 → 0.398 at batch 1) (H100, 2026-11-26)
+    256: Tuning(bn=32, row_warps=8, row_stages=2, row_maxnreg=96, row_crowded=1.0, row_head_split=2),
 }
 
 
@@ -112,14 +116,20 @@ def tuning_for(head_dim: int, group: int, device: torch.device | None = None) ->
         t = TUNING.get(head_dim) or TUNING[128]
     if device is not None and device.type == "cuda" and torch.cuda.is_available():
         t = t.with_(sms=torch.cuda.get_device_properties(device).multi_processor_count)
-    # a dot needs ≥ 16 query vectors (tokens × padded group)
-    return t.with_(bq=max(t.bq, 16 // gp), row_bt=max(t.row_bt, 16 // gp))
+    # a dot needs ≥ 16 query vectors (tokens × padded group, in the row kernel the padded part of the group)
+    rp = 1 << max(0, group // head_split(t, group) - 1).bit_length()
+    return t.with_(bq=max(t.bq, 16 // gp), row_bt=max(t.row_bt, 16 // rp))
+
+
+def head_split(tuning: Tuning, group: int) -> int:
+    """Programs per KV head and tile of the row kernel: Tuning.row_head_split, cut to a divisor of the group."""
+    return math.gcd(group, tuning.row_head_split)
 
 
 def row_programs(prompt_tokens: list[int], b: int, kv_heads: int) -> int:
     """Row-kernel programs that hold tokens when the bucket's query tokens are split evenly over its b queries:
     b rows per prompt of ⌈tokens / b⌉, each ⌈/ TILE⌉ tiles, per KV head (the grid's room for uneven splits
-    is larger; its empty tiles return at once)."""
+    is larger; its empty tiles return at once). `kv_heads`: the grid's columns (KV heads × head_split)."""
     return kv_heads * sum(b * math.ceil(math.ceil(t / b) / TILE) for t in prompt_tokens)
 
 
@@ -231,7 +241,9 @@ def plan_tree(packer: "Packer", b: int, query_tokens: int, group: int, tuning: T
     zeros = torch.zeros(len(order) + 1, dtype=torch.long)
     runs, n_runs = prefix_runs(packer.pool)
     prompt_tokens = packer.prompt_tokens(b, query_tokens)
-    tuning = crowded(tuning, prompt_tokens, b, kv_heads)
+    if b > 1:  # (Tuning.row_head_split: batch-1 buckets only)
+        tuning = tuning.with_(row_head_split=1)
+    tuning = crowded(tuning, prompt_tokens, b, kv_heads * head_split(tuning, group))
     if inline_reads(prefix_len.tolist(), prompt_tokens, b) <= tuning.inline_reads:
         return TreePlan(tuning, torch.zeros(0, WORK_FIELDS, dtype=torch.long), zeros, n_runs, runs, 0)
     tokens_in = [0]

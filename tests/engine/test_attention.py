@@ -126,7 +126,10 @@ def test_tree_attention_equals_dense_interpreted(case):
     for seed in range(2):
         prompts = _random_prompts(random.Random(seed), n_prompts, strategy)
         _compare("cpu", torch.float32, heads, kv, dim, prompts, batch, seed, 1e-4,
-                 [INLINE, split(16, 2), INLINE.with_(row_maxnreg=128, row_crowded=0.0, sms=1)])
+                 [INLINE, split(16, 2), INLINE.with_(row_maxnreg=128, row_crowded=0.0, sms=1),
+                  # the group's query heads over 2 programs (a group of 3 or 1 cannot split: 1 program), inline and
+                  # merging split prefixes
+                  INLINE.with_(row_head_split=2), split(16, 2).with_(row_head_split=4)])
 
 
 SPLIT_CASES = [  # heads, kv heads, head_dim, batch, window, chunk, query blocks per program, row pass tokens
@@ -162,7 +165,9 @@ def test_tree_attention_equals_dense_gpu(case):
     heads, kv, dim, n_prompts, batch, strategy = case
     for seed in range(3):
         prompts = _random_prompts(random.Random(seed), n_prompts, strategy)
-        _compare("cuda", torch.float16, heads, kv, dim, prompts, batch, seed, 2e-3, [INLINE, split(16, 2), limited(dim, heads // kv)])
+        _compare("cuda", torch.float16, heads, kv, dim, prompts, batch, seed, 2e-3,
+                 [INLINE, split(16, 2), limited(dim, heads // kv), INLINE.with_(row_head_split=2),
+                  tuning_for(dim, heads // kv, torch.device("cuda")).with_(row_head_split=2)])
 
 
 def test_turing_shapes_fit_its_registers(monkeypatch):
@@ -271,7 +276,7 @@ def test_fused_qkv_equals_qkv_kernel_then_dense_interpreted(case):
     heads, kv, dim, batch, window, norm, offset = case
     prompts = _chunky_prompts(random.Random(batch))
     _compare_fused("cpu", torch.float32, heads, kv, dim, prompts, batch, batch, 1e-4,
-                   [INLINE, INLINE.with_(row_keys_in_registers=True),
+                   [INLINE, INLINE.with_(row_keys_in_registers=True), INLINE.with_(row_head_split=2),
                     # a crowded bucket (register limit): the keys go through the KV buffer after all
                     INLINE.with_(row_keys_in_registers=True, row_maxnreg=128, row_crowded=0.0, sms=1),
                     split(16, 2, 8 if dim == 256 else 16),
@@ -290,7 +295,8 @@ def test_fused_qkv_equals_qkv_kernel_then_dense_gpu(case):
     _compare_fused("cuda", torch.float16, heads, kv, dim, prompts, batch, batch, 4e-3,
                    [shipped.with_(inline_reads=1 << 30), shipped.with_(inline_reads=0, min_chunk=32, max_chunk=32,
                                                                        partial_limit=1e9), split(16, 2),
-                    limited(dim, heads // kv), shipped.with_(row_keys_in_registers=not shipped.row_keys_in_registers)],
+                    limited(dim, heads // kv), shipped.with_(row_keys_in_registers=not shipped.row_keys_in_registers),
+                    shipped.with_(row_head_split=2)],
                    window, norm, offset)
 
 

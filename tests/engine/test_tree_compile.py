@@ -63,6 +63,7 @@ def resources(head_dim: int, group: int) -> dict:
     from qcls.engine.tree_plan import tuning_for
     torch.cuda.get_device_capability = lambda device=None: (7, 5)
     t = tuning_for(head_dim, group, torch.device("cuda"))
+    assert t.row_head_split == 1  # (the compile below assumes the whole group per program)
     out = {}
     for fused in (False, True):  # engine.fuse_qkv_attention: the q/k/v work inside (q/k norms: the most registers)
         common = dict(G=group, GP=1 << (group - 1).bit_length(), D=head_dim, WINDOW=True, FUSED=fused,
@@ -71,7 +72,7 @@ def resources(head_dim: int, group: int) -> dict:
         out[name + "prefix"] = _compile(K.prefix_kernel, {**common, "BQ": t.bq, "BN": t.bn, "QB": t.qb,
                                                           "UNMASKED": t.unmasked}, t.warps, t.stages)
         out[name + "row"] = _compile(K.row_kernel, {**common, "TILE": TILE, "BT": t.row_bt, "BN": t.row_bn,
-                                                       "KEYS_REG": t.row_keys_in_registers},
+                                                       "KEYS_REG": t.row_keys_in_registers, "HS": 1},
                                      t.row_warps, t.row_stages)
     return out
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from qcls.engine.layout import Packer
 from qcls.engine.prefix_cache import plan_prefixes
-from qcls.engine.tree_plan import Tuning, crowded, inline_reads, plan_chunks, plan_tree, prefix_runs, row_programs, tuning_for
+from qcls.engine.tree_plan import Tuning, crowded, head_split, inline_reads, plan_chunks, plan_tree, prefix_runs, row_programs, tuning_for
 from tests.engine.test_layout import _layout
 
 HEADER = tuple(range(100, 140))  # 40 tokens: two full shared blocks of 16, then 8 in a mixed block
@@ -112,6 +112,15 @@ def test_merge_warps_only_where_batch_one_prefixes_are_split():
     assert plan_tree(packer, 1, 8, 4, t.with_(merge_warps=0)).tuning.row_warps == 4
 
 
+def test_query_heads_split_only_in_batch_one_buckets():
+    packer = _packer([(3,) * 40, (4,) * 40])
+    t = Tuning(row_head_split=2)
+    assert plan_tree(packer, 1, 8, 4, t).tuning.row_head_split == 2  # one row per prompt: a small grid
+    assert plan_tree(packer, 1, 8, 4, t.with_(inline_reads=0)).tuning.row_head_split == 2  # split prefixes too
+    assert plan_tree(packer, 2, 16, 4, t).tuning.row_head_split == 1
+    assert plan_tree(packer, 4, 32, 4, t).tuning.row_head_split == 1
+
+
 def test_row_programs_count_tiles_of_an_even_split_per_kv_head():
     # batch 4, 24 query tokens: 6 per query; a prompt of 4 × 13 + 24 = 76 tokens has rows of 19 → 2 tiles each
     assert row_programs([76], 4, 1) == 8
@@ -126,6 +135,8 @@ def test_register_limit_only_in_crowded_buckets():
     assert crowded(t, [76, 40], 4, 1).row_maxnreg == 0  # 12 programs ≤ 20
     assert crowded(t.with_(sms=0), [76, 40], 4, 2).row_maxnreg == 0  # SMs unknown (CPU): never limited
     assert crowded(t, [76, 40], 4, 0).row_maxnreg == 0  # KV heads not given
+    assert head_split(t.with_(row_head_split=2), 4) == 2 and head_split(t.with_(row_head_split=2), 3) == 1
+    assert head_split(t.with_(row_head_split=8), 4) == 4 and head_split(t, 4) == 1
     keys = t.with_(row_keys_in_registers=True)  # under the limit the row's keys go through the KV buffer
     assert not crowded(keys, [76, 40], 4, 2).row_keys_in_registers and crowded(keys, [76, 40], 4, 1).row_keys_in_registers
     packer = _packer([(3,) * 40, (4,) * 40])
