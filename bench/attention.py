@@ -84,11 +84,12 @@ def layouts(tok, prompts: list[dict]) -> list[PromptLayout]:
     return out
 
 
-def make_case(tok, name: str, prompts: list[dict], b: int, hs: Heads) -> Case:
+def make_case(tok, name: str, prompts: list[dict], b: int, hs: Heads, tile: int = A.TILE) -> Case:
+    """`tile`: the Packer's attention tiles (Tuning.row_tile of the tunings timed on the case)."""
     lays = layouts(tok, prompts)
     pool = plan_prefixes([p.tokens.prefix_ids for p in lays], 16)
     pool_len = pool.n_slots + (-pool.n_slots) % 8
-    packer = Packer(lays, pool, pool_len)
+    packer = Packer(lays, pool, pool_len, tile=tile)
     batch = [encode_query(tok, q, 64) for q in (QUERIES * b)[:b]]
     total = sum(map(len, batch))
     tokens = next(x for x in token_buckets(BUCKETS, b) if x >= total)  # the engine's bucket

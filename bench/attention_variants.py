@@ -21,6 +21,19 @@ ROW_VARIANTS = {  # --variants: the row kernel's shapes (tree_plan.Tuning fields
     256: {"query heads in one program (before)": dict(row_head_split=1), "row keys in registers":
           dict(row_keys_in_registers=True), "64-key steps": dict(row_bn=64), "no register limit": dict(row_maxnreg=0)},
 }
+# tiles of 32 tokens (Tuning.row_tile): a row of 17-18 tokens is one program, not two (the second with 1-2 tokens
+# walks the whole prefix); at batch 4 on ecommerce8 the grid's busy programs then fit the SMs
+TILE_VARIANTS = {
+    16: {"32-token tiles": dict(row_tile=32, row_bt=32)},  # (--smoke's tiny heads)
+    128: {"32-token tiles, 16 warps": dict(row_tile=32, row_bt=32, row_warps=16, merge_warps=16),
+          "32-token tiles in 2 passes": dict(row_tile=32, row_bt=16)},
+    256: {"32-token tiles, 16 warps": dict(row_tile=32, row_bt=32, row_warps=16, row_maxnreg=0),
+          "32-token tiles, 16 warps, one program per KV head": dict(row_tile=32, row_bt=32, row_warps=16,
+                                                                     row_maxnreg=0, row_head_split=1),
+          "32-token tiles, 8 warps": dict(row_tile=32, row_bt=32, row_maxnreg=0),
+          "32-token tiles in 2 passes": dict(row_tile=32, row_bt=16),
+          "prefixes split (two launches)": dict(inline_reads=0)},
+}
 
 
 def compiled_resources(fn) -> dict:
@@ -50,10 +63,14 @@ def variant_rows(tok, device: str, smoke: bool) -> str:
         shipped = tuning_for(hs.dim, hs.heads // hs.kv, torch.device(device))
         variants = {"shipped": shipped, **{k: shipped.with_(**v) for k, v in ROW_VARIANTS.get(hs.dim, {}).items()}}
         windows = [0 if (i + 1) % 6 == 0 else 1024 for i in range(hs.layers)] if hs.dim == 256 else [0] * hs.layers
-        timers = {b: Timer(make_case(tok, "ecommerce8", base, b, hs), hs, windows, fused) for b in (1, 2, 3, 4)}
+        variants.update({k: shipped.with_(**v) for k, v in TILE_VARIANTS.get(hs.dim, {}).items()})
+        timers: dict[int, dict] = {}  # per tile size, per batch
         for what, t in variants.items():
-            res = run(timers, t, list(timers))
-            text += (f"| {label} | {what} | " + " | ".join(f"{res[b][0]:.3f}" for b in timers) +
+            if t.row_tile not in timers:
+                timers[t.row_tile] = {b: Timer(make_case(tok, "ecommerce8", base, b, hs, t.row_tile), hs, windows, fused)
+                                      for b in (1, 2, 3, 4)}
+            res = run(timers[t.row_tile], t, list(timers[t.row_tile]))
+            text += (f"| {label} | {what} | " + " | ".join(f"{res[b][0]:.3f}" for b in res) +
                      f" | {max(r[1] for r in res.values()):.4f} |\n")
             print(text.splitlines()[-1], flush=True)
         text += f"\n{label} compiled row kernels: {compiled_resources(A.K.row_kernel)}\n\n"

@@ -156,7 +156,7 @@ class TreeAttention:
             plan.inline_runs, plan.n_splits, self.part, self.ml, qr, kr, vr, cos, sin, qw, kw, self.pool_len,
             plan.runs.stride(0), q.stride(0), q.stride(1), self.out.stride(0), k.stride(0), split_stride, qr_s0,
             kr_s0, kr_s0, nh, scale, window, eps,
-            G=g // hs, GP=triton.next_power_of_2(g // hs), D=d, TILE=TILE, BT=t.row_bt, BN=t.row_bn,
+            G=g // hs, GP=triton.next_power_of_2(g // hs), D=d, TILE=t.row_tile, BT=t.row_bt, BN=t.row_bn,
             WINDOW=window > 0, **fused, KEYS_REG=t.row_keys_in_registers, HS=hs,
             num_warps=t.row_warps, num_stages=t.row_stages, **({"maxnreg": t.row_maxnreg} if t.row_maxnreg else {}))
         return self.out

@@ -11,7 +11,7 @@ padded. Per request the host writes one int64 buffer of per-token descriptors (i
 in the row's sequence, trie ancestry bits, trie slot, prompt, and the row again for query tokens, -1 for the
 others: what a head's query mean averages), the tokens of every row listed prompt by prompt in the prefix
 order of PrefixPlan.prompt_order (`qtok`, with each prompt's start in `qstart`: the query blocks of the tree
-kernel's prefix chunks), the read indices and the attention tiles (≤ TILE tokens of one row: where the row
+kernel's prefix chunks), the read indices and the attention tiles (≤ a tile of tokens of one row: where the row
 starts, how long it is, which prompt's prefix it sees). Which keys a token sees:
 
     key in the pool      → visible iff it belongs to the token's prompt's prefix
@@ -97,8 +97,10 @@ class Packer:
     all P rows of one query are built at start-up for every query length (numpy) and each request only
     fills in the ids and shifts row/token offsets."""
 
-    def __init__(self, prompts: list[PromptLayout], pool: PrefixPlan, pool_len: int, max_query: int = 64):
-        self.prompts = prompts
+    def __init__(self, prompts: list[PromptLayout], pool: PrefixPlan, pool_len: int, max_query: int = 64,
+                 tile: int = TILE):
+        """`tile`: tokens per attention tile (tree_plan.Tuning.row_tile: the row kernel's programs)."""
+        self.prompts, self.tile = prompts, tile
         self.pool, self.pool_len = pool, pool_len
         # Which pool slots each prompt sees; the extra last row (seen by pads) sees none.
         self.visible = torch.zeros(len(prompts) + 1, pool_len, dtype=torch.bool)
@@ -114,7 +116,7 @@ class Packer:
         self.const = sum(p.const_len for p in prompts)
         self.reads_per_query = sum(len(p.read_slots) for p in prompts)
         # every query length, at start-up: nothing is built on a first request
-        self._templates = {lq: _QueryTemplate.build(prompts, lq) for lq in range(1, max_query + 1)}
+        self._templates = {lq: _QueryTemplate.build(prompts, lq, tile) for lq in range(1, max_query + 1)}
         self._permanent: dict[tuple[int, ...], tuple[np.ndarray, list[np.ndarray]]] = {}
         self._recent: dict[tuple[int, ...], tuple[np.ndarray, list[np.ndarray]]] = {}
 
@@ -125,8 +127,8 @@ class Packer:
         return b * self.reads_per_query
 
     def max_tiles(self, b: int, n: int) -> int:
-        """Attention tiles (≤ TILE tokens of one row) any batch of b queries in n tokens can need."""
-        return n // TILE + b * len(self.prompts) + 2
+        """Attention tiles (≤ `tile` tokens of one row) any batch of b queries in n tokens can need."""
+        return n // self.tile + b * len(self.prompts) + 2
 
     def prompt_tokens(self, b: int, query_tokens: int) -> list[int]:
         """Per prompt: the most tokens its b rows can hold in a batch with `query_tokens` query tokens in all."""
@@ -201,8 +203,8 @@ class Packer:
         shift = np.repeat(offs[:-1], [len(t.tiles) for t in ts])
         tiles[:, 0] += shift
         tiles[:, 2] += shift
-        pad_starts = np.arange(off, n, TILE, dtype=np.int64)  # pad tiles: rows of their own, no prefix
-        cnt = np.minimum(TILE, n - pad_starts)
+        pad_starts = np.arange(off, n, self.tile, dtype=np.int64)  # pad tiles: rows of their own, no prefix
+        cnt = np.minimum(self.tile, n - pad_starts)
         pad_tiles = np.stack([pad_starts, cnt, pad_starts, cnt, np.full_like(pad_starts, n_p)], 1)
         if len(tiles) + len(pad_tiles) > room:  # cannot happen by max_tiles' bound; checked: the kernel trusts it
             raise AssertionError(f"{len(tiles) + len(pad_tiles)} attention tiles, room for {room}")
@@ -237,7 +239,7 @@ class _QueryTemplate:
         self.is_query = (self.cols[QROW] >= 0).astype(np.int64)
 
     @staticmethod
-    def build(prompts: list[PromptLayout], lq: int) -> "_QueryTemplate":
+    def build(prompts: list[PromptLayout], lq: int, tile: int = TILE) -> "_QueryTemplate":
         cols: dict[str, list[int]] = {f: [] for f in FIELDS}
         query_at, reads, tiles, row_start, row_lens = [], [], [], [], []
         for p, pl in enumerate(prompts):
@@ -257,7 +259,7 @@ class _QueryTemplate:
             cols["prompt"] += [p] * row_len
             cols["qrow"] += [p] * lq + [-1] * (row_len - lq)
             reads += [start + seq_len - 1 if s < 0 else start + seq_len + s for s in pl.read_slots]
-            tiles += [[start + t, min(TILE, row_len - t), start, row_len, p] for t in range(0, row_len, TILE)]
+            tiles += [[start + t, min(tile, row_len - t), start, row_len, p] for t in range(0, row_len, tile)]
         arr = np.array([cols[f] for f in FIELDS], dtype=np.int64)
         return _QueryTemplate(arr, np.array(query_at, dtype=np.int64), np.array(reads, dtype=np.int64),
                               np.array(tiles, dtype=np.int64).reshape(-1, TILE_FIELDS),

@@ -53,7 +53,8 @@ class Tuning:
     bn: int = 32  # prefix kernel: keys per step
     warps: int = 4
     stages: int = 2  # software pipelining of the key loads (sm_80+)
-    row_bt: int = 16  # row kernel: tokens per pass (≤ the Packer's TILE)
+    row_tile: int = TILE  # row kernel: tokens per program (the Packer's tiles: Packer(tile=))
+    row_bt: int = 16  # row kernel: tokens per pass (divides row_tile)
     row_bn: int = 32  # row kernel: keys per step
     row_warps: int = 4
     row_stages: int = 3
@@ -126,17 +127,18 @@ def head_split(tuning: Tuning, group: int) -> int:
     return math.gcd(group, tuning.row_head_split)
 
 
-def row_programs(prompt_tokens: list[int], b: int, kv_heads: int) -> int:
+def row_programs(prompt_tokens: list[int], b: int, kv_heads: int, tile: int = TILE) -> int:
     """Row-kernel programs that hold tokens when the bucket's query tokens are split evenly over its b queries:
-    b rows per prompt of ⌈tokens / b⌉, each ⌈/ TILE⌉ tiles, per KV head (the grid's room for uneven splits
+    b rows per prompt of ⌈tokens / b⌉, each ⌈/ tile⌉ tiles, per KV head (the grid's room for uneven splits
     is larger; its empty tiles return at once). `kv_heads`: the grid's columns (KV heads × head_split)."""
-    return kv_heads * sum(b * math.ceil(math.ceil(t / b) / TILE) for t in prompt_tokens)
+    return kv_heads * sum(b * math.ceil(math.ceil(t / b) / tile) for t in prompt_tokens)
 
 
 def crowded(tuning: Tuning, prompt_tokens: list[int], b: int, kv_heads: int) -> Tuning:
     """The tuning with its register limit only where the bucket is crowded (Tuning.row_crowded). Under the limit
     the row's keys go through the KV buffer: rotated in registers they spill (Qwen3-4B at batch 4, 0.500 → 0.526 ms)."""
-    if tuning.row_maxnreg and tuning.sms and row_programs(prompt_tokens, b, kv_heads) > tuning.row_crowded * tuning.sms:
+    if tuning.row_maxnreg and tuning.sms and \
+            row_programs(prompt_tokens, b, kv_heads, tuning.row_tile) > tuning.row_crowded * tuning.sms:
         return tuning.with_(row_keys_in_registers=False)
     return tuning.with_(row_maxnreg=0)
 
@@ -228,15 +230,18 @@ def prefix_runs(pool: PrefixPlan) -> tuple[torch.Tensor, torch.Tensor]:
     return table, torch.tensor([len(r) for r in per_prompt] + [0], dtype=torch.long)
 
 
-def inline_reads(prefix_len: list[int], prompt_tokens: list[int], b: int) -> int:
+def inline_reads(prefix_len: list[int], prompt_tokens: list[int], b: int, tile: int = TILE) -> int:
     """Prefix keys the slowest prompt's tiles would read walking it inline: its keys × its tiles (at least one
     per row, b rows)."""
-    return max([n * max(b, -(-t // TILE)) for n, t in zip(prefix_len, prompt_tokens)] + [0])
+    return max([n * max(b, -(-t // tile)) for n, t in zip(prefix_len, prompt_tokens)] + [0])
 
 
 def plan_tree(packer: "Packer", b: int, query_tokens: int, group: int, tuning: Tuning, kv_heads: int = 0) -> TreePlan:
     """The plan of the bucket of b queries with `query_tokens` query tokens in all, for a model whose
     `kv_heads` KV heads each serve `group` query heads (kv_heads 0: no bucket counts as crowded)."""
+    if packer.tile != tuning.row_tile or tuning.row_tile % tuning.row_bt:
+        raise ValueError(f"the row kernel's tiles: the Packer writes {packer.tile} tokens, the tuning reads "
+                         f"{tuning.row_tile} in passes of {tuning.row_bt} (Packer(tile=Tuning.row_tile))")
     order, prefix_len = packer.order, packer.prefix_len
     zeros = torch.zeros(len(order) + 1, dtype=torch.long)
     runs, n_runs = prefix_runs(packer.pool)
@@ -244,7 +249,7 @@ def plan_tree(packer: "Packer", b: int, query_tokens: int, group: int, tuning: T
     if b > 1:  # (Tuning.row_head_split: batch-1 buckets only)
         tuning = tuning.with_(row_head_split=1)
     tuning = crowded(tuning, prompt_tokens, b, kv_heads * head_split(tuning, group))
-    if inline_reads(prefix_len.tolist(), prompt_tokens, b) <= tuning.inline_reads:
+    if inline_reads(prefix_len.tolist(), prompt_tokens, b, tuning.row_tile) <= tuning.inline_reads:
         return TreePlan(tuning, torch.zeros(0, WORK_FIELDS, dtype=torch.long), zeros, n_runs, runs, 0)
     tokens_in = [0]
     for p in order:

@@ -69,13 +69,13 @@ def _chunky_prompts(rng: random.Random) -> list[PromptLayout]:
     return [_with_labels(rng, f"c{i}", p) for i, p in enumerate(prefixes)]
 
 
-def _packed(device, prompts, batch, seed):
-    """A random batch of `batch` queries packed for these prompts (plus some padding): (packer, pool_len,
-    descriptors, tokens, query tokens, key_len)."""
+def _packed(device, prompts, batch, seed, tile=A.TILE):
+    """A random batch of `batch` queries packed for these prompts (plus some padding) in attention tiles of `tile`
+    tokens: (packer, pool_len, descriptors, tokens, query tokens, key_len); the same tokens for every tile."""
     rng = random.Random(seed)
     pool = plan_prefixes([p.tokens.prefix_ids for p in prompts], 16)
     pool_len = pool.n_slots + (-pool.n_slots) % 8
-    packer = Packer(prompts, pool, pool_len)
+    packer = Packer(prompts, pool, pool_len, tile=tile)
     queries = [[rng.randrange(1000) for _ in range(rng.randrange(1, 20))] for _ in range(batch)]
     total = sum(map(len, queries))
     n = packer.n_tokens(batch, total) + rng.randrange(0, 40)
@@ -96,6 +96,7 @@ def _compare(device, dtype, heads, kv_heads, head_dim, prompts, batch, seed, tol
     used = int((d["prompt"] < len(prompts)).sum())
     outs = []
     for tuning in tunings:
+        packer, _, d, _, _, _ = _packed(device, prompts, batch, seed, tuning.row_tile)
         plan = plan_tree(packer, batch, total, heads // kv_heads, tuning, kv_heads).to(device)
         if tuning.sms and tuning.row_maxnreg and not tuning.row_crowded:
             assert plan.tuning.row_maxnreg == tuning.row_maxnreg  # every bucket crowded: launched with the limit
@@ -129,7 +130,9 @@ def test_tree_attention_equals_dense_interpreted(case):
                  [INLINE, split(16, 2), INLINE.with_(row_maxnreg=128, row_crowded=0.0, sms=1),
                   # the group's query heads over 2 programs (a group of 3 or 1 cannot split: 1 program), inline and
                   # merging split prefixes
-                  INLINE.with_(row_head_split=2), split(16, 2).with_(row_head_split=4)])
+                  INLINE.with_(row_head_split=2), split(16, 2).with_(row_head_split=4),
+                  # tiles of 32 tokens (Tuning.row_tile): in one pass, and in two passes merging split prefixes
+                  INLINE.with_(row_tile=32, row_bt=32), split(16, 2).with_(row_tile=32, row_head_split=2)])
 
 
 SPLIT_CASES = [  # heads, kv heads, head_dim, batch, window, chunk, query blocks per program, row pass tokens
@@ -167,7 +170,8 @@ def test_tree_attention_equals_dense_gpu(case):
         prompts = _random_prompts(random.Random(seed), n_prompts, strategy)
         _compare("cuda", torch.float16, heads, kv, dim, prompts, batch, seed, 2e-3,
                  [INLINE, split(16, 2), limited(dim, heads // kv), INLINE.with_(row_head_split=2),
-                  tuning_for(dim, heads // kv, torch.device("cuda")).with_(row_head_split=2)])
+                  tuning_for(dim, heads // kv, torch.device("cuda")).with_(row_head_split=2),
+                  INLINE.with_(row_tile=32, row_bt=32), INLINE.with_(row_tile=32, row_bt=32, row_warps=16)])
 
 
 def test_turing_shapes_fit_its_registers(monkeypatch):
@@ -242,6 +246,7 @@ def _compare_fused(device, dtype, heads, kv_heads, head_dim, prompts, batch, see
         q_ref, k_ref, v_ref, window=window)
     used = int((d["prompt"] < len(prompts)).sum())
     for tuning in tunings:
+        packer, _, d, _, _, _ = _packed(device, prompts, batch, seed, tuning.row_tile)
         plan = plan_tree(packer, batch, total, heads // kv_heads, tuning, kv_heads).to(device)
         tree = A.TreeAttention(d, plan, pool_len, heads, head_dim, dtype)
         q, kf, vf = torch.full_like(q_ref, float("nan")), k.clone(), v.clone()
@@ -280,7 +285,8 @@ def test_fused_qkv_equals_qkv_kernel_then_dense_interpreted(case):
                     # a crowded bucket (register limit): the keys go through the KV buffer after all
                     INLINE.with_(row_keys_in_registers=True, row_maxnreg=128, row_crowded=0.0, sms=1),
                     split(16, 2, 8 if dim == 256 else 16),
-                    split(16, 2, 8 if dim == 256 else 16).with_(row_keys_in_registers=True)], window, norm, offset)
+                    split(16, 2, 8 if dim == 256 else 16).with_(row_keys_in_registers=True),
+                    INLINE.with_(row_tile=32, row_bt=32 if dim < 256 else 16)], window, norm, offset)
 
 
 @pytest.mark.gpu
@@ -296,7 +302,7 @@ def test_fused_qkv_equals_qkv_kernel_then_dense_gpu(case):
                    [shipped.with_(inline_reads=1 << 30), shipped.with_(inline_reads=0, min_chunk=32, max_chunk=32,
                                                                        partial_limit=1e9), split(16, 2),
                     limited(dim, heads // kv), shipped.with_(row_keys_in_registers=not shipped.row_keys_in_registers),
-                    shipped.with_(row_head_split=2)],
+                    shipped.with_(row_head_split=2), shipped.with_(row_tile=32, row_bt=32, row_warps=16, row_maxnreg=0)],
                    window, norm, offset)
 
 
