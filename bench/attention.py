@@ -72,6 +72,16 @@ class Case:
     floor_bytes: int
     flops: int
     used: int  # tokens that are not padding
+    batch: list = dataclasses.field(default_factory=list)  # the queries' ids
+
+    def descriptors(self, tile: int) -> dict:
+        """The batch's descriptors with attention tiles of `tile` tokens (a plan's Tuning.row_tile), on the device
+        of the case's own (`d`, packed in the default tiles)."""
+        if tile == self.packer.tiles[0]:
+            return self.d
+        buf = torch.zeros(self.packer.buffer_len(self.b, self.n), dtype=torch.long)
+        self.packer.pack(self.batch, self.n, buf, tile)
+        return unpack(buf.to(self.d["ids"].device), self.n, self.packer.n_reads(self.b), len(self.packer.prompts))
 
 
 def layouts(tok, prompts: list[dict]) -> list[PromptLayout]:
@@ -84,12 +94,11 @@ def layouts(tok, prompts: list[dict]) -> list[PromptLayout]:
     return out
 
 
-def make_case(tok, name: str, prompts: list[dict], b: int, hs: Heads, tile: int = A.TILE) -> Case:
-    """`tile`: the Packer's attention tiles (Tuning.row_tile of the tunings timed on the case)."""
+def make_case(tok, name: str, prompts: list[dict], b: int, hs: Heads) -> Case:
     lays = layouts(tok, prompts)
     pool = plan_prefixes([p.tokens.prefix_ids for p in lays], 16)
     pool_len = pool.n_slots + (-pool.n_slots) % 8
-    packer = Packer(lays, pool, pool_len, tile=tile)
+    packer = Packer(lays, pool, pool_len)
     batch = [encode_query(tok, q, 64) for q in (QUERIES * b)[:b]]
     total = sum(map(len, batch))
     tokens = next(x for x in token_buckets(BUCKETS, b) if x >= total)  # the engine's bucket
@@ -100,7 +109,7 @@ def make_case(tok, name: str, prompts: list[dict], b: int, hs: Heads, tile: int 
     flops = attention_flops([total + b * p.const_len for p in lays], packer.prefix_len.tolist()[:-1], hs.layers,
                             hs.heads, hs.dim)
     return Case(name, b, packer, d, n, tokens, pool_len, pool_len + n + (-(pool_len + n)) % 16,
-                kv_read_bytes(pool, hs.layers, hs.kv, hs.dim), flops, int((d["prompt"] < len(lays)).sum()))
+                kv_read_bytes(pool, hs.layers, hs.kv, hs.dim), flops, int((d["prompt"] < len(lays)).sum()), batch)
 
 
 def timed_ms(fn, device: str) -> float:
@@ -139,7 +148,8 @@ class Timer:
         unfused kernels over q/k/v rotated by qkv_kernels.rope_torch)."""
         c, u = self.case, self.case.used
         plan = plan_tree(c.packer, c.b, c.tokens, self.hs.heads // self.hs.kv, tuning, self.hs.kv).to(self.hs.device)
-        attn = A.TreeAttention(c.d, plan, c.pool_len, self.hs.heads, self.hs.dim, self.dtype)
+        attn = A.TreeAttention(c.descriptors(plan.tuning.row_tile), plan, c.pool_len, self.hs.heads, self.hs.dim,
+                               self.dtype)
         if self.raw is not None:  # the unfused kernels over q and this forward's K/V rotated by rope_torch
             r, err = self.raw, 0.0
             q = rope_torch(r.q, r.cos, r.sin, r.q_norm, r.eps, r.offset)

@@ -18,22 +18,16 @@ ROW_VARIANTS = {  # --variants: the row kernel's shapes (tree_plan.Tuning fields
     128: {"row keys through the KV buffer": dict(row_keys_in_registers=False), "32-key steps": dict(row_bn=32),
           "no register limit": dict(row_maxnreg=0), "register limit everywhere": dict(row_crowded=0.0),
           "query heads over 2 programs at batch 1": dict(row_head_split=2)},
-    256: {"query heads in one program (before)": dict(row_head_split=1), "row keys in registers":
-          dict(row_keys_in_registers=True), "64-key steps": dict(row_bn=64), "no register limit": dict(row_maxnreg=0)},
-}
-# tiles of 32 tokens (Tuning.row_tile): a row of 17-18 tokens is one program, not two (the second with 1-2 tokens
-# walks the whole prefix); at batch 4 on ecommerce8 the grid's busy programs then fit the SMs
-TILE_VARIANTS = {
     16: {"32-token tiles": dict(row_tile=32, row_bt=32)},  # (--smoke's tiny heads)
-    128: {"32-token tiles, 16 warps": dict(row_tile=32, row_bt=32, row_warps=16, merge_warps=16),
-          "32-token tiles in 2 passes": dict(row_tile=32, row_bt=16)},
-    256: {"32-token tiles, 16 warps": dict(row_tile=32, row_bt=32, row_warps=16, row_maxnreg=0),
-          "32-token tiles, 16 warps, one program per KV head": dict(row_tile=32, row_bt=32, row_warps=16,
-                                                                     row_maxnreg=0, row_head_split=1),
-          "32-token tiles, 8 warps": dict(row_tile=32, row_bt=32, row_maxnreg=0),
-          "32-token tiles in 2 passes": dict(row_tile=32, row_bt=16),
-          "prefixes split (two launches)": dict(inline_reads=0)},
+    256: {"query heads in one program (before)": dict(row_head_split=1), "row keys in registers":
+          dict(row_keys_in_registers=True), "64-key steps": dict(row_bn=64), "no register limit": dict(row_maxnreg=0),
+          "16-token tiles only": dict(wide_tile=0), "32-token tiles": dict(row_tile=32, row_bt=32, row_maxnreg=0)},
 }
+# the prefix walked by more programs per tile and head (Tuning.row_prefix_parts), merged by the last to finish
+for _dim in (16, 128, 256):
+    ROW_VARIANTS[_dim].update({"prefix over 1 more program": dict(row_prefix_parts=1),
+                               "prefix over 2 more programs": dict(row_prefix_parts=2),
+                               "prefix over 1 more program, 16-token tiles": dict(row_prefix_parts=1, wide_tile=0)})
 
 
 def compiled_resources(fn) -> dict:
@@ -63,13 +57,9 @@ def variant_rows(tok, device: str, smoke: bool) -> str:
         shipped = tuning_for(hs.dim, hs.heads // hs.kv, torch.device(device))
         variants = {"shipped": shipped, **{k: shipped.with_(**v) for k, v in ROW_VARIANTS.get(hs.dim, {}).items()}}
         windows = [0 if (i + 1) % 6 == 0 else 1024 for i in range(hs.layers)] if hs.dim == 256 else [0] * hs.layers
-        variants.update({k: shipped.with_(**v) for k, v in TILE_VARIANTS.get(hs.dim, {}).items()})
-        timers: dict[int, dict] = {}  # per tile size, per batch
+        timers = {b: Timer(make_case(tok, "ecommerce8", base, b, hs), hs, windows, fused) for b in (1, 2, 3, 4)}
         for what, t in variants.items():
-            if t.row_tile not in timers:
-                timers[t.row_tile] = {b: Timer(make_case(tok, "ecommerce8", base, b, hs, t.row_tile), hs, windows, fused)
-                                      for b in (1, 2, 3, 4)}
-            res = run(timers[t.row_tile], t, list(timers[t.row_tile]))
+            res = run(timers, t, list(timers))
             text += (f"| {label} | {what} | " + " | ".join(f"{res[b][0]:.3f}" for b in res) +
                      f" | {max(r[1] for r in res.values()):.4f} |\n")
             print(text.splitlines()[-1], flush=True)
@@ -97,7 +87,8 @@ def ablation_rows(tok, device: str, smoke: bool) -> str:
             tm = Timer(make_case(tok, "ecommerce8", base, b, hs), hs, windows, True)
             c = tm.case
             plan = plan_tree(c.packer, c.b, c.tokens, hs.heads // hs.kv, t, hs.kv).to(hs.device)
-            no_row = c.d["tiles"].clone().view(-1, A.TILE_FIELDS)
+            dd = c.descriptors(plan.tuning.row_tile)
+            no_row = dd["tiles"].clone().view(-1, A.TILE_FIELDS)
             no_row[:, 3] = 0
             empty = no_row.clone()
             empty[:, 1] = 0
@@ -106,10 +97,10 @@ def ablation_rows(tok, device: str, smoke: bool) -> str:
                 attn = A.TreeAttention(d, p, c.pool_len, hs.heads, hs.dim, tm.dtype)
                 return timed_ms(lambda: [attn(tm.q, tm.k[i], tm.v[i], window=w, raw=raw)
                                          for i, w in enumerate(windows)], hs.device)
-            cols = [ms(c.d, plan, tm.raw),
-                    ms(c.d, replace(plan, inline_runs=torch.zeros_like(plan.inline_runs)), tm.raw),
-                    ms({**c.d, "tiles": no_row.view(-1)}, plan, tm.raw), ms({**c.d, "tiles": empty.view(-1)}, plan, tm.raw),
-                    ms(c.d, plan, None)]
+            cols = [ms(dd, plan, tm.raw),
+                    ms(dd, replace(plan, inline_runs=torch.zeros_like(plan.inline_runs)), tm.raw),
+                    ms({**dd, "tiles": no_row.view(-1)}, plan, tm.raw), ms({**dd, "tiles": empty.view(-1)}, plan, tm.raw),
+                    ms(dd, plan, None)]
             text += f"| {label} | {b} | " + " | ".join(f"{x:.3f}" for x in cols) + " |\n"
             print(text.splitlines()[-1], flush=True)
             del tm

@@ -59,6 +59,10 @@ class Bucket:
         group = dec.n_heads // dec.n_kv
         self.tree = plan_tree(packer, b, query_tokens, group, tuning_for(dec.head_dim, group, dev), dec.n_kv).to(dev) \
             if tree else None
+        self.tile = self.tree.tuning.row_tile if self.tree is not None else packer.tiles[0]  # the plan's tiles
+        # the row kernel's counters (Tuning.row_prefix_parts): made here, outside any capture; the kernels leave them 0
+        self.counters = torch.zeros(packer.max_tiles(b, n) * dec.n_heads, dtype=torch.int32, device=dev) \
+            if tree else None
         self.slots = torch.arange(pool_len, pool_len + n, device=dev)  # where this forward's K/V go
         size, pinned = packer.buffer_len(b, n), dev.type == "cuda"
         # One host buffer per in-flight slot (SLOTS): a batch is packed, and its scores land, while the batch
@@ -78,7 +82,8 @@ class Bucket:
     def forward(self) -> torch.Tensor:
         d = unpack(self.buf, self.n_tokens, self.n_reads, len(self.packer.prompts))
         if self.tree is not None:
-            attend = TreeAttention(d, self.tree, self.pool_len, self.dec.n_heads, self.dec.head_dim, self.dec.dtype)
+            attend = TreeAttention(d, self.tree, self.pool_len, self.dec.n_heads, self.dec.head_dim, self.dec.dtype,
+                                   self.counters)
         else:
             attend = DenseAttention(lambda w: build_mask(d, self.visible, self.key_len, w, self.slot_pos), self.key_len)
         sink = self.taps.bind(d["read"], d["qrow"]) if self.taps is not None else None
@@ -92,7 +97,7 @@ class Bucket:
         return self.scores
 
     def pack(self, batch: list[list[int]], slot: int) -> None:
-        self.packer.pack(batch, self.n_tokens, self.host_np[slot])
+        self.packer.pack(batch, self.n_tokens, self.host_np[slot], self.tile)
 
     def load(self, slot: int) -> None:
         """Copy the packed slot into the static input buffers; stream-ordered after any forward before it."""
@@ -175,7 +180,8 @@ class FastEngine:
                                           self.attention == "tree", plans[b])
                             for b in range(1, max_batch + 1) for lt in token_buckets(self.query_buckets, b)}
         for lq in range(1, self.query_buckets[-1] + 1):  # a lone query's descriptors: copied, never built
-            self.packer.warm([lq], self.bucket_for([[0] * lq]).n_tokens)
+            bk = self.bucket_for([[0] * lq])
+            self.packer.warm([lq], bk.n_tokens, bk.tile)
         self.graphs = use_graphs and self.device.type == "cuda"
         self._free = list(range(SLOTS))
         self._launching = threading.Lock()

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from qcls.engine.attention import TILE, TILE_FIELDS
+from qcls.engine.attention import TILE_FIELDS, TILES
 from qcls.config import PromptSpec
 from qcls.engine.prefix_cache import PrefixPlan
 from qcls.errors import LabelSetError
@@ -98,9 +98,10 @@ class Packer:
     fills in the ids and shifts row/token offsets."""
 
     def __init__(self, prompts: list[PromptLayout], pool: PrefixPlan, pool_len: int, max_query: int = 64,
-                 tile: int = TILE):
-        """`tile`: tokens per attention tile (tree_plan.Tuning.row_tile: the row kernel's programs)."""
-        self.prompts, self.tile = prompts, tile
+                 tiles: tuple[int, ...] = TILES):
+        """`tiles`: the sizes (tokens) of attention tiles a batch can be packed in, the first the default (a bucket's
+        tree plan picks one: Tuning.row_tile, the row kernel's programs)."""
+        self.prompts, self.tiles = prompts, tuple(tiles)
         self.pool, self.pool_len = pool, pool_len
         # Which pool slots each prompt sees; the extra last row (seen by pads) sees none.
         self.visible = torch.zeros(len(prompts) + 1, pool_len, dtype=torch.bool)
@@ -116,7 +117,7 @@ class Packer:
         self.const = sum(p.const_len for p in prompts)
         self.reads_per_query = sum(len(p.read_slots) for p in prompts)
         # every query length, at start-up: nothing is built on a first request
-        self._templates = {lq: _QueryTemplate.build(prompts, lq, tile) for lq in range(1, max_query + 1)}
+        self._templates = {lq: _QueryTemplate.build(prompts, lq, self.tiles) for lq in range(1, max_query + 1)}
         self._permanent: dict[tuple[int, ...], tuple[np.ndarray, list[np.ndarray]]] = {}
         self._recent: dict[tuple[int, ...], tuple[np.ndarray, list[np.ndarray]]] = {}
 
@@ -127,8 +128,8 @@ class Packer:
         return b * self.reads_per_query
 
     def max_tiles(self, b: int, n: int) -> int:
-        """Attention tiles (≤ `tile` tokens of one row) any batch of b queries in n tokens can need."""
-        return n // self.tile + b * len(self.prompts) + 2
+        """Attention tiles (≤ `tile` tokens of one row, any of `tiles`) any batch of b queries in n tokens can need."""
+        return n // min(self.tiles) + b * len(self.prompts) + 2
 
     def prompt_tokens(self, b: int, query_tokens: int) -> list[int]:
         """Per prompt: the most tokens its b rows can hold in a batch with `query_tokens` query tokens in all."""
@@ -137,18 +138,19 @@ class Packer:
     def buffer_len(self, b: int, n: int) -> int:
         return (len(FIELDS) + 1) * n + len(self.prompts) + 1 + self.n_reads(b) + TILE_FIELDS * self.max_tiles(b, n)
 
-    def pack(self, batch: list[list[int]], n: int, out: np.ndarray | torch.Tensor) -> None:
+    def pack(self, batch: list[list[int]], n: int, out: np.ndarray | torch.Tensor, tile: int | None = None) -> None:
         """Write descriptors for `batch` into `out` (int64, buffer_len; a CPU tensor or its numpy view): FIELDS ×
-        n, qtok (n), qstart (P + 1), read indices, tiles.
+        n, qtok (n), qstart (P + 1), read indices, tiles (of `tile` tokens, default the first of `tiles`).
 
         Everything but the query ids depends only on the queries' lengths and n: the buffer for those lengths
         is built once (`layout`) and kept, so a request copies it and writes its ids (issue 27: the build took
         0.1 ms at batch 1 on an H100 host). Batch-1 layouts of every length are built at start-up (`warm`);
         layouts of larger batches are kept for the last LAYOUTS_KEPT length combinations."""
-        key = (n, *map(len, batch))
+        tile = tile or self.tiles[0]
+        key = (n, tile, *map(len, batch))
         hit = self._permanent.get(key) or self._recent.get(key)
         if hit is None:
-            hit = self.layout([len(q) for q in batch], n)
+            hit = self.layout([len(q) for q in batch], n, tile)
             if len(self._recent) >= LAYOUTS_KEPT:
                 self._recent.pop(next(iter(self._recent)))
             self._recent[key] = hit
@@ -158,16 +160,20 @@ class Packer:
         for q, w in zip(batch, where):  # w [P, len(q)]: the query's ids in each prompt's row
             o[w] = q
 
-    def warm(self, lengths: list[int], n: int) -> None:
+    def warm(self, lengths: list[int], n: int, tile: int | None = None) -> None:
         """Build and keep (for good) the layout of a batch of these query lengths in an n-token bucket."""
-        self._permanent[(n, *lengths)] = self.layout(lengths, n)
+        tile = tile or self.tiles[0]
+        self._permanent[(n, tile, *lengths)] = self.layout(lengths, n, tile)
 
-    def layout(self, lengths: list[int], n: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    def layout(self, lengths: list[int], n: int, tile: int | None = None) -> tuple[np.ndarray, list[np.ndarray]]:
         """The descriptor buffer of a batch of queries of these lengths with every query id 0, and per query
         the flat indices [P, length] where its ids go. The per-length templates laid back to back, each
         shifted by its token offset (and its rows by its query index): a fixed few numpy operations per
         batch, not per query (issue 27: a batch of 4 with new lengths took 0.19 ms per-query-wise on an H100
         host)."""
+        tile = tile or self.tiles[0]
+        if tile not in self.tiles:
+            raise ValueError(f"attention tiles of {tile} tokens: the packer holds templates for {self.tiles}")
         ts = []
         for lq in lengths:
             t = self._templates.get(lq)
@@ -199,12 +205,12 @@ class Packer:
         at += n_p + 1
         flat[at:at + n_reads] = (np.stack([t.reads for t in ts]) + offs[:-1, None]).ravel()
         at += n_reads
-        tiles = np.concatenate([t.tiles for t in ts])
-        shift = np.repeat(offs[:-1], [len(t.tiles) for t in ts])
+        tiles = np.concatenate([t.tiles[tile] for t in ts])
+        shift = np.repeat(offs[:-1], [len(t.tiles[tile]) for t in ts])
         tiles[:, 0] += shift
         tiles[:, 2] += shift
-        pad_starts = np.arange(off, n, self.tile, dtype=np.int64)  # pad tiles: rows of their own, no prefix
-        cnt = np.minimum(self.tile, n - pad_starts)
+        pad_starts = np.arange(off, n, tile, dtype=np.int64)  # pad tiles: rows of their own, no prefix
+        cnt = np.minimum(tile, n - pad_starts)
         pad_tiles = np.stack([pad_starts, cnt, pad_starts, cnt, np.full_like(pad_starts, n_p)], 1)
         if len(tiles) + len(pad_tiles) > room:  # cannot happen by max_tiles' bound; checked: the kernel trusts it
             raise AssertionError(f"{len(tiles) + len(pad_tiles)} attention tiles, room for {room}")
@@ -230,7 +236,7 @@ class _QueryTemplate:
     cols: np.ndarray  # [len(FIELDS), tokens]
     query_at: np.ndarray  # token indices where the query's ids go, prompt after prompt
     reads: np.ndarray  # read token indices
-    tiles: np.ndarray  # [tiles, TILE_FIELDS]
+    tiles: dict[int, np.ndarray]  # per tile size: [tiles, TILE_FIELDS]
     row_start: np.ndarray  # per prompt: its row's first token
     row_len: np.ndarray
     is_query: np.ndarray = field(init=False)  # 1 at the query's tokens (their qrow is a row), else 0
@@ -239,9 +245,10 @@ class _QueryTemplate:
         self.is_query = (self.cols[QROW] >= 0).astype(np.int64)
 
     @staticmethod
-    def build(prompts: list[PromptLayout], lq: int, tile: int = TILE) -> "_QueryTemplate":
+    def build(prompts: list[PromptLayout], lq: int, sizes: tuple[int, ...] = TILES) -> "_QueryTemplate":
         cols: dict[str, list[int]] = {f: [] for f in FIELDS}
-        query_at, reads, tiles, row_start, row_lens = [], [], [], [], []
+        query_at, reads, row_start, row_lens = [], [], [], []
+        tiles: dict[int, list] = {t: [] for t in sizes}
         for p, pl in enumerate(prompts):
             start = len(cols["ids"])
             lp, suf = len(pl.tokens.prefix_ids), pl.tokens.suffix_ids
@@ -259,10 +266,11 @@ class _QueryTemplate:
             cols["prompt"] += [p] * row_len
             cols["qrow"] += [p] * lq + [-1] * (row_len - lq)
             reads += [start + seq_len - 1 if s < 0 else start + seq_len + s for s in pl.read_slots]
-            tiles += [[start + t, min(tile, row_len - t), start, row_len, p] for t in range(0, row_len, tile)]
+            for size, rows in tiles.items():
+                rows += [[start + t, min(size, row_len - t), start, row_len, p] for t in range(0, row_len, size)]
         arr = np.array([cols[f] for f in FIELDS], dtype=np.int64)
         return _QueryTemplate(arr, np.array(query_at, dtype=np.int64), np.array(reads, dtype=np.int64),
-                              np.array(tiles, dtype=np.int64).reshape(-1, TILE_FIELDS),
+                              {k: np.array(v, dtype=np.int64).reshape(-1, TILE_FIELDS) for k, v in tiles.items()},
                               np.array(row_start, dtype=np.int64), np.array(row_lens, dtype=np.int64))
 
 

@@ -53,7 +53,7 @@ class Tuning:
     bn: int = 32  # prefix kernel: keys per step
     warps: int = 4
     stages: int = 2  # software pipelining of the key loads (sm_80+)
-    row_tile: int = TILE  # row kernel: tokens per program (the Packer's tiles: Packer(tile=))
+    row_tile: int = TILE  # row kernel: tokens per program (the tiles the Packer writes: Packer.pack(tile=))
     row_bt: int = 16  # row kernel: tokens per pass (divides row_tile)
     row_bn: int = 32  # row kernel: keys per step
     row_warps: int = 4
@@ -68,6 +68,12 @@ class Tuning:
     # per prompt and KV head then merges every partial state of its tile, and more warps share that work
     row_keys_in_registers: bool = False  # fused q/k/v: the row kernel rotates its row's keys in registers at each
     # step; otherwise it writes them to the KV buffer first and reads them back after a barrier (tree_kernels.py)
+    wide_tile: int = 0  # row kernel, buckets its row_tile crowds (more programs than SMs) where tiles of this many
+    # tokens fit one program per SM: those tiles, in one pass, without a register limit (0: never). A row a token
+    # longer than row_tile is then one program, not two that each walk the whole prefix
+    row_prefix_parts: int = 0  # row kernel, prefixes walked inline, one pass per tile: the prefix walked by this
+    # many more programs per tile and head (each every that-many-th key step), the row's own keys by the first; the
+    # last of them to finish merges the partial states (tree_kernels._last_merges). 0: one program walks it all
     unmasked: bool = False  # prefix kernel: whole key steps without masks, then a masked last step (sm_80+: on
     # sm_75 the second copy of the step spills registers)
 
@@ -99,7 +105,10 @@ TUNING: dict[int, Tuning] = {
     # batches 1-3 unchanged without the limit (0.44-0.47; with it 0.52-0.72) (same run)
     # row_head_split=2 (batch 1 only): Gemma3-4B 0.443 → 0.365 ms; at batches 2-4 it was slower (0.453 → 0.470,
     # 0.452 → 0.499, 0.719 → 0.754); Qwen3-4B slower at every batch (0.334 → 0.398 at batch 1) (H100, 2026-11-26)
-    256: Tuning(bn=32, row_warps=8, row_stages=2, row_maxnreg=96, row_crowded=1.0, row_head_split=2),
+    # wide_tile=32: Gemma3-4B batch 4 (140 busy programs of 16-token tiles on 132 SMs, 128 of 32-token ones) 0.720 →
+    # 0.556 ms; where 16-token tiles do not crowd the SMs, 32-token ones were slower (batch 2-3: 0.45 → 0.54) (H100,
+    # 2026-11-26, e5218ff, bench/attention.py --variants, bench/RESULTS.md)
+    256: Tuning(bn=32, row_warps=8, row_stages=2, row_maxnreg=96, row_crowded=1.0, row_head_split=2, wide_tile=32),
 }
 
 
@@ -141,6 +150,16 @@ def crowded(tuning: Tuning, prompt_tokens: list[int], b: int, kv_heads: int) -> 
             row_programs(prompt_tokens, b, kv_heads, tuning.row_tile) > tuning.row_crowded * tuning.sms:
         return tuning.with_(row_keys_in_registers=False)
     return tuning.with_(row_maxnreg=0)
+
+
+def widened(tuning: Tuning, prompt_tokens: list[int], b: int, kv_heads: int) -> Tuning:
+    """The tuning with Tuning.wide_tile's tiles where the bucket's row_tile crowds the SMs and they do not (b > 1,
+    one KV head per program: head_split's batch-1 grid is the other way to use the SMs)."""
+    w = tuning.wide_tile
+    if not (w and tuning.sms and b > 1) or row_programs(prompt_tokens, b, kv_heads, tuning.row_tile) <= tuning.sms or \
+            row_programs(prompt_tokens, b, kv_heads, w) > tuning.sms:
+        return tuning
+    return tuning.with_(row_tile=w, row_bt=w, row_maxnreg=0)
 
 
 @dataclass
@@ -239,16 +258,18 @@ def inline_reads(prefix_len: list[int], prompt_tokens: list[int], b: int, tile: 
 def plan_tree(packer: "Packer", b: int, query_tokens: int, group: int, tuning: Tuning, kv_heads: int = 0) -> TreePlan:
     """The plan of the bucket of b queries with `query_tokens` query tokens in all, for a model whose
     `kv_heads` KV heads each serve `group` query heads (kv_heads 0: no bucket counts as crowded)."""
-    if packer.tile != tuning.row_tile or tuning.row_tile % tuning.row_bt:
-        raise ValueError(f"the row kernel's tiles: the Packer writes {packer.tile} tokens, the tuning reads "
-                         f"{tuning.row_tile} in passes of {tuning.row_bt} (Packer(tile=Tuning.row_tile))")
     order, prefix_len = packer.order, packer.prefix_len
     zeros = torch.zeros(len(order) + 1, dtype=torch.long)
     runs, n_runs = prefix_runs(packer.pool)
     prompt_tokens = packer.prompt_tokens(b, query_tokens)
     if b > 1:  # (Tuning.row_head_split: batch-1 buckets only)
         tuning = tuning.with_(row_head_split=1)
-    tuning = crowded(tuning, prompt_tokens, b, kv_heads * head_split(tuning, group))
+    tuning = crowded(widened(tuning, prompt_tokens, b, kv_heads), prompt_tokens, b, kv_heads * head_split(tuning, group))
+    if tuning.row_tile not in packer.tiles or tuning.row_tile % tuning.row_bt:
+        raise ValueError(f"the row kernel's tiles of {tuning.row_tile} tokens in passes of {tuning.row_bt}: the "
+                         f"Packer writes tiles of {packer.tiles}")
+    if tuning.row_prefix_parts and tuning.row_tile != tuning.row_bt:  # (the parts' states: one pass per program)
+        tuning = tuning.with_(row_prefix_parts=0)
     if inline_reads(prefix_len.tolist(), prompt_tokens, b, tuning.row_tile) <= tuning.inline_reads:
         return TreePlan(tuning, torch.zeros(0, WORK_FIELDS, dtype=torch.long), zeros, n_runs, runs, 0)
     tokens_in = [0]
@@ -269,6 +290,7 @@ def plan_tree(packer: "Packer", b: int, query_tokens: int, group: int, tuning: T
         blocks = -(-(tokens_in[c.hi] - tokens_in[c.lo]) // tuning.bq)
         work += [[c.slot, c.keys, c.pos, c.split, c.lo, c.hi, j] for j in range(0, blocks, tuning.qb)]
     splits = torch.tensor(n_splits + [0], dtype=torch.long)
+    tuning = tuning.with_(row_prefix_parts=0)  # the prefix kernel walks the prefixes
     if b == 1 and tuning.merge_warps:
         tuning = tuning.with_(row_warps=tuning.merge_warps)
     return TreePlan(tuning, torch.tensor(work, dtype=torch.long).reshape(-1, WORK_FIELDS), splits, zeros, runs,

@@ -75,12 +75,12 @@ def _packed(device, prompts, batch, seed, tile=A.TILE):
     rng = random.Random(seed)
     pool = plan_prefixes([p.tokens.prefix_ids for p in prompts], 16)
     pool_len = pool.n_slots + (-pool.n_slots) % 8
-    packer = Packer(prompts, pool, pool_len, tile=tile)
+    packer = Packer(prompts, pool, pool_len)
     queries = [[rng.randrange(1000) for _ in range(rng.randrange(1, 20))] for _ in range(batch)]
     total = sum(map(len, queries))
     n = packer.n_tokens(batch, total) + rng.randrange(0, 40)
     buf = torch.zeros(packer.buffer_len(batch, n), dtype=torch.long)
-    packer.pack(queries, n, buf)
+    packer.pack(queries, n, buf, tile)
     d = unpack(buf.to(device), n, packer.n_reads(batch), len(prompts))
     return packer, pool_len, d, n, total, pool_len + n + (-(pool_len + n)) % 16
 
@@ -104,6 +104,7 @@ def _compare(device, dtype, heads, kv_heads, head_dim, prompts, batch, seed, tol
         tree.out.fill_(float("nan"))
         got = tree(q, k, v, window=window).clone()
         assert torch.isfinite(got).all()  # pads too: they are never read but must not poison anything
+        assert not tree.counters.any()  # (row_prefix_parts) every program counted in, the last put them back to 0
         err = (got[:used].float() - dense[:used].float()).abs().max().item()
         assert err <= tol, f"{tuning}: max |Δ| {err} against dense"
         outs.append((plan, got))
@@ -132,7 +133,9 @@ def test_tree_attention_equals_dense_interpreted(case):
                   # merging split prefixes
                   INLINE.with_(row_head_split=2), split(16, 2).with_(row_head_split=4),
                   # tiles of 32 tokens (Tuning.row_tile): in one pass, and in two passes merging split prefixes
-                  INLINE.with_(row_tile=32, row_bt=32), split(16, 2).with_(row_tile=32, row_head_split=2)])
+                  INLINE.with_(row_tile=32, row_bt=32), split(16, 2).with_(row_tile=32, row_head_split=2),
+                  # the prefix walked by 1 and 3 more programs per tile, merged by the last to finish
+                  INLINE.with_(row_prefix_parts=1), INLINE.with_(row_prefix_parts=3, row_head_split=2)])
 
 
 SPLIT_CASES = [  # heads, kv heads, head_dim, batch, window, chunk, query blocks per program, row pass tokens
@@ -155,7 +158,8 @@ def test_split_prefix_equals_unsplit_and_dense_interpreted(case):
     prompts = _chunky_prompts(random.Random(batch))
     (plan_s, got_s), (plan_u, got_u), (plan_i, got_i) = _compare(
         "cpu", torch.float32, heads, kv, dim, prompts, batch, batch, 1e-4,
-        [split(chunk, qb, row_bt), split(chunk, qb, row_bt, unmasked=True), INLINE.with_(row_bt=row_bt)], window)
+        [split(chunk, qb, row_bt), split(chunk, qb, row_bt, unmasked=True), INLINE.with_(row_bt=row_bt),
+         INLINE.with_(row_prefix_parts=2)], window)[:3]
     assert plan_s.work.shape[0] and plan_s.max_splits == -(-65 // chunk) and not plan_i.work.shape[0]
     assert (got_s - got_i).abs().max().item() <= 1e-5 and (got_u - got_i).abs().max().item() <= 1e-5
 
@@ -171,7 +175,9 @@ def test_tree_attention_equals_dense_gpu(case):
         _compare("cuda", torch.float16, heads, kv, dim, prompts, batch, seed, 2e-3,
                  [INLINE, split(16, 2), limited(dim, heads // kv), INLINE.with_(row_head_split=2),
                   tuning_for(dim, heads // kv, torch.device("cuda")).with_(row_head_split=2),
-                  INLINE.with_(row_tile=32, row_bt=32), INLINE.with_(row_tile=32, row_bt=32, row_warps=16)])
+                  INLINE.with_(row_tile=32, row_bt=32), INLINE.with_(row_tile=32, row_bt=32, row_warps=16),
+                  INLINE.with_(row_prefix_parts=1), INLINE.with_(row_prefix_parts=2, row_head_split=2),
+                  tuning_for(dim, heads // kv, torch.device("cuda")).with_(row_prefix_parts=1)])
 
 
 def test_turing_shapes_fit_its_registers(monkeypatch):
@@ -252,7 +258,7 @@ def _compare_fused(device, dtype, heads, kv_heads, head_dim, prompts, batch, see
         q, kf, vf = torch.full_like(q_ref, float("nan")), k.clone(), v.clone()
         raw = A.RawQKV(qr, kr, vr, cos[pos], sin[pos], qw, kw, 1e-6, offset)
         got = tree(q, kf, vf, window=window, raw=raw).clone()
-        assert torch.isfinite(got).all()
+        assert torch.isfinite(got).all() and not tree.counters.any()
         err = (got[:used].float() - dense[:used].float()).abs().max().item()
         assert err <= tol, f"{tuning}: max |Δ| {err} against the q/k/v kernel + dense"
         assert torch.isnan(q).all()  # the query buffer is neither written nor needed
@@ -286,7 +292,8 @@ def test_fused_qkv_equals_qkv_kernel_then_dense_interpreted(case):
                     INLINE.with_(row_keys_in_registers=True, row_maxnreg=128, row_crowded=0.0, sms=1),
                     split(16, 2, 8 if dim == 256 else 16),
                     split(16, 2, 8 if dim == 256 else 16).with_(row_keys_in_registers=True),
-                    INLINE.with_(row_tile=32, row_bt=32 if dim < 256 else 16)], window, norm, offset)
+                    INLINE.with_(row_tile=32, row_bt=32 if dim < 256 else 16),
+                    INLINE.with_(row_prefix_parts=2, row_bt=8 if dim == 256 else 16)], window, norm, offset)
 
 
 @pytest.mark.gpu
@@ -302,7 +309,9 @@ def test_fused_qkv_equals_qkv_kernel_then_dense_gpu(case):
                    [shipped.with_(inline_reads=1 << 30), shipped.with_(inline_reads=0, min_chunk=32, max_chunk=32,
                                                                        partial_limit=1e9), split(16, 2),
                     limited(dim, heads // kv), shipped.with_(row_keys_in_registers=not shipped.row_keys_in_registers),
-                    shipped.with_(row_head_split=2), shipped.with_(row_tile=32, row_bt=32, row_warps=16, row_maxnreg=0)],
+                    shipped.with_(row_head_split=2), shipped.with_(row_tile=32, row_bt=32, row_warps=16, row_maxnreg=0),
+                    shipped.with_(inline_reads=1 << 30, row_prefix_parts=1),
+                    shipped.with_(inline_reads=1 << 30, row_prefix_parts=2, row_head_split=2)],
                    window, norm, offset)
 
 

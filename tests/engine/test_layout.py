@@ -126,12 +126,13 @@ def test_kept_layouts_give_the_buffer_a_fresh_packer_gives():
         L.LAYOUTS_KEPT = old
 
 
-def _reference_layout(packer, lengths, n):
+def _reference_layout(packer, lengths, n, tile):
     """The layout built query by query (qcls before issue 27's vectorised build): each template copied,
-    shifted and concatenated in turn. The slow, obvious version the packer's layout must equal."""
+    shifted and concatenated in turn, its rows cut into tiles of `tile` tokens here. The slow, obvious version
+    the packer's layout must equal."""
     import numpy as np
 
-    from qcls.engine.attention import TILE, TILE_FIELDS
+    from qcls.engine.attention import TILE_FIELDS
     from qcls.engine.layout import FIELDS, QROW
     n_p = len(packer.prompts)
     cols, reads, tiles, row_start, row_len, where, off = [], [], [], [], [], [], 0
@@ -143,10 +144,9 @@ def _reference_layout(packer, lengths, n):
         c[QROW, t.query_at] += qi * n_p
         cols.append(c)
         reads.append(t.reads + off)
-        tl = t.tiles.copy()
-        tl[:, 0] += off
-        tl[:, 2] += off
-        tiles.append(tl)
+        for p, (start, length) in enumerate(zip(t.row_start + off, t.row_len)):
+            for first in range(0, length, tile):
+                tiles.append(np.array([[start + first, min(tile, length - first), start, length, p]]))
         row_start.append(t.row_start + off)
         row_len.append(t.row_len)
         off += c.shape[1]
@@ -157,8 +157,8 @@ def _reference_layout(packer, lengths, n):
     pads[6] = n_p
     pads[QROW] = -1
     cols.append(pads)
-    starts = np.arange(off, n, TILE, dtype=np.int64)
-    cnt = np.minimum(TILE, n - starts)
+    starts = np.arange(off, n, tile, dtype=np.int64)
+    cnt = np.minimum(tile, n - starts)
     tiles.append(np.stack([starts, cnt, starts, cnt, np.full_like(starts, n_p)], 1))
     tiles_all = np.concatenate(tiles)
     room = packer.max_tiles(len(lengths), n)
@@ -171,7 +171,7 @@ def _reference_layout(packer, lengths, n):
 def test_layout_equals_the_query_by_query_build():
     """The vectorised layout (every template laid at once) against the query-by-query build, on random
     prompts (multi-token tries, rows longer than one tile, one prompt without a prefix) and random batches of
-    1-6 queries of 1-40 tokens, with and without padding."""
+    1-6 queries of 1-40 tokens, with and without padding, in tiles of either size the packer holds."""
     import random
 
     import numpy as np
@@ -183,11 +183,13 @@ def test_layout_equals_the_query_by_query_build():
                for _ in range(5)]
     pool = plan_prefixes([p.tokens.prefix_ids for p in prompts], 4)
     packer = Packer(prompts, pool, pool_len=pool.n_slots + (-pool.n_slots) % 8, max_query=40)
+    assert packer.tiles == (16, 32)
     for _ in range(60):
         lengths = [rng.randrange(1, 41) for _ in range(rng.randrange(1, 7))]
         n = packer.n_tokens(len(lengths), sum(lengths)) + rng.choice([0, 1, 17, 40])
-        got, got_where = packer.layout(lengths, n)
-        want, want_where = _reference_layout(packer, lengths, n)
+        tile = rng.choice(packer.tiles)
+        got, got_where = packer.layout(lengths, n, tile)
+        want, want_where = _reference_layout(packer, lengths, n, tile)
         assert got.shape == want.shape == (packer.buffer_len(len(lengths), n),)
         np.testing.assert_array_equal(got, want)
         assert len(got_where) == len(want_where)

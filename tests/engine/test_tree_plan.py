@@ -1,9 +1,12 @@
 """The tree kernels' per-bucket plan: prefix chunks, the prompts that see each, work items."""
 from __future__ import annotations
 
+import pytest
+
 from qcls.engine.layout import Packer
 from qcls.engine.prefix_cache import plan_prefixes
-from qcls.engine.tree_plan import Tuning, crowded, head_split, inline_reads, plan_chunks, plan_tree, prefix_runs, row_programs, tuning_for
+from qcls.engine.tree_plan import (Tuning, crowded, head_split, inline_reads, plan_chunks, plan_tree, prefix_runs,
+                                   row_programs, tuning_for, widened)
 from tests.engine.test_layout import _layout
 
 HEADER = tuple(range(100, 140))  # 40 tokens: two full shared blocks of 16, then 8 in a mixed block
@@ -144,3 +147,25 @@ def test_register_limit_only_in_crowded_buckets():
     assert plan_tree(packer, 4, 64, 4, t.with_(sms=programs // 2 - 1), 8).tuning.row_maxnreg == 168
     assert plan_tree(packer, 4, 64, 4, t.with_(sms=programs // 2), 8).tuning.row_maxnreg == 0
     assert tuning_for(128, 4).sms == 0 and tuning_for(128, 4).row_maxnreg  # no device: the limit, never applied
+
+
+def test_wide_tiles_only_where_the_narrow_ones_crowd_the_sms_and_the_wide_fit():
+    # rows of ⌈76 / 4⌉ = 19 tokens: 2 tiles of 16 each, 1 of 32; 2 prompts × 4 rows × 2 KV heads
+    t = Tuning(row_maxnreg=96, row_crowded=1.0, wide_tile=32, sms=20)
+    assert row_programs([76, 76], 4, 2) == 32 and row_programs([76, 76], 4, 2, 32) == 16
+    w = widened(t, [76, 76], 4, 2)  # 32 programs > 20 SMs, 16 ≤ 20: one pass of 32 tokens, no register limit
+    assert (w.row_tile, w.row_bt, w.row_maxnreg) == (32, 32, 0)
+    assert widened(t.with_(sms=40), [76, 76], 4, 2) == t.with_(sms=40)  # 32 programs fit 40 SMs: not crowded
+    assert widened(t.with_(sms=15), [76, 76], 4, 2) == t.with_(sms=15)  # 16 wide ones would not fit 15 either
+    assert widened(t.with_(wide_tile=0), [76, 76], 4, 2).row_tile == 16  # off
+    assert widened(t.with_(sms=0), [76, 76], 4, 2).row_tile == 16  # SMs unknown (CPU)
+    assert widened(t, [76, 76], 1, 8).row_tile == 16  # batch 1: the head split's business
+    packer = _packer([(3,) * 40, (4,) * 40])
+    tokens = packer.prompt_tokens(4, 64)
+    sms = row_programs(tokens, 4, 2) - 1
+    assert row_programs(tokens, 4, 2, 32) <= sms
+    plan = plan_tree(packer, 4, 64, 4, t.with_(sms=sms), 2)
+    assert (plan.tuning.row_tile, plan.tuning.row_maxnreg) == (32, 0)
+    assert plan_tree(packer, 4, 64, 4, t.with_(sms=sms + 1), 2).tuning.row_tile == 16
+    with pytest.raises(ValueError, match="tiles of 64 tokens"):  # a tile the Packer holds no templates for
+        plan_tree(packer, 4, 64, 4, Tuning(row_tile=64, row_bt=16), 2)
