@@ -285,7 +285,7 @@ if triton is not None:
         # 1b. or the prompt's cached prefix walked here, run by run of contiguous slots (addresses from the loop
         # index, not from a slot table: no dependent load per step): every key visible (within the window). PP > 0:
         # parts 1 … PP each take every PP-th step, counted along the whole prefix (`done`: steps of the runs before)
-        done = 0
+        done = nrun * 0  # (int64, as the table it counts)
         for r in range(0, nrun if PP == 0 else tl.where(z > 0, nrun, 0)):
             rp = runs_ptr + prompt * runs_stride + r * _RUN
             slot0 = tl.load(rp)
