@@ -23,11 +23,6 @@ ROW_VARIANTS = {  # --variants: the row kernel's shapes (tree_plan.Tuning fields
           dict(row_keys_in_registers=True), "64-key steps": dict(row_bn=64), "no register limit": dict(row_maxnreg=0),
           "16-token tiles only": dict(wide_tile=0), "32-token tiles": dict(row_tile=32, row_bt=32, row_maxnreg=0)},
 }
-# the prefix walked by more programs per tile and head (Tuning.row_prefix_parts), merged by the last to finish
-for _dim in (16, 128, 256):
-    ROW_VARIANTS[_dim].update({"prefix over 1 more program": dict(row_prefix_parts=1),
-                               "prefix over 2 more programs": dict(row_prefix_parts=2),
-                               "prefix over 1 more program, 16-token tiles": dict(row_prefix_parts=1, wide_tile=0)})
 
 
 def compiled_resources(fn) -> dict:

@@ -116,17 +116,9 @@ class TreeAttention:
     fuses_qkv = True
 
     def __init__(self, d: dict[str, torch.Tensor], plan: TreePlan, pool_len: int, heads: int, head_dim: int,
-                 dtype: torch.dtype, counters: torch.Tensor | None = None):
-        """`counters`: int32 zeros, one per tile and query head (Tuning.row_prefix_parts: the kernels leave them
-        zero), kept by the caller across forwards (made here when None: not inside a graph capture)."""
+                 dtype: torch.dtype):
         self.d, self.plan, self.pool_len = d, plan, pool_len
         n, dev = d["ids"].shape[0], d["ids"].device
-        self.n_tiles = d["tiles"].shape[0] // TILE_FIELDS
-        if counters is None:
-            counters = torch.zeros(self.n_tiles * heads, dtype=torch.int32, device=dev)
-        if counters.numel() < self.n_tiles * heads:
-            raise ValueError(f"{counters.numel()} counters for {self.n_tiles} tiles × {heads} heads")
-        self.counters, self.parts = counters, None
         self.out = torch.empty(n, heads * head_dim, dtype=dtype, device=dev)
         rows = n if plan.max_splits else 1  # no split prefix: a placeholder (never a null pointer), never read
         self.part = torch.empty(max(plan.max_splits, 1), rows, heads, head_dim, dtype=torch.float32, device=dev)
@@ -160,18 +152,12 @@ class TreeAttention:
                 G=g, GP=gp, D=d, BQ=t.bq, BN=t.bn, QB=t.qb, WINDOW=window > 0, UNMASKED=t.unmasked, **fused,
                 num_warps=t.warps, num_stages=t.stages)
         hs = head_split(t, g)  # the row kernel's programs per KV head and tile
-        gp, pp = triton.next_power_of_2(g // hs), t.row_prefix_parts
-        if self.parts is None:  # the parts' partial states (row_prefix_parts): tiles × programs × parts × vectors
-            rows = self.n_tiles * nkv * hs * (pp + 1) * t.row_bt * gp if pp else 1
-            self.parts = (torch.empty(rows, d, dtype=torch.float32, device=q.device),
-                          torch.empty(rows, 2, dtype=torch.float32, device=q.device))
-        K.row_kernel[(self.n_tiles, nkv * hs, pp + 1)](
+        K.row_kernel[(ds["tiles"].shape[0] // TILE_FIELDS, nkv * hs)](
             q, k, v, self.out, ds["seq"], ds["anc"], ds["tslot"], ds["pos"], ds["tiles"], plan.runs,
-            plan.inline_runs, plan.n_splits, self.part, self.ml, qr, kr, vr, cos, sin, qw, kw, self.counters,
-            *self.parts, self.pool_len,
+            plan.inline_runs, plan.n_splits, self.part, self.ml, qr, kr, vr, cos, sin, qw, kw, self.pool_len,
             plan.runs.stride(0), q.stride(0), q.stride(1), self.out.stride(0), k.stride(0), split_stride, qr_s0,
             kr_s0, kr_s0, nh, scale, window, eps,
-            G=g // hs, GP=gp, D=d, TILE=t.row_tile, BT=t.row_bt, BN=t.row_bn,
-            WINDOW=window > 0, **fused, KEYS_REG=t.row_keys_in_registers, HS=hs, PP=pp,
+            G=g // hs, GP=triton.next_power_of_2(g // hs), D=d, TILE=t.row_tile, BT=t.row_bt, BN=t.row_bn,
+            WINDOW=window > 0, **fused, KEYS_REG=t.row_keys_in_registers, HS=hs,
             num_warps=t.row_warps, num_stages=t.row_stages, **({"maxnreg": t.row_maxnreg} if t.row_maxnreg else {}))
         return self.out

@@ -60,9 +60,6 @@ class Bucket:
         self.tree = plan_tree(packer, b, query_tokens, group, tuning_for(dec.head_dim, group, dev), dec.n_kv).to(dev) \
             if tree else None
         self.tile = self.tree.tuning.row_tile if self.tree is not None else packer.tiles[0]  # the plan's tiles
-        # the row kernel's counters (Tuning.row_prefix_parts): made here, outside any capture; the kernels leave them 0
-        self.counters = torch.zeros(packer.max_tiles(b, n) * dec.n_heads, dtype=torch.int32, device=dev) \
-            if tree else None
         self.slots = torch.arange(pool_len, pool_len + n, device=dev)  # where this forward's K/V go
         size, pinned = packer.buffer_len(b, n), dev.type == "cuda"
         # One host buffer per in-flight slot (SLOTS): a batch is packed, and its scores land, while the batch
@@ -82,8 +79,7 @@ class Bucket:
     def forward(self) -> torch.Tensor:
         d = unpack(self.buf, self.n_tokens, self.n_reads, len(self.packer.prompts))
         if self.tree is not None:
-            attend = TreeAttention(d, self.tree, self.pool_len, self.dec.n_heads, self.dec.head_dim, self.dec.dtype,
-                                   self.counters)
+            attend = TreeAttention(d, self.tree, self.pool_len, self.dec.n_heads, self.dec.head_dim, self.dec.dtype)
         else:
             attend = DenseAttention(lambda w: build_mask(d, self.visible, self.key_len, w, self.slot_pos), self.key_len)
         sink = self.taps.bind(d["read"], d["qrow"]) if self.taps is not None else None

@@ -208,16 +208,14 @@ if triton is not None:
     @triton.jit
     def row_kernel(q_ptr, k_ptr, v_ptr, o_ptr, seq_ptr, anc_ptr, tslot_ptr, pos_ptr, tiles_ptr, runs_ptr,
                    nrun_ptr, nsplit_ptr, part_ptr, ml_ptr, qr_ptr, kr_ptr, vr_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr,
-                   cnt_ptr, pp_ptr, pml_ptr,
                    pool_len, runs_stride, q_s0, q_s1, o_s0, kv_s_head, part_s_split, qr_s0, kr_s0, vr_s0, n_heads,
                    scale, window, eps,
                    G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, TILE: tl.constexpr, BT: tl.constexpr,
                    BN: tl.constexpr, WINDOW: tl.constexpr, FUSED: tl.constexpr, HAS_NORM: tl.constexpr,
-                   OFFSET: tl.constexpr, KEYS_REG: tl.constexpr, HS: tl.constexpr, PP: tl.constexpr):
+                   OFFSET: tl.constexpr, KEYS_REG: tl.constexpr, HS: tl.constexpr):
         tile = tl.program_id(0)
         hq = tl.program_id(1)  # its query heads are hq·G … hq·G+G-1 (G: the group's heads / HS)
         h = hq // HS  # their KV head
-        z = tl.program_id(2) if PP > 0 else 0  # PP > 0: 0 the row's own keys, 1 … PP every PP-th prefix step
         t0 = tl.load(tiles_ptr + tile * 5)
         cnt = tl.load(tiles_ptr + tile * 5 + 1)
         r0 = tl.load(tiles_ptr + tile * 5 + 2)
@@ -225,10 +223,9 @@ if triton is not None:
         prompt = tl.load(tiles_ptr + tile * 5 + 4)
         nrun = tl.load(nrun_ptr + prompt)  # prefix runs walked here (0 when the prefix kernel did it)
         nsplit = tl.load(nsplit_ptr + prompt)  # partial states the prefix kernel left for this prompt
-        if FUSED and not KEYS_REG:  # (PP > 0: only part 0 reads the row's keys)
+        if FUSED and not KEYS_REG:
             _row_keys(k_ptr + h * kv_s_head, v_ptr + h * kv_s_head, kr_ptr + h * D, vr_ptr + h * D, cos_ptr, sin_ptr,
-                      kw_ptr, r0, rlen if PP == 0 else tl.where(z == 0, rlen, 0), pool_len, kr_s0, vr_s0, eps, D, BN,
-                      HAS_NORM, OFFSET)
+                      kw_ptr, r0, rlen, pool_len, kr_s0, vr_s0, eps, D, BN, HAS_NORM, OFFSET)
         # BT < TILE where a whole tile's query vectors would not fit the registers (d=256 on sm_75)
         for sub in tl.static_range(TILE // BT):
             if sub * BT < cnt:  # unused tiles (count 0) do nothing
@@ -236,20 +233,17 @@ if triton is not None:
                           part_ptr, t0 + sub * BT, cnt - sub * BT, r0, rlen, prompt, nrun, nsplit, pool_len,
                           runs_stride, q_s0, q_s1, o_s0, kv_s_head, part_s_split, n_heads, scale, window, h, hq,
                           qr_ptr, kr_ptr + h * D, vr_ptr + h * D, cos_ptr, sin_ptr, qw_ptr, kw_ptr, qr_s0, kr_s0, vr_s0,
-                          eps, z, cnt_ptr + tile * tl.num_programs(1) + hq, pp_ptr, pml_ptr,
-                          (tile * tl.num_programs(1) + hq) * (PP + 1), G, GP, D, BT, BN, WINDOW, FUSED, HAS_NORM,
-                          OFFSET, KEYS_REG, PP)
+                          eps, G, GP, D, BT, BN, WINDOW, FUSED, HAS_NORM, OFFSET, KEYS_REG)
 
     @triton.jit
     def _row_part(q_ptr, k_ptr, v_ptr, o_ptr, seq_ptr, anc_ptr, tslot_ptr, pos_ptr, runs_ptr, ml_ptr, part_ptr,
                   t0, cnt, r0, rlen, prompt, nrun, nsplit, pool_len, runs_stride, q_s0, q_s1, o_s0, kv_s_head,
                   part_s_split, n_heads, scale, window, h, hq, qr_ptr, kr_ptr, vr_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr,
-                  qr_s0, kr_s0, vr_s0, eps, z, cnt_ptr, pp_ptr, pml_ptr, pp0, G: tl.constexpr, GP: tl.constexpr,
-                  D: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr, WINDOW: tl.constexpr, FUSED: tl.constexpr,
-                  HAS_NORM: tl.constexpr, OFFSET: tl.constexpr, KEYS_REG: tl.constexpr, PP: tl.constexpr):
+                  qr_s0, kr_s0, vr_s0, eps, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BT: tl.constexpr,
+                  BN: tl.constexpr, WINDOW: tl.constexpr, FUSED: tl.constexpr, HAS_NORM: tl.constexpr,
+                  OFFSET: tl.constexpr, KEYS_REG: tl.constexpr):
         """Up to BT tokens of one row (from t0; `cnt` left in the tile) for query heads hq·G … hq·G+G-1 of KV head h
-        (FUSED: kr_ptr / vr_ptr point at that head's keys / values in the QKV GEMM's output). PP > 0: part z of the
-        work only (_last_merges), the parts' states at pp_ptr / pml_ptr from row pp0 on, cnt_ptr their counter."""
+        (FUSED: kr_ptr / vr_ptr point at that head's keys / values in the QKV GEMM's output)."""
         M: tl.constexpr = BT * GP
         mi = tl.arange(0, M)
         ti, gi = mi // GP, mi % GP
@@ -283,27 +277,17 @@ if triton is not None:
             a_s = tl.load(part_ptr + row[:, None] * D + dd[None, :], mask=q_ok[:, None], other=0.0)
             m_i, l_i, acc = _merge(m_i, l_i, acc, m_s, l_s, a_s)
         # 1b. or the prompt's cached prefix walked here, run by run of contiguous slots (addresses from the loop
-        # index, not from a slot table: no dependent load per step): every key visible (within the window). PP > 0:
-        # parts 1 … PP each take every PP-th step, counted along the whole prefix (`done`: steps of the runs before)
-        done = nrun * 0  # (int64, as the table it counts)
-        for r in range(0, nrun if PP == 0 else tl.where(z > 0, nrun, 0)):
+        # index, not from a slot table: no dependent load per step): every key visible (within the window)
+        for r in range(0, nrun):
             rp = runs_ptr + prompt * runs_stride + r * _RUN
             slot0 = tl.load(rp)
             nkeys = tl.load(rp + 1)
             kpos0 = tl.load(rp + 2)
-            first = _first_key(pos_i, tok_ok, kpos0, window, BN, WINDOW)
-            if PP > 0:
-                start = first + ((z - 1 - done) % PP + PP) % PP * BN
-                done += tl.cdiv(tl.maximum(nkeys - first, 0), BN)
-                for s in range(start, nkeys, PP * BN):
-                    m_i, l_i, acc = _chunk_step(q, kh, vh, pos_i, m_i, l_i, acc, s, nkeys, kpos0, scale, window, D,
-                                                BN, WINDOW, slot0)
-            else:
-                for s in range(first, nkeys, BN):
-                    m_i, l_i, acc = _chunk_step(q, kh, vh, pos_i, m_i, l_i, acc, s, nkeys, kpos0, scale, window, D,
-                                                BN, WINDOW, slot0)
+            for s in range(_first_key(pos_i, tok_ok, kpos0, window, BN, WINDOW), nkeys, BN):
+                m_i, l_i, acc = _chunk_step(q, kh, vh, pos_i, m_i, l_i, acc, s, nkeys, kpos0, scale, window, D, BN,
+                                            WINDOW, slot0)
         # 2. the token's own row: sequence keys causally, trie keys if they are ancestors-or-self
-        for s in range(0, rlen if PP == 0 else tl.where(z == 0, rlen, 0), BN):
+        for s in range(0, rlen, BN):
             j_ok = s + jn < rlen
             key = r0 + s + jn
             seq_j = tl.load(seq_ptr + key, mask=j_ok, other=0)
@@ -327,37 +311,6 @@ if triton is not None:
                 vt = tl.load(vh + slot[:, None] * D + dd[None, :], mask=j_ok[:, None], other=0.0)
             m_i, l_i, acc = _online(sc, m_i, l_i, acc, vt)
 
-        last = True
-        if PP > 0:
-            m_i, l_i, acc, last = _last_merges(m_i, l_i, acc, z, cnt_ptr, pp_ptr, pml_ptr, pp0, M, D, PP)
-        if last:
-            o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-            tl.store(o_ptr + tok[:, None] * o_s0 + head[:, None] * D + dd[None, :], o.to(o_ptr.dtype.element_ty),
-                     mask=q_ok[:, None])
-
-    @triton.jit
-    def _last_merges(m_i, l_i, acc, z, cnt_ptr, pp_ptr, pml_ptr, pp0, M: tl.constexpr, D: tl.constexpr,
-                     PP: tl.constexpr):
-        """PP > 0 (Tuning.row_prefix_parts): the PP + 1 programs of a tile and head each hold a partial state. Each
-        publishes its own (rows pp0 + z of the scratch), then counts itself in; the last to arrive reads the others
-        (past L1: written on other SMs), merges them and writes the output, and puts the counter back to 0 for the
-        next launch. No program waits for another: none depends on the order the GPU runs them in."""
-        mi = tl.arange(0, M)
-        dd = tl.arange(0, D)
-        row = (pp0 + z) * M + mi
-        tl.store(pml_ptr + row * 2, m_i)
-        tl.store(pml_ptr + row * 2 + 1, l_i)
-        tl.store(pp_ptr + row[:, None] * D + dd[None, :], acc)
-        tl.debug_barrier()  # every thread's stores issued before the release below publishes them
-        arrived = tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu")
-        last = arrived == PP
-        if last:
-            for o in tl.static_range(PP + 1):
-                if o != z:
-                    r = (pp0 + o) * M + mi
-                    m_s = tl.load(pml_ptr + r * 2, cache_modifier=".cg")
-                    l_s = tl.load(pml_ptr + r * 2 + 1, cache_modifier=".cg")
-                    a_s = tl.load(pp_ptr + r[:, None] * D + dd[None, :], cache_modifier=".cg")
-                    m_i, l_i, acc = _merge(m_i, l_i, acc, m_s, l_s, a_s)
-            tl.store(cnt_ptr, 0)
-        return m_i, l_i, acc, last
+        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(o_ptr + tok[:, None] * o_s0 + head[:, None] * D + dd[None, :], o.to(o_ptr.dtype.element_ty),
+                 mask=q_ok[:, None])

@@ -71,9 +71,6 @@ class Tuning:
     wide_tile: int = 0  # row kernel, buckets its row_tile crowds (more programs than SMs) where tiles of this many
     # tokens fit one program per SM: those tiles, in one pass, without a register limit (0: never). A row a token
     # longer than row_tile is then one program, not two that each walk the whole prefix
-    row_prefix_parts: int = 0  # row kernel, prefixes walked inline, one pass per tile: the prefix walked by this
-    # many more programs per tile and head (each every that-many-th key step), the row's own keys by the first; the
-    # last of them to finish merges the partial states (tree_kernels._last_merges). 0: one program walks it all
     unmasked: bool = False  # prefix kernel: whole key steps without masks, then a masked last step (sm_80+: on
     # sm_75 the second copy of the step spills registers)
 
@@ -268,8 +265,6 @@ def plan_tree(packer: "Packer", b: int, query_tokens: int, group: int, tuning: T
     if tuning.row_tile not in packer.tiles or tuning.row_tile % tuning.row_bt:
         raise ValueError(f"the row kernel's tiles of {tuning.row_tile} tokens in passes of {tuning.row_bt}: the "
                          f"Packer writes tiles of {packer.tiles}")
-    if tuning.row_prefix_parts and tuning.row_tile != tuning.row_bt:  # (the parts' states: one pass per program)
-        tuning = tuning.with_(row_prefix_parts=0)
     if inline_reads(prefix_len.tolist(), prompt_tokens, b, tuning.row_tile) <= tuning.inline_reads:
         return TreePlan(tuning, torch.zeros(0, WORK_FIELDS, dtype=torch.long), zeros, n_runs, runs, 0)
     tokens_in = [0]
@@ -290,7 +285,6 @@ def plan_tree(packer: "Packer", b: int, query_tokens: int, group: int, tuning: T
         blocks = -(-(tokens_in[c.hi] - tokens_in[c.lo]) // tuning.bq)
         work += [[c.slot, c.keys, c.pos, c.split, c.lo, c.hi, j] for j in range(0, blocks, tuning.qb)]
     splits = torch.tensor(n_splits + [0], dtype=torch.long)
-    tuning = tuning.with_(row_prefix_parts=0)  # the prefix kernel walks the prefixes
     if b == 1 and tuning.merge_warps:
         tuning = tuning.with_(row_warps=tuning.merge_warps)
     return TreePlan(tuning, torch.tensor(work, dtype=torch.long).reshape(-1, WORK_FIELDS), splits, zeros, runs,

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 PTR = {"q_ptr": "*fp16", "k_ptr": "*fp16", "v_ptr": "*fp16", "o_ptr": "*fp16", "part_ptr": "*fp32", "ml_ptr": "*fp32",
-       "scale": "fp32", "eps": "fp32", "cnt_ptr": "*i32", "pp_ptr": "*fp32", "pml_ptr": "*fp32", **{f"{x}_ptr": "*fp16" for x in ("qr", "kr", "vr", "cos", "sin", "qw", "kw")}}
+       "scale": "fp32", "eps": "fp32", **{f"{x}_ptr": "*fp16" for x in ("qr", "kr", "vr", "cos", "sin", "qw", "kw")}}
 
 
 def _compile(fn, constexprs: dict, warps: int, stages: int) -> dict:
@@ -71,8 +71,7 @@ def resources(head_dim: int, group: int) -> dict:
         out[name + "prefix"] = _compile(K.prefix_kernel, {**common, "BQ": t.bq, "BN": t.bn, "QB": t.qb,
                                                           "UNMASKED": t.unmasked}, t.warps, t.stages)
         out[name + "row"] = _compile(K.row_kernel, {**common, "TILE": t.row_tile, "BT": t.row_bt, "BN": t.row_bn,
-                                                       "KEYS_REG": t.row_keys_in_registers, "HS": 1,
-                                                       "PP": t.row_prefix_parts},
+                                                       "KEYS_REG": t.row_keys_in_registers, "HS": 1},
                                      t.row_warps, t.row_stages)
     return out
 
