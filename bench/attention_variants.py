@@ -21,7 +21,9 @@ ROW_VARIANTS = {  # --variants: the row kernel's shapes (tree_plan.Tuning fields
     16: {"32-token tiles": dict(row_tile=32, row_bt=32)},  # (--smoke's tiny heads)
     256: {"query heads in one program (before)": dict(row_head_split=1), "row keys in registers":
           dict(row_keys_in_registers=True), "64-key steps": dict(row_bn=64), "no register limit": dict(row_maxnreg=0),
-          "16-token tiles only": dict(wide_tile=0), "32-token tiles": dict(row_tile=32, row_bt=32, row_maxnreg=0)},
+          "16-token tiles only": dict(wide_tile=0), "32-token tiles": dict(row_tile=32, row_bt=32, row_maxnreg=0),
+          "16-key steps": dict(row_bn=16), "3 stages": dict(row_stages=3), "16-key steps, 3 stages":
+          dict(row_bn=16, row_stages=3)},
 }
 
 
