@@ -82,7 +82,7 @@ def per_step(clf: Classifier, queries: list[str], iters: int) -> dict[str, float
              "encode, QueryEncoder cached": us(lambda: [clf.encoder(q) for q in queries]),
              "bucket_for": us(lambda: eng.bucket_for(batch)),
              "pack (kept layout)": us(lambda: bk.pack(batch, 0)),
-             "pack's layout build (new length combination)": us(lambda: eng.packer.layout(lengths, bk.n_tokens))}
+             "pack's layout build (new length combination)": us(lambda: eng.packer.layout(lengths, bk.n_tokens, bk.tile))}
     if eng.device.type == "cuda":
         steps["load (copy queued)"] = us(lambda: bk.load(0))
         if bk.graphs:
