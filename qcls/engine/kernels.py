@@ -52,9 +52,10 @@ if triton is not None:
         x = tl.load(x_ptr + src * H + cols, mask=m, other=0.0).to(tl.float32)
         if HAS_RES:
             x = x + tl.load(r_ptr + src * H + cols, mask=m, other=0.0)
+        w = tl.load(w_ptr + cols, mask=m, other=0.0)  # before the reduction: see below
         tl.store(s_ptr + row * H + cols, x, mask=m)
         inv = 1.0 / tl.sqrt(tl.sum(x * x, 0) / H + eps)
-        w = tl.load(w_ptr + cols, mask=m, other=0.0).to(tl.float32)
+        w = w.to(tl.float32)
         if OFFSET:
             w = w + 1.0
         tl.store(y_ptr + row * H + cols, (x * inv * w).to(y_ptr.dtype.element_ty), mask=m)
@@ -106,15 +107,20 @@ if triton is not None:
         src = tl.load(rows_ptr + row) if GATHER else row  # as in _add_rmsnorm_kernel
         cols = tl.arange(0, BLOCK)
         m = cols < H
+        # every load before the first reduction: its barriers keep later loads from being issued early, and
+        # each load waited on after one is another memory round trip in the launch's chain
         x = tl.load(x_ptr + src * H + cols, mask=m, other=0.0).to(tl.float32)
+        r = tl.load(r_ptr + src * H + cols, mask=m, other=0.0)
+        wp = tl.load(wp_ptr + cols, mask=m, other=0.0)
+        w = tl.load(w_ptr + cols, mask=m, other=0.0)
         inv = 1.0 / tl.sqrt(tl.sum(x * x, 0) / H + eps_post)
-        wp = tl.load(wp_ptr + cols, mask=m, other=0.0).to(tl.float32)
+        wp = wp.to(tl.float32)
         if OFFSET:
             wp = wp + 1.0
-        s = x * inv * wp + tl.load(r_ptr + src * H + cols, mask=m, other=0.0)
+        s = x * inv * wp + r
         tl.store(s_ptr + row * H + cols, s, mask=m)
         inv2 = 1.0 / tl.sqrt(tl.sum(s * s, 0) / H + eps)
-        w = tl.load(w_ptr + cols, mask=m, other=0.0).to(tl.float32)
+        w = w.to(tl.float32)
         if OFFSET:
             w = w + 1.0
         tl.store(y_ptr + row * H + cols, (s * inv2 * w).to(y_ptr.dtype.element_ty), mask=m)

@@ -34,9 +34,9 @@ if triton is not None:
         x1 = tl.load(src + i).to(tl.float32)
         x2 = tl.load(src + half + i).to(tl.float32)
         if HAS_NORM:
-            inv = 1.0 / tl.sqrt((tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / D + eps)
             w1 = tl.load(w_ptr + i).to(tl.float32)
             w2 = tl.load(w_ptr + half + i).to(tl.float32)
+            inv = 1.0 / tl.sqrt((tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / D + eps)
             if OFFSET:
                 w1 = w1 + 1.0
                 w2 = w2 + 1.0
@@ -81,9 +81,9 @@ if triton is not None:
         """Rows of heads as their two halves x1, x2 [R, D/2] (float32), RMS-normed by w (Qwen3's q/k norm;
         Gemma3's by 1 + w with OFFSET); `i` [1, D/2] the column indices of a half."""
         half: tl.constexpr = D // 2
-        inv = 1.0 / tl.sqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / D + eps)[:, None]
-        w1 = tl.load(w_ptr + i).to(tl.float32)
+        w1 = tl.load(w_ptr + i).to(tl.float32)  # loads before the reduction (kernels.py: one round trip, not two)
         w2 = tl.load(w_ptr + half + i).to(tl.float32)
+        inv = 1.0 / tl.sqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / D + eps)[:, None]
         if OFFSET:
             w1 = w1 + 1.0
             w2 = w2 + 1.0
@@ -146,13 +146,13 @@ if triton is not None:
         m = ok[:, None]
         x1 = tl.load(src[:, None] + i, mask=m, other=0.0).to(tl.float32)
         x2 = tl.load(src[:, None] + half + i, mask=m, other=0.0).to(tl.float32)
-        if HAS_NORM:
-            x1, x2 = _normed(x1, x2, w_ptr, i, eps, D, OFFSET)
-        row = tok[:, None] * D
+        row = tok[:, None] * D  # cos/sin loaded before the norm's reduction, as its weights are (_normed)
         c1 = tl.load(cos_ptr + row + i, mask=m, other=0.0).to(tl.float32)
         c2 = tl.load(cos_ptr + row + half + i, mask=m, other=0.0).to(tl.float32)
         s1 = tl.load(sin_ptr + row + i, mask=m, other=0.0).to(tl.float32)
         s2 = tl.load(sin_ptr + row + half + i, mask=m, other=0.0).to(tl.float32)
+        if HAS_NORM:
+            x1, x2 = _normed(x1, x2, w_ptr, i, eps, D, OFFSET)
         return x1 * c1 - x2 * s1, x2 * c2 + x1 * s2
 
 

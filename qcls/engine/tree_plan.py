@@ -71,6 +71,8 @@ class Tuning:
     wide_tile: int = 0  # row kernel, buckets its row_tile crowds (more programs than SMs) where tiles of this many
     # tokens fit one program per SM: those tiles, in one pass, without a register limit (0: never). A row a token
     # longer than row_tile is then one program, not two that each walk the whole prefix
+    row_early_loads: bool = True  # row kernel: its index loads before the first barrier (tree_kernels.py, EARLY;
+    # off on sm_75, where at d=256 the values held that long spill registers)
     unmasked: bool = False  # prefix kernel: whole key steps without masks, then a masked last step (sm_80+: on
     # sm_75 the second copy of the step spills registers)
 
@@ -118,7 +120,7 @@ def tuning_for(head_dim: int, group: int, device: torch.device | None = None) ->
     if device is not None and device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 0):
         tokens = max(1, 8192 // head_dim // gp)
         t = Tuning(bq=tokens, bn=16, warps=8, stages=1, row_bt=min(16, tokens), row_bn=16, row_warps=8,
-                   row_stages=1)
+                   row_stages=1, row_early_loads=False)
     else:
         t = TUNING.get(head_dim) or TUNING[128]
     if device is not None and device.type == "cuda" and torch.cuda.is_available():

@@ -132,7 +132,9 @@ def test_tree_attention_equals_dense_interpreted(case):
                   # merging split prefixes
                   INLINE.with_(row_head_split=2), split(16, 2).with_(row_head_split=4),
                   # tiles of 32 tokens (Tuning.row_tile): in one pass, and in two passes merging split prefixes
-                  INLINE.with_(row_tile=32, row_bt=32), split(16, 2).with_(row_tile=32, row_head_split=2)])
+                  INLINE.with_(row_tile=32, row_bt=32), split(16, 2).with_(row_tile=32, row_head_split=2),
+                  # the index loads after the rotation (sm_75's order), in two passes of a tile
+                  INLINE.with_(row_early_loads=False, row_tile=32, row_bt=16)])
 
 
 @needs_triton
@@ -303,7 +305,8 @@ def test_fused_qkv_equals_qkv_kernel_then_dense_interpreted(case):
                     INLINE.with_(row_keys_in_registers=True, row_maxnreg=128, row_crowded=0.0, sms=1),
                     split(16, 2, 8 if dim == 256 else 16),
                     split(16, 2, 8 if dim == 256 else 16).with_(row_keys_in_registers=True),
-                    INLINE.with_(row_tile=32, row_bt=32 if dim < 256 else 16)], window, norm, offset)
+                    INLINE.with_(row_tile=32, row_bt=32 if dim < 256 else 16),
+                    INLINE.with_(row_tile=32, row_bt=16, row_early_loads=False)], window, norm, offset)
 
 
 @pytest.mark.gpu

@@ -71,7 +71,8 @@ def resources(head_dim: int, group: int) -> dict:
         out[name + "prefix"] = _compile(K.prefix_kernel, {**common, "BQ": t.bq, "BN": t.bn, "QB": t.qb,
                                                           "UNMASKED": t.unmasked}, t.warps, t.stages)
         out[name + "row"] = _compile(K.row_kernel, {**common, "TILE": t.row_tile, "BT": t.row_bt, "BN": t.row_bn,
-                                                       "KEYS_REG": t.row_keys_in_registers, "HS": 1},
+                                                       "KEYS_REG": t.row_keys_in_registers, "HS": 1,
+                                                       "EARLY": t.row_early_loads},
                                      t.row_warps, t.row_stages)
     return out
 
