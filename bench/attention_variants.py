@@ -60,7 +60,7 @@ def variant_rows(tok, device: str, smoke: bool) -> str:
             text += (f"| {label} | {what} | " + " | ".join(f"{res[b][0]:.3f}" for b in res) +
                      f" | {max(r[1] for r in res.values()):.4f} |\n")
             print(text.splitlines()[-1], flush=True)
-        text += f"\n{label} compiled row kernels: {compiled_resources(A.K.row_kernel)}\n\n"
+        text += f"\n{label} compiled row kernels: {compiled_resources(A.R.row_kernel)}\n\n"
         del timers
         C.free()
     return text

@@ -7,7 +7,7 @@ pos(query) - pos(key) < window), `scale` the softmax scale (default head_dim ** 
 - `DenseAttention`: SDPA (memory-efficient or math kernel: the T4 envelope) over every key slot with an
   additive [N, keys] mask. Every token scores the whole prefix pool and every token of the batch before
   the mask discards most of it: O(N · (pool + N)). The CPU path and the prefix fill at start-up use it.
-- `TreeAttention`: Triton kernels (tree_kernels.py) that visit only the keys a token can see: its own
+- `TreeAttention`: Triton kernels (tree_kernels.py, row_kernel.py) that visit only the keys a token can see: its own
   prompt's prefix and its own row, with the causal/trie-ancestry test done on the fly from the per-token
   descriptors. O(N · (prefix + row)). Long prefixes are split into chunks read by many programs at once,
   each chunk once for all query tokens that see it (a shared system block once for all its prompts), and
@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from qcls.engine import row_kernel as R
 from qcls.engine import tree_kernels as K
 from qcls.engine.tree_plan import TreePlan, head_split
 
@@ -152,7 +153,7 @@ class TreeAttention:
                 G=g, GP=gp, D=d, BQ=t.bq, BN=t.bn, QB=t.qb, WINDOW=window > 0, UNMASKED=t.unmasked, **fused,
                 num_warps=t.warps, num_stages=t.stages)
         hs = head_split(t, g)  # the row kernel's programs per KV head and tile
-        K.row_kernel[(ds["tiles"].shape[0] // TILE_FIELDS, nkv * hs)](
+        R.row_kernel[(ds["tiles"].shape[0] // TILE_FIELDS, nkv * hs)](
             q, k, v, self.out, ds["seq"], ds["anc"], ds["tslot"], ds["pos"], ds["tiles"], plan.runs,
             plan.inline_runs, plan.n_splits, self.part, self.ml, qr, kr, vr, cos, sin, qw, kw, self.pool_len,
             plan.runs.stride(0), q.stride(0), q.stride(1), self.out.stride(0), k.stride(0), split_stride, qr_s0,

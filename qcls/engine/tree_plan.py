@@ -67,11 +67,11 @@ class Tuning:
     merge_warps: int = 0  # row kernel warps in batch-1 buckets whose prefixes are split (0: row_warps): one program
     # per prompt and KV head then merges every partial state of its tile, and more warps share that work
     row_keys_in_registers: bool = False  # fused q/k/v: the row kernel rotates its row's keys in registers at each
-    # step; otherwise it writes them to the KV buffer first and reads them back after a barrier (tree_kernels.py)
+    # step; otherwise it writes them to the KV buffer first and reads them back after a barrier (row_kernel.py)
     wide_tile: int = 0  # row kernel, buckets its row_tile crowds (more programs than SMs) where tiles of this many
     # tokens fit one program per SM: those tiles, in one pass, without a register limit (0: never). A row a token
     # longer than row_tile is then one program, not two that each walk the whole prefix
-    row_early_loads: bool = True  # row kernel: its index loads before the first barrier (tree_kernels.py, EARLY;
+    row_early_loads: bool = True  # row kernel: its index loads before the first barrier (row_kernel.py, EARLY;
     # off on sm_75, where at d=256 the values held that long spill registers)
     unmasked: bool = False  # prefix kernel: whole key steps without masks, then a masked last step (sm_80+: on
     # sm_75 the second copy of the step spills registers)

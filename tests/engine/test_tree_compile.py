@@ -58,6 +58,7 @@ def resources(head_dim: int, group: int) -> dict:
     """Compile both kernels for sm_75 with tuning_for's shapes (run without TRITON_INTERPRET)."""
     import torch
 
+    from qcls.engine import row_kernel as R
     from qcls.engine import tree_kernels as K
     from qcls.engine.tree_plan import tuning_for
     torch.cuda.get_device_capability = lambda device=None: (7, 5)
@@ -70,7 +71,7 @@ def resources(head_dim: int, group: int) -> dict:
         name = "fused " if fused else ""
         out[name + "prefix"] = _compile(K.prefix_kernel, {**common, "BQ": t.bq, "BN": t.bn, "QB": t.qb,
                                                           "UNMASKED": t.unmasked}, t.warps, t.stages)
-        out[name + "row"] = _compile(K.row_kernel, {**common, "TILE": t.row_tile, "BT": t.row_bt, "BN": t.row_bn,
+        out[name + "row"] = _compile(R.row_kernel, {**common, "TILE": t.row_tile, "BT": t.row_bt, "BN": t.row_bn,
                                                        "KEYS_REG": t.row_keys_in_registers, "HS": 1,
                                                        "EARLY": t.row_early_loads},
                                      t.row_warps, t.row_stages)
