@@ -97,4 +97,5 @@ for mode in "$@"; do
     esac
 done
 cp bench/RESULTS.md "$OUT/"
+pack_out
 exit $rc
