@@ -15,7 +15,7 @@ if triton is not None:
     import triton.language as tl
 
     from qcls.engine.qkv_kernels import rope_values
-    from qcls.engine.tree_kernels import _RUN, _chunk_step, _first_key, _merge, _online, _rotated
+    from qcls.engine.tree_kernels import _RUN, _chunk_step, _first_key, _merge, _online, _queries, _rotated
 
     @triton.jit
     def _indices(pos_ptr, seq_ptr, anc_ptr, rp, tok, tok_ok):
@@ -116,12 +116,8 @@ if triton is not None:
         if WRITE_KEYS:
             _row_keys(k_ptr + h * kv_s_head, v_ptr + h * kv_s_head, kr_ptr, vr_ptr, cos_ptr, sin_ptr, kw_ptr, r0, rlen,
                       pool_len, kr_s0, vr_s0, eps, D, BN, HAS_NORM, OFFSET)
-        if FUSED:
-            q = _rotated(qr_ptr + tok * qr_s0 + head * D, q_ok, tok, cos_ptr, sin_ptr, qw_ptr, eps, M, D, HAS_NORM,
-                         OFFSET, q_ptr)
-        else:
-            q = tl.load(q_ptr + tok[:, None] * q_s0 + head[:, None] * q_s1 + dd[None, :], mask=q_ok[:, None],
-                        other=0.0)
+        q = _queries(q_ptr, qr_ptr, tok, head, q_ok, q_s0, q_s1, qr_s0, cos_ptr, sin_ptr, qw_ptr, eps, M, D, FUSED,
+                     HAS_NORM, OFFSET)
         if not EARLY:
             pos_i, seq_i, anc_i, slot0, nkeys, kpos0 = _indices(pos_ptr, seq_ptr, anc_ptr, rp, tok, tok_ok)
 

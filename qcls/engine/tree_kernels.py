@@ -143,12 +143,8 @@ if triton is not None:
         q_ok = tok_ok & (gi < G)
         tok = tl.load(qtok_ptr + idx, mask=tok_ok, other=0)
         qpos = tl.load(pos_ptr + tok, mask=tok_ok, other=0)
-        if FUSED:
-            q = _rotated(qr_ptr + tok * qr_s0 + head * D, q_ok, tok, cos_ptr, sin_ptr, qw_ptr, eps, M, D, HAS_NORM,
-                         OFFSET, q_ptr)
-        else:
-            q = tl.load(q_ptr + tok[:, None] * q_s0 + head[:, None] * q_s1 + dd[None, :], mask=q_ok[:, None],
-                        other=0.0)
+        q = _queries(q_ptr, qr_ptr, tok, head, q_ok, q_s0, q_s1, qr_s0, cos_ptr, sin_ptr, qw_ptr, eps, M, D, FUSED,
+                     HAS_NORM, OFFSET)
         m_i = tl.full([M], float("-inf"), tl.float32)
         l_i = tl.zeros([M], tl.float32)
         acc = tl.zeros([M, D], tl.float32)
@@ -183,3 +179,16 @@ if triton is not None:
         y1, y2 = rope_values(src, ok, tok, cos_ptr, sin_ptr, w_ptr, eps, D, HAS_NORM, OFFSET)
         dt = like_ptr.dtype.element_ty
         return tl.reshape(tl.permute(tl.join(y1.to(dt), y2.to(dt)), (0, 2, 1)), (R, D))  # [R, 2, D/2] → [R, D]
+
+    @triton.jit
+    def _queries(q_ptr, qr_ptr, tok, head, q_ok, q_s0, q_s1, qr_s0, cos_ptr, sin_ptr, qw_ptr, eps, M: tl.constexpr,
+                 D: tl.constexpr, FUSED: tl.constexpr, HAS_NORM: tl.constexpr, OFFSET: tl.constexpr):
+        """A program's query vectors [M, D] (`tok`, `head` [M]: each one's token and head): FUSED, from the QKV GEMM's
+        output (_rotated); otherwise from the query buffer."""
+        if FUSED:
+            return _rotated(qr_ptr + tok * qr_s0 + head * D, q_ok, tok, cos_ptr, sin_ptr, qw_ptr, eps, M, D, HAS_NORM,
+                            OFFSET, q_ptr)
+        else:
+            dd = tl.arange(0, D)
+            return tl.load(q_ptr + tok[:, None] * q_s0 + head[:, None] * q_s1 + dd[None, :], mask=q_ok[:, None],
+                           other=0.0)
