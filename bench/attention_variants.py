@@ -14,16 +14,18 @@ from qcls.compose import compose
 from qcls.engine import attention as A
 from qcls.engine.tree_plan import plan_tree, tuning_for
 
+EARLY = {"query loads before the row keys": dict(row_early_q=True),
+         "prefix's first step loaded early": dict(row_early_kv=True),
+         "values loaded with keys": dict(row_values_with_keys=True),
+         "query loads and first step early": dict(row_early_q=True, row_early_kv=True),
+         "all three": dict(row_early_q=True, row_early_kv=True, row_values_with_keys=True)}
 ROW_VARIANTS = {  # --variants: the row kernel's shapes (tree_plan.Tuning fields) against the shipped ones
-    128: {"row keys through the KV buffer": dict(row_keys_in_registers=False), "32-key steps": dict(row_bn=32),
-          "no register limit": dict(row_maxnreg=0), "register limit everywhere": dict(row_crowded=0.0),
-          "query heads over 2 programs at batch 1": dict(row_head_split=2)},
-    16: {"32-token tiles": dict(row_tile=32, row_bt=32)},  # (--smoke's tiny heads)
-    256: {"query heads in one program (before)": dict(row_head_split=1), "row keys in registers":
-          dict(row_keys_in_registers=True), "64-key steps": dict(row_bn=64), "no register limit": dict(row_maxnreg=0),
-          "16-token tiles only": dict(wide_tile=0), "32-token tiles": dict(row_tile=32, row_bt=32, row_maxnreg=0),
-          "16-key steps": dict(row_bn=16), "3 stages": dict(row_stages=3), "16-key steps, 3 stages":
-          dict(row_bn=16, row_stages=3)},
+    128: {**EARLY, "row keys through the KV buffer": dict(row_keys_in_registers=False),
+          "no register limit": dict(row_maxnreg=0)},
+    16: {"32-token tiles": dict(row_tile=32, row_bt=32), **EARLY},  # (--smoke's tiny heads)
+    256: {**EARLY, "all three, no register limit": dict(row_early_q=True, row_early_kv=True, row_values_with_keys=True,
+                                                        row_maxnreg=0),
+          "16-token tiles only": dict(wide_tile=0)},
 }
 
 

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from qcls.engine.attention import RawQKV
-from qcls.engine.family import SUPPORTED, describe  # noqa: F401  (SUPPORTED: the engine's families)
+from qcls.engine.family import SUPPORTED, describe, table_factor  # noqa: F401  (SUPPORTED: the engine's families)
 from qcls.engine.kernels import act_mul, add_rmsnorm, gelu_tanh_mul, post_add_rmsnorm, silu_mul
 from qcls.engine.qkv_kernels import qkv_heads_per_program, qkv_into
 
@@ -45,10 +45,11 @@ class Decoder:
         # table on the CPU).
         self.device = self.norm.weight.device
         self.dtype = self.norm.weight.dtype
-        # a plain embedding table beside the layers: the first norm gathers the tokens' rows itself (one launch
-        # fewer); scaled (Gemma3) or off-device tables run their module
-        self.embed_table = type(self.embed) is nn.Embedding and self.embed.max_norm is None and \
-            self.embed.weight.device == self.device
+        # an embedding table beside the layers: the first norm gathers the tokens' rows itself, and scales them as
+        # Gemma3's module does (one launch fewer, two for Gemma3); off-device tables and other modules run the module
+        factor = table_factor(self.embed)
+        self.embed_table = factor is not None and self.embed.weight.device == self.device
+        self.embed_factor = None if factor == 1.0 else factor
         self.max_positions = cfg.max_position_embeddings
         # tables only as long as positions go here (Gemma3-4B: 131072 positions × 256 × 2 layer types)
         rows = self.max_positions if reach is None else min(reach, self.max_positions)
@@ -95,11 +96,11 @@ class Decoder:
         return getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))
 
     def _norm(self, x: torch.Tensor, res: torch.Tensor | None, norm, out_dtype: torch.dtype | None = None,
-              rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+              rows: torch.Tensor | None = None, scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm(x + res) in out_dtype (default the model's), x + res in float32) with the family's RMSNorm kind;
-        `rows`: of these rows only (gathered inside the norm)."""
+        `rows`: of these rows only (gathered inside the norm), `scale`: each gathered row × scale first."""
         return add_rmsnorm(x, res, norm.weight, self._eps(norm), out_dtype or self.dtype, self.family.norm_offset,
-                           rows)
+                           rows, scale=scale)
 
     def _norm_after(self, delta: torch.Tensor, post, res: torch.Tensor | None, norm,
                     out_dtype: torch.dtype | None = None, rows: torch.Tensor | None = None):
@@ -131,7 +132,10 @@ class Decoder:
         q = torch.empty(n, nh, d, dtype=self.dtype, device=self.device)
         for i, (layer, lp) in enumerate(zip(self.layers, self.family.layers)):
             a = layer.self_attn
-            x, res = self._norm_after(delta, post, res, lp.attn_in, rows=ids if table and i == 0 else None)
+            if table and i == 0:  # the tokens' rows of the table, gathered (and scaled) by the first norm
+                x, res = self._norm(delta, None, lp.attn_in, rows=ids, scale=self.embed_factor)
+            else:
+                x, res = self._norm_after(delta, post, res, lp.attn_in)
             if taps is not None and i in taps.layers:  # res = the residual stream after i layers
                 taps.record(i, res)
             if self.qkv[i] is not None:

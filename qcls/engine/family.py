@@ -6,8 +6,9 @@ Gemma3 (model_type gemma3_text): "sandwich" layers with four norms (input, post-
 post-feedforward: the attention and MLP outputs are normed before their residual add), RMSNorm × (1 + w) in
 fp32, q/k norms, GELU-tanh gated MLP, scale query_pre_attn_scalar^-1/2, and two kinds of layers: sliding
 window ("local", RoPE base rope_local_base_freq) and global (RoPE base rope_theta with its scaling). Its
-embedding module scales by √hidden itself; the engine calls that module (or a backend's gather that applies
-the same scale: qcls/backends/offload.py).
+embedding module scales by √hidden (rounded to the table's dtype); the engine's first norm gathers the rows and
+applies that factor itself, as the module rounds it (table_factor; a backend's gather applies the same scale:
+qcls/backends/offload.py).
 
 Everything the engine does not implement (attention or final logit soft-capping, bidirectional attention,
 another activation) is refused here, by name, before any forward runs.
@@ -106,3 +107,19 @@ def _gemma3_rotary(base, layer_type: str) -> Callable:
 def embed_scale(embedding: nn.Module) -> torch.Tensor | None:
     """The factor an embedding module multiplies its rows by (Gemma3: √hidden as a buffer), or None."""
     return getattr(embedding, "embed_scale", None)
+
+
+SCALED_TABLES = ("Gemma3TextScaledWordEmbedding",)  # nn.Embedding subclasses whose forward is rows × embed_scale
+
+
+def table_factor(embedding: nn.Module) -> float | None:
+    """The factor the embedding module multiplies the table's rows by where it is a plain lookup: 1.0 for
+    nn.Embedding, Gemma3's √hidden rounded to the table's dtype (its forward multiplies by embed_scale.to(dtype),
+    rounding the product to that dtype); None where the module does anything else (max_norm, another subclass)."""
+    if not isinstance(embedding, nn.Embedding) or embedding.max_norm is not None:
+        return None
+    if type(embedding) is nn.Embedding:
+        return 1.0
+    if type(embedding).__name__ in SCALED_TABLES:
+        return float(embed_scale(embedding).to(embedding.weight.dtype))
+    return None

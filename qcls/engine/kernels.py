@@ -31,11 +31,14 @@ def use_triton(x: torch.Tensor) -> bool:
 
 
 # ---- residual add + RMSNorm --------------------------------------------------------------------------
-def add_rmsnorm_torch(x, residual, weight, eps, out_dtype=None, offset: bool = False, rows=None):
+def add_rmsnorm_torch(x, residual, weight, eps, out_dtype=None, offset: bool = False, rows=None, scale=None):
     """(RMSNorm(x + residual) · weight (1 + weight with `offset`) in out_dtype (default x's), x + residual in
-    float32); `rows`: only these rows of x and residual, in this order."""
+    float32); `rows`: only these rows of x and residual, in this order; `scale`: x × scale first, rounded to x's
+    dtype (Gemma3's scaled embedding: its module's arithmetic)."""
     if rows is not None:
         x, residual = x[rows], (residual[rows] if residual is not None else None)
+    if scale is not None:
+        x = x * torch.tensor(scale, dtype=x.dtype)
     s = x.float() if residual is None else x.float() + residual.float()
     y = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + eps) * (weight.float() + 1.0 if offset else weight.float())
     return y.to(out_dtype or x.dtype), s
@@ -43,13 +46,16 @@ def add_rmsnorm_torch(x, residual, weight, eps, out_dtype=None, offset: bool = F
 
 if triton is not None:
     @triton.jit
-    def _add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, rows_ptr, H, eps, HAS_RES: tl.constexpr,
-                            OFFSET: tl.constexpr, GATHER: tl.constexpr, BLOCK: tl.constexpr):
+    def _add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, rows_ptr, H, eps, scale, HAS_RES: tl.constexpr,
+                            OFFSET: tl.constexpr, GATHER: tl.constexpr, SCALE: tl.constexpr, BLOCK: tl.constexpr):
         row = tl.program_id(0)
         src = tl.load(rows_ptr + row) if GATHER else row  # GATHER: output row i reads input row rows[i]
         cols = tl.arange(0, BLOCK)
         m = cols < H
-        x = tl.load(x_ptr + src * H + cols, mask=m, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + src * H + cols, mask=m, other=0.0)
+        if SCALE:  # x·scale rounded to x's dtype: the product of two such values is exact in float32, one rounding
+            x = (x.to(tl.float32) * scale).to(x_ptr.dtype.element_ty)
+        x = x.to(tl.float32)
         if HAS_RES:
             x = x + tl.load(r_ptr + src * H + cols, mask=m, other=0.0)
         w = tl.load(w_ptr + cols, mask=m, other=0.0)  # before the reduction: see below
@@ -69,19 +75,22 @@ def norm_warps(h: int) -> int:
 
 def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
                 out_dtype: torch.dtype | None = None, offset: bool = False, rows: torch.Tensor | None = None,
-                impl: str = "auto"):
+                impl: str = "auto", scale: float | None = None):
     """(RMSNorm(x + residual) · weight, x + residual): the residual stream (`residual`, and the sum returned)
     in float32; the normed output in `out_dtype` (default x's: what the next GEMM reads). `offset`: Gemma3's
     RMSNorm, × (1 + weight). `rows` [R] (int64): only these rows, gathered by the kernel itself (the last layer
-    keeps only the rows the tail reads: no gather launches before it). impl: auto, or torch / triton (tests)."""
+    keeps only the rows the tail reads: no gather launches before it; the first gathers the embedding table's).
+    `scale` (a value of x's dtype): x × scale first, rounded to x's dtype (Gemma3's scaled embedding). impl: auto,
+    or torch / triton (tests)."""
     if impl == "torch" or (impl == "auto" and not use_triton(x)):
-        return add_rmsnorm_torch(x, residual, weight, eps, out_dtype, offset, rows)
+        return add_rmsnorm_torch(x, residual, weight, eps, out_dtype, offset, rows, scale)
     n, h = (x.shape[0] if rows is None else rows.shape[0]), x.shape[1]
     y = torch.empty(n, h, dtype=out_dtype or x.dtype, device=x.device)
     s = torch.empty(n, h, dtype=torch.float32, device=x.device)
     _add_rmsnorm_kernel[(n,)](x, residual if residual is not None else s, weight, y, s, rows if rows is not None else s,
-                              h, eps, HAS_RES=residual is not None, OFFSET=offset, GATHER=rows is not None,
-                              BLOCK=triton.next_power_of_2(h), num_warps=norm_warps(h))
+                              h, eps, 1.0 if scale is None else scale, HAS_RES=residual is not None, OFFSET=offset,
+                              GATHER=rows is not None, SCALE=scale is not None, BLOCK=triton.next_power_of_2(h),
+                              num_warps=norm_warps(h))
     return y, s
 
 

@@ -10,7 +10,7 @@ from qcls.engine.kernels import triton, use_triton
 if triton is not None:
     import triton.language as tl
 else:
-    rope_values = None
+    rope_values = rope_inputs = rope_apply = None
 
 
 def rope_torch(x, cos, sin, norm_w, eps, offset: bool = False):
@@ -135,12 +135,10 @@ if triton is not None:
 
 if triton is not None:
     @triton.jit
-    def rope_values(src, ok, tok, cos_ptr, sin_ptr, w_ptr, eps, D: tl.constexpr, HAS_NORM: tl.constexpr,
-                    OFFSET: tl.constexpr):
-        """_qkv_heads_kernel's arithmetic for a block of rows, inside another kernel (issue 27: the tree
-        attention, engine.fuse_qkv_attention): `src` [R] points at each row's head (D values), `tok` [R] its token
-        (a row of the forward's cos/sin [tokens, D]); returns the rotated halves [R, D/2] in float32 (rows where
-        `ok` is false read nothing and come out 0)."""
+    def rope_inputs(src, ok, tok, cos_ptr, sin_ptr, w_ptr, D: tl.constexpr, HAS_NORM: tl.constexpr):
+        """Every load rope_values needs, nothing computed (a kernel may issue them early and compute later): the rows'
+        two halves [R, D/2] in float32, their tokens' cos/sin halves and the norm weight's halves [1, D/2] (without
+        HAS_NORM, placeholders)."""
         half: tl.constexpr = D // 2
         i = tl.arange(0, half)[None, :]
         m = ok[:, None]
@@ -152,8 +150,34 @@ if triton is not None:
         s1 = tl.load(sin_ptr + row + i, mask=m, other=0.0).to(tl.float32)
         s2 = tl.load(sin_ptr + row + half + i, mask=m, other=0.0).to(tl.float32)
         if HAS_NORM:
-            x1, x2 = _normed(x1, x2, w_ptr, i, eps, D, OFFSET)
+            w1 = tl.load(w_ptr + i).to(tl.float32)
+            w2 = tl.load(w_ptr + half + i).to(tl.float32)
+        else:
+            w1, w2 = c1, c2
+        return x1, x2, c1, c2, s1, s2, w1, w2
+
+    @triton.jit
+    def rope_apply(x1, x2, c1, c2, s1, s2, w1, w2, eps, D: tl.constexpr, HAS_NORM: tl.constexpr,
+                   OFFSET: tl.constexpr):
+        """rope_values' arithmetic on rope_inputs' values: (RMS-norm by w, Gemma3's 1 + w with OFFSET, then) rotate."""
+        if HAS_NORM:
+            inv = 1.0 / tl.sqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / D + eps)[:, None]
+            if OFFSET:
+                w1 = w1 + 1.0
+                w2 = w2 + 1.0
+            x1 = w1 * x1 * inv
+            x2 = w2 * x2 * inv
         return x1 * c1 - x2 * s1, x2 * c2 + x1 * s2
+
+    @triton.jit
+    def rope_values(src, ok, tok, cos_ptr, sin_ptr, w_ptr, eps, D: tl.constexpr, HAS_NORM: tl.constexpr,
+                    OFFSET: tl.constexpr):
+        """_qkv_heads_kernel's arithmetic for a block of rows, inside another kernel (issue 27: the tree
+        attention, engine.fuse_qkv_attention): `src` [R] points at each row's head (D values), `tok` [R] its token
+        (a row of the forward's cos/sin [tokens, D]); returns the rotated halves [R, D/2] in float32 (rows where
+        `ok` is false read nothing and come out 0)."""
+        x1, x2, c1, c2, s1, s2, w1, w2 = rope_inputs(src, ok, tok, cos_ptr, sin_ptr, w_ptr, D, HAS_NORM)
+        return rope_apply(x1, x2, c1, c2, s1, s2, w1, w2, eps, D, HAS_NORM, OFFSET)
 
 
 def qkv_heads_per_program(nh: int, nkv: int, wanted: int = 0) -> int:

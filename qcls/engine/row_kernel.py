@@ -15,7 +15,8 @@ if triton is not None:
     import triton.language as tl
 
     from qcls.engine.qkv_kernels import rope_values
-    from qcls.engine.tree_kernels import _RUN, _chunk_step, _first_key, _merge, _online, _queries, _rotated
+    from qcls.engine.tree_kernels import (_RUN, _chunk_kv, _chunk_step, _first_key, _merge, _online, _queries,
+                                          _query_inputs, _query_values, _rotated, _step_scores)
 
     @triton.jit
     def _indices(pos_ptr, seq_ptr, anc_ptr, rp, tok, tok_ok):
@@ -58,13 +59,34 @@ if triton is not None:
         tl.debug_barrier()
 
     @triton.jit
+    def _prefix_step(q, kh, vh, qpos, m_i, l_i, acc, s, nkeys, kpos0, scale, window, D: tl.constexpr,
+                     BN: tl.constexpr, WINDOW: tl.constexpr, slot0, VK: tl.constexpr):
+        """_chunk_step, or with VK the values loaded with the keys (before the scores' dot)."""
+        if VK:
+            kt, vt = _chunk_kv(kh, vh, slot0, s, nkeys, D, BN)
+            sc = _step_scores(q, kt, qpos, s, nkeys, kpos0, scale, window, BN, WINDOW)
+            return _online(sc, m_i, l_i, acc, vt)
+        else:
+            return _chunk_step(q, kh, vh, qpos, m_i, l_i, acc, s, nkeys, kpos0, scale, window, D, BN, WINDOW, slot0)
+
+    @triton.jit
+    def _row_values(vh, vr_ptr, key, slot, j_ok, vr_s0, D: tl.constexpr, FROM_GEMM: tl.constexpr):
+        """The values [BN, D] of a step of the row's keys: from the QKV GEMM's output (KEYS_REG) or the KV buffer."""
+        dd = tl.arange(0, D)
+        if FROM_GEMM:
+            return tl.load(vr_ptr + key[:, None] * vr_s0 + dd[None, :], mask=j_ok[:, None], other=0.0)
+        else:
+            return tl.load(vh + slot[:, None] * D + dd[None, :], mask=j_ok[:, None], other=0.0)
+
+    @triton.jit
     def row_kernel(q_ptr, k_ptr, v_ptr, o_ptr, seq_ptr, anc_ptr, tslot_ptr, pos_ptr, tiles_ptr, runs_ptr,
                    nrun_ptr, nsplit_ptr, part_ptr, ml_ptr, qr_ptr, kr_ptr, vr_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr,
                    pool_len, runs_stride, q_s0, q_s1, o_s0, kv_s_head, part_s_split, qr_s0, kr_s0, vr_s0, n_heads,
                    scale, window, eps,
                    G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, TILE: tl.constexpr, BT: tl.constexpr,
                    BN: tl.constexpr, WINDOW: tl.constexpr, FUSED: tl.constexpr, HAS_NORM: tl.constexpr,
-                   OFFSET: tl.constexpr, KEYS_REG: tl.constexpr, HS: tl.constexpr, EARLY: tl.constexpr):
+                   OFFSET: tl.constexpr, KEYS_REG: tl.constexpr, HS: tl.constexpr, EARLY: tl.constexpr,
+                   EARLY_Q: tl.constexpr, EARLY_KV: tl.constexpr, VK: tl.constexpr):
         tile = tl.program_id(0)
         hq = tl.program_id(1)  # its query heads are hq·G … hq·G+G-1 (G: the group's heads / HS)
         h = hq // HS  # their KV head
@@ -84,7 +106,7 @@ if triton is not None:
                           runs_stride, q_s0, q_s1, o_s0, kv_s_head, part_s_split, n_heads, scale, window, h, hq,
                           qr_ptr, kr_ptr + h * D, vr_ptr + h * D, cos_ptr, sin_ptr, qw_ptr, kw_ptr, qr_s0, kr_s0, vr_s0,
                           eps, G, GP, D, BT, BN, WINDOW, FUSED, HAS_NORM, OFFSET, KEYS_REG, EARLY,
-                          FUSED and not KEYS_REG and sub == 0)
+                          FUSED and not KEYS_REG and sub == 0, EARLY_Q, EARLY_KV, VK)
 
     @triton.jit
     def _row_part(q_ptr, k_ptr, v_ptr, o_ptr, seq_ptr, anc_ptr, tslot_ptr, pos_ptr, runs_ptr, ml_ptr, part_ptr,
@@ -92,7 +114,8 @@ if triton is not None:
                   part_s_split, n_heads, scale, window, h, hq, qr_ptr, kr_ptr, vr_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr,
                   qr_s0, kr_s0, vr_s0, eps, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BT: tl.constexpr,
                   BN: tl.constexpr, WINDOW: tl.constexpr, FUSED: tl.constexpr, HAS_NORM: tl.constexpr,
-                  OFFSET: tl.constexpr, KEYS_REG: tl.constexpr, EARLY: tl.constexpr, WRITE_KEYS: tl.constexpr):
+                  OFFSET: tl.constexpr, KEYS_REG: tl.constexpr, EARLY: tl.constexpr, WRITE_KEYS: tl.constexpr,
+                  EARLY_Q: tl.constexpr, EARLY_KV: tl.constexpr, VK: tl.constexpr):
         """Up to BT tokens of one row (from t0; `cnt` left in the tile) for query heads hq·G … hq·G+G-1 of KV head h
         (FUSED: kr_ptr / vr_ptr point at that head's keys / values in the QKV GEMM's output; WRITE_KEYS: write the
         row's keys and values into the KV buffer first, _row_keys)."""
@@ -113,19 +136,29 @@ if triton is not None:
         if EARLY:  # and the first step of the row's keys (later steps: one step ahead)
             pos_i, seq_i, anc_i, slot0, nkeys, kpos0 = _indices(pos_ptr, seq_ptr, anc_ptr, rp, tok, tok_ok)
             seq_j, ts_j, pos_j = _key_indices(seq_ptr, tslot_ptr, pos_ptr, r0, rlen, 0, BN)
+        kh = k_ptr + h * kv_s_head
+        vh = v_ptr + h * kv_s_head
+        # EARLY_Q (WRITE_KEYS): the query vectors' loads before the row keys' barrier, their arithmetic after it;
+        # EARLY_KV (with EARLY): the first step of the prompt's prefix (run 0, keys 0 … BN-1) loaded there too
+        if EARLY_Q:
+            x1, x2, c1, c2, s1, s2, w1, w2 = _query_inputs(q_ptr, qr_ptr, tok, head, q_ok, q_s0, q_s1, qr_s0, cos_ptr,
+                                                           sin_ptr, qw_ptr, M, D, FUSED, HAS_NORM)
+        if EARLY_KV:
+            kt0, vt0 = _chunk_kv(kh, vh, slot0, 0, tl.where(nrun > 0, nkeys, 0), D, BN)
         if WRITE_KEYS:
-            _row_keys(k_ptr + h * kv_s_head, v_ptr + h * kv_s_head, kr_ptr, vr_ptr, cos_ptr, sin_ptr, kw_ptr, r0, rlen,
-                      pool_len, kr_s0, vr_s0, eps, D, BN, HAS_NORM, OFFSET)
-        q = _queries(q_ptr, qr_ptr, tok, head, q_ok, q_s0, q_s1, qr_s0, cos_ptr, sin_ptr, qw_ptr, eps, M, D, FUSED,
-                     HAS_NORM, OFFSET)
+            _row_keys(kh, vh, kr_ptr, vr_ptr, cos_ptr, sin_ptr, kw_ptr, r0, rlen, pool_len, kr_s0, vr_s0, eps, D, BN,
+                      HAS_NORM, OFFSET)
+        if EARLY_Q:
+            q = _query_values(x1, x2, c1, c2, s1, s2, w1, w2, q_ptr, eps, M, D, FUSED, HAS_NORM, OFFSET)
+        else:
+            q = _queries(q_ptr, qr_ptr, tok, head, q_ok, q_s0, q_s1, qr_s0, cos_ptr, sin_ptr, qw_ptr, eps, M, D, FUSED,
+                         HAS_NORM, OFFSET)
         if not EARLY:
             pos_i, seq_i, anc_i, slot0, nkeys, kpos0 = _indices(pos_ptr, seq_ptr, anc_ptr, rp, tok, tok_ok)
 
         m_i = tl.full([M], float("-inf"), tl.float32)
         l_i = tl.zeros([M], tl.float32)
         acc = tl.zeros([M, D], tl.float32)
-        kh = k_ptr + h * kv_s_head
-        vh = v_ptr + h * kv_s_head
         # 1a. the prefix kernel's partial states, one per chunk of the prompt's prefix
         for s in range(0, nsplit):
             row = s * part_s_split + tok * n_heads + head
@@ -135,14 +168,26 @@ if triton is not None:
             m_i, l_i, acc = _merge(m_i, l_i, acc, m_s, l_s, a_s)
         # 1b. or the prompt's cached prefix walked here, run by run of contiguous slots (addresses from the loop
         # index, not from a slot table: no dependent load per step): every key visible (within the window)
-        for r in range(0, nrun):
+        r_first = 0
+        if EARLY_KV:  # run 0 here, its first step from the keys and values loaded early (unless the window skips it)
+            r_first = 1
+            if nrun > 0:
+                k0 = _first_key(pos_i, tok_ok, kpos0, window, BN, WINDOW)
+                if k0 == 0:
+                    sc = _step_scores(q, kt0, pos_i, 0, nkeys, kpos0, scale, window, BN, WINDOW)
+                    m_i, l_i, acc = _online(sc, m_i, l_i, acc, vt0)
+                    k0 = k0 + BN  # (a tensor in both branches)
+                for s in range(k0, nkeys, BN):
+                    m_i, l_i, acc = _prefix_step(q, kh, vh, pos_i, m_i, l_i, acc, s, nkeys, kpos0, scale, window, D,
+                                                 BN, WINDOW, slot0, VK)
+        for r in range(r_first, nrun):
             if r > 0:  # (run 0 came with the indices)
                 slot0 = tl.load(rp + r * _RUN)
                 nkeys = tl.load(rp + r * _RUN + 1)
                 kpos0 = tl.load(rp + r * _RUN + 2)
             for s in range(_first_key(pos_i, tok_ok, kpos0, window, BN, WINDOW), nkeys, BN):
-                m_i, l_i, acc = _chunk_step(q, kh, vh, pos_i, m_i, l_i, acc, s, nkeys, kpos0, scale, window, D, BN,
-                                            WINDOW, slot0)
+                m_i, l_i, acc = _prefix_step(q, kh, vh, pos_i, m_i, l_i, acc, s, nkeys, kpos0, scale, window, D, BN,
+                                             WINDOW, slot0, VK)
         # 2. the token's own row: sequence keys causally, trie keys if they are ancestors-or-self
         for s in range(0, rlen, BN):
             j_ok = s + jn < rlen
@@ -162,11 +207,11 @@ if triton is not None:
                                        OFFSET, k_ptr))
             else:
                 kt = tl.load(kh + slot[None, :] * D + dd[:, None], mask=j_ok[None, :], other=0.0)
+            if VK:  # the values' load issued with the keys', not after the scores
+                vt = _row_values(vh, vr_ptr, key, slot, j_ok, vr_s0, D, FUSED and KEYS_REG)
             sc = tl.where(vis, tl.dot(q, kt) * scale, float("-inf"))
-            if FUSED and KEYS_REG:
-                vt = tl.load(vr_ptr + key[:, None] * vr_s0 + dd[None, :], mask=j_ok[:, None], other=0.0)
-            else:
-                vt = tl.load(vh + slot[:, None] * D + dd[None, :], mask=j_ok[:, None], other=0.0)
+            if not VK:
+                vt = _row_values(vh, vr_ptr, key, slot, j_ok, vr_s0, D, FUSED and KEYS_REG)
             m_i, l_i, acc = _online(sc, m_i, l_i, acc, vt)
             if EARLY:
                 seq_j, ts_j, pos_j = seq_n, ts_n, pos_n

@@ -37,7 +37,7 @@ try:
 except ImportError:  # CPU-only installs
     triton = None
 
-from qcls.engine.qkv_kernels import rope_values  # noqa: E402  (None without Triton)
+from qcls.engine.qkv_kernels import rope_apply, rope_inputs, rope_values  # noqa: E402,F401  (None without Triton)
 
 WORK_FIELDS = 7  # first slot, keys, position of the first key, split index, prompt range lo/hi, first query block
 RUN_FIELDS = 3  # a prefix run of contiguous pool slots: first slot, keys, position of the first key
@@ -79,6 +79,24 @@ if triton is not None:
             return 0
 
     @triton.jit
+    def _step_scores(q, kt, qpos, s, nkeys, kpos0, scale, window, BN: tl.constexpr, WINDOW: tl.constexpr):
+        """Scores [M, BN] of keys s … s+BN-1 of a chunk of nkeys (kt: their keys, transposed), -inf where hidden."""
+        j = s + tl.arange(0, BN)
+        vis = (j < nkeys)[None, :]
+        if WINDOW:
+            vis = vis & (qpos[:, None] - (kpos0 + j)[None, :] < window)
+        return tl.where(vis, tl.dot(q, kt) * scale, float("-inf"))
+
+    @triton.jit
+    def _chunk_kv(kh, vh, slot0, s, nkeys, D: tl.constexpr, BN: tl.constexpr):
+        """Keys (transposed, [D, BN]) and values [BN, D] s … s+BN-1 of a chunk of nkeys from pool slot slot0 on."""
+        dd = tl.arange(0, D)
+        j = s + tl.arange(0, BN)
+        j_ok = j < nkeys
+        return (tl.load(kh + (slot0 + j)[None, :] * D + dd[:, None], mask=j_ok[None, :], other=0.0),
+                tl.load(vh + (slot0 + j)[:, None] * D + dd[None, :], mask=j_ok[:, None], other=0.0))
+
+    @triton.jit
     def _chunk_step(q, kh, vh, qpos, m_i, l_i, acc, s, nkeys, kpos0, scale, window,
                     D: tl.constexpr, BN: tl.constexpr, WINDOW: tl.constexpr, slot0=0):
         """Keys s … s+BN-1 of a chunk of nkeys from pool slot slot0 on (masked: the step may pass its end)."""
@@ -86,10 +104,7 @@ if triton is not None:
         j = s + tl.arange(0, BN)
         j_ok = j < nkeys
         kt = tl.load(kh + (slot0 + j)[None, :] * D + dd[:, None], mask=j_ok[None, :], other=0.0)
-        vis = j_ok[None, :]
-        if WINDOW:
-            vis = vis & (qpos[:, None] - (kpos0 + j)[None, :] < window)
-        sc = tl.where(vis, tl.dot(q, kt) * scale, float("-inf"))
+        sc = _step_scores(q, kt, qpos, s, nkeys, kpos0, scale, window, BN, WINDOW)
         vt = tl.load(vh + (slot0 + j)[:, None] * D + dd[None, :], mask=j_ok[:, None], other=0.0)
         return _online(sc, m_i, l_i, acc, vt)
 
@@ -181,14 +196,35 @@ if triton is not None:
         return tl.reshape(tl.permute(tl.join(y1.to(dt), y2.to(dt)), (0, 2, 1)), (R, D))  # [R, 2, D/2] → [R, D]
 
     @triton.jit
+    def _query_inputs(q_ptr, qr_ptr, tok, head, q_ok, q_s0, q_s1, qr_s0, cos_ptr, sin_ptr, qw_ptr, M: tl.constexpr,
+                      D: tl.constexpr, FUSED: tl.constexpr, HAS_NORM: tl.constexpr):
+        """Every load of a program's query vectors (`tok`, `head` [M]: each one's token and head), nothing computed:
+        FUSED, rope_inputs of the QKV GEMM's output; otherwise the query buffer's rows (and placeholders)."""
+        if FUSED:
+            return rope_inputs(qr_ptr + tok * qr_s0 + head * D, q_ok, tok, cos_ptr, sin_ptr, qw_ptr, D, HAS_NORM)
+        else:
+            dd = tl.arange(0, D)
+            q = tl.load(q_ptr + tok[:, None] * q_s0 + head[:, None] * q_s1 + dd[None, :], mask=q_ok[:, None],
+                        other=0.0)
+            return q, q, q, q, q, q, q, q
+
+    @triton.jit
+    def _query_values(x1, x2, c1, c2, s1, s2, w1, w2, q_ptr, eps, M: tl.constexpr, D: tl.constexpr,
+                      FUSED: tl.constexpr, HAS_NORM: tl.constexpr, OFFSET: tl.constexpr):
+        """The query vectors [M, D] from _query_inputs' values: FUSED, (normed and) rotated, rounded to q_ptr's
+        dtype (the values the q/k/v kernel would have written); otherwise the loaded rows as they are."""
+        if FUSED:
+            y1, y2 = rope_apply(x1, x2, c1, c2, s1, s2, w1, w2, eps, D, HAS_NORM, OFFSET)
+            dt = q_ptr.dtype.element_ty
+            return tl.reshape(tl.permute(tl.join(y1.to(dt), y2.to(dt)), (0, 2, 1)), (M, D))  # [M, 2, D/2] → [M, D]
+        else:
+            return x1
+
+    @triton.jit
     def _queries(q_ptr, qr_ptr, tok, head, q_ok, q_s0, q_s1, qr_s0, cos_ptr, sin_ptr, qw_ptr, eps, M: tl.constexpr,
                  D: tl.constexpr, FUSED: tl.constexpr, HAS_NORM: tl.constexpr, OFFSET: tl.constexpr):
         """A program's query vectors [M, D] (`tok`, `head` [M]: each one's token and head): FUSED, from the QKV GEMM's
         output (_rotated); otherwise from the query buffer."""
-        if FUSED:
-            return _rotated(qr_ptr + tok * qr_s0 + head * D, q_ok, tok, cos_ptr, sin_ptr, qw_ptr, eps, M, D, HAS_NORM,
-                            OFFSET, q_ptr)
-        else:
-            dd = tl.arange(0, D)
-            return tl.load(q_ptr + tok[:, None] * q_s0 + head[:, None] * q_s1 + dd[None, :], mask=q_ok[:, None],
-                           other=0.0)
+        x1, x2, c1, c2, s1, s2, w1, w2 = _query_inputs(q_ptr, qr_ptr, tok, head, q_ok, q_s0, q_s1, qr_s0, cos_ptr,
+                                                       sin_ptr, qw_ptr, M, D, FUSED, HAS_NORM)
+        return _query_values(x1, x2, c1, c2, s1, s2, w1, w2, q_ptr, eps, M, D, FUSED, HAS_NORM, OFFSET)

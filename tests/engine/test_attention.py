@@ -134,7 +134,10 @@ def test_tree_attention_equals_dense_interpreted(case):
                   # tiles of 32 tokens (Tuning.row_tile): in one pass, and in two passes merging split prefixes
                   INLINE.with_(row_tile=32, row_bt=32), split(16, 2).with_(row_tile=32, row_head_split=2),
                   # the index loads after the rotation (sm_75's order), in two passes of a tile
-                  INLINE.with_(row_early_loads=False, row_tile=32, row_bt=16)])
+                  INLINE.with_(row_early_loads=False, row_tile=32, row_bt=16),
+                  # the query vectors and the prefix's first step loaded before the row's keys, values with keys
+                  INLINE.with_(row_early_q=True, row_early_kv=True, row_values_with_keys=True),
+                  INLINE.with_(row_early_kv=True, row_tile=32, row_bt=16)])
 
 
 @needs_triton
@@ -306,7 +309,10 @@ def test_fused_qkv_equals_qkv_kernel_then_dense_interpreted(case):
                     split(16, 2, 8 if dim == 256 else 16),
                     split(16, 2, 8 if dim == 256 else 16).with_(row_keys_in_registers=True),
                     INLINE.with_(row_tile=32, row_bt=32 if dim < 256 else 16),
-                    INLINE.with_(row_tile=32, row_bt=16, row_early_loads=False)], window, norm, offset)
+                    INLINE.with_(row_tile=32, row_bt=16, row_early_loads=False),
+                    INLINE.with_(row_early_q=True, row_early_kv=True, row_values_with_keys=True),
+                    INLINE.with_(row_early_q=True, row_early_kv=True, row_keys_in_registers=True, row_tile=32,
+                                 row_bt=16, row_values_with_keys=True)], window, norm, offset)
 
 
 @pytest.mark.gpu

@@ -137,3 +137,24 @@ def test_real_gemma3_270m_matches_the_reference(demo_cfg_overrides, prompts, str
     ref = Classifier(compose(over + ["engine=reference"]), loaded=loaded)
     assert fast.engine.dec.family.name == "gemma3_text" and fast.engine.dec.n_kv == 1
     assert_same(fast, ref, queries)
+
+
+def test_the_table_factor_is_the_modules_arithmetic():
+    """family.table_factor: the first norm gathers the table's rows and scales them by this factor (decoder.py), so it
+    must reproduce the module's forward exactly, and refuse modules that do anything else."""
+    import torch
+    from torch import nn
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3TextScaledWordEmbedding
+
+    from qcls.engine.family import table_factor
+    assert table_factor(nn.Embedding(10, 4)) == 1.0
+    assert table_factor(nn.Embedding(10, 4, max_norm=1.0)) is None
+    assert table_factor(type("Other", (nn.Embedding,), {})(10, 4)) is None
+    assert table_factor(nn.Linear(4, 4)) is None
+    for dtype in (torch.float32, torch.float16):
+        emb = Gemma3TextScaledWordEmbedding(50, 640, 0, embed_scale=640 ** 0.5).to(dtype)
+        nn.init.normal_(emb.weight, std=3.0)
+        f = table_factor(emb)
+        assert f == float(torch.tensor(640 ** 0.5).to(dtype)) and (dtype == torch.float32 or f != 640 ** 0.5)
+        ids = torch.tensor([3, 7, 7, 49])
+        assert torch.equal(emb(ids), emb.weight[ids] * torch.tensor(f, dtype=dtype))

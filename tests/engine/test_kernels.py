@@ -101,6 +101,15 @@ def _norm_case(device, dtype, h=96, n=7):
             want = (x.float() if res is None else x.float() + res)[slice(None) if sel is None else sel]
             assert torch.equal(s0, want) and torch.equal(s1, want)
             assert (y1.float() - y0.float()).abs().max() < (2e-2 if dtype == torch.float16 else 1e-5)
+    # the first layer's norm on Gemma3's embedding table: the gathered rows × √hidden rounded as its module rounds
+    # (rows × embed_scale.to(dtype), a product in the table's dtype), then summed into the float32 stream as they are
+    scale = float(torch.tensor(h ** 0.5).to(dtype))
+    want = (x[rows] * torch.tensor(h ** 0.5).to(dtype)).float()
+    for impl in ("triton", "torch"):
+        y, s = K.add_rmsnorm(x, None, w, 1e-6, offset=True, rows=rows, impl=impl, scale=scale)
+        assert torch.equal(s, want), impl
+        y0, _ = K.add_rmsnorm_torch(want, None, w, 1e-6, dtype, True)
+        assert (y.float() - y0.float()).abs().max() < (2e-2 if dtype == torch.float16 else 1e-5)
 
 
 @pytest.mark.skipif(K.triton is None or torch.cuda.is_available(), reason="interpreter run: needs Triton, no GPU")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 NORM = {"x_ptr": "*fp16", "r_ptr": "*fp32", "w_ptr": "*fp16", "y_ptr": "*fp16", "s_ptr": "*fp32", "rows_ptr": "*i64",
-        "H": "i32", "eps": "fp32"}
+        "H": "i32", "eps": "fp32", "scale": "fp32"}
 QKV = {"q_ptr": "*fp16", "k_ptr": "*fp16", "v_ptr": "*fp16", "cos_ptr": "*fp16", "sin_ptr": "*fp16", "qw_ptr": "*fp16",
        "kw_ptr": "*fp16", "qo_ptr": "*fp16", "kb_ptr": "*fp16", "vb_ptr": "*fp16", "slot_ptr": "*i64", "q_s0": "i32",
        "k_s0": "i32", "v_s0": "i32", "qo_s0": "i32", "kb_s_head": "i32", "eps": "fp32"}
@@ -24,11 +24,14 @@ SOFTMAX = {"x_ptr": "*fp32", "idx_ptr": "*i64", "out_ptr": "*fp64", "S": "i32", 
 # (kernel, argument types, constexprs): what decoder.py launches for Qwen3-4B and Gemma3-4B in fp16; the final
 # norm writes float32 states
 CASES = [
-    ("_add_rmsnorm_kernel", NORM, {"HAS_RES": True, "OFFSET": False, "GATHER": False, "BLOCK": 4096}),
+    ("_add_rmsnorm_kernel", NORM, {"HAS_RES": True, "OFFSET": False, "GATHER": False, "SCALE": False, "BLOCK": 4096}),
     ("_add_rmsnorm_kernel", {**NORM, "y_ptr": "*fp32"}, {"HAS_RES": True, "OFFSET": False, "GATHER": False,
-                                                         "BLOCK": 4096}),
-    ("_add_rmsnorm_kernel", NORM, {"HAS_RES": False, "OFFSET": True, "GATHER": False, "BLOCK": 4096}),
-    ("_add_rmsnorm_kernel", NORM, {"HAS_RES": True, "OFFSET": False, "GATHER": True, "BLOCK": 4096}),  # last layer
+                                                         "SCALE": False, "BLOCK": 4096}),
+    # the first layer's norm: the embedding table's rows gathered (and scaled: Gemma3)
+    ("_add_rmsnorm_kernel", NORM, {"HAS_RES": False, "OFFSET": True, "GATHER": True, "SCALE": True, "BLOCK": 4096}),
+    ("_add_rmsnorm_kernel", NORM, {"HAS_RES": False, "OFFSET": False, "GATHER": True, "SCALE": False, "BLOCK": 4096}),
+    ("_add_rmsnorm_kernel", NORM, {"HAS_RES": True, "OFFSET": False, "GATHER": True, "SCALE": False,
+                                   "BLOCK": 4096}),  # last layer
     ("_qkv_kernel", QKV, {"NH": 32, "D": 128, "HAS_NORM": True, "OFFSET": False}),
     ("_qkv_kernel", QKV, {"NH": 8, "D": 256, "HAS_NORM": True, "OFFSET": True}),
     ("_qkv_heads_kernel", QKV, {"NH": 32, "D": 128, "HB": 8, "HAS_NORM": True, "OFFSET": False}),
