@@ -110,7 +110,12 @@ TUNING: dict[int, Tuning] = {
     # wide_tile=32: Gemma3-4B batch 4 (140 busy programs of 16-token tiles on 132 SMs, 128 of 32-token ones) 0.720 →
     # 0.556 ms; where 16-token tiles do not crowd the SMs, 32-token ones were slower (batch 2-3: 0.45 → 0.54) (H100,
     # 2026-11-26, e5218ff, bench/attention.py --variants, bench/RESULTS.md)
-    256: Tuning(bn=32, row_warps=8, row_stages=2, row_maxnreg=96, row_crowded=1.0, row_head_split=2, wide_tile=32),
+    # row_early_q, row_early_kv, row_values_with_keys (not in widened buckets): Gemma3-4B's attention in the engine
+    # 0.362 → 0.340 ms at batch 1 (bench/host.py --kernels-only); bench/attention.py --variants 0.350 → 0.344 at batch 1,
+    # 0.451 → 0.431 and 0.444 → 0.434 at batches 2-3; with 32-token tiles (batch 4) 0.556 → 0.705, so widened() turns
+    # them off. Qwen3-4B: no gain at batches 1-3, 0.476 → 0.835 at batch 4 (H100, 2026-11-26, ccf3e9e)
+    256: Tuning(bn=32, row_warps=8, row_stages=2, row_maxnreg=96, row_crowded=1.0, row_head_split=2, wide_tile=32,
+                row_early_q=True, row_early_kv=True, row_values_with_keys=True),
 }
 
 
@@ -161,7 +166,9 @@ def widened(tuning: Tuning, prompt_tokens: list[int], b: int, kv_heads: int) -> 
     if not (w and tuning.sms and b > 1) or row_programs(prompt_tokens, b, kv_heads, tuning.row_tile) <= tuning.sms or \
             row_programs(prompt_tokens, b, kv_heads, w) > tuning.sms:
         return tuning
-    return tuning.with_(row_tile=w, row_bt=w, row_maxnreg=0)
+    # (the early loads held through a 32-token tile spilled: Gemma3-4B at batch 4, 0.556 → 0.705 ms)
+    return tuning.with_(row_tile=w, row_bt=w, row_maxnreg=0, row_early_q=False, row_early_kv=False,
+                        row_values_with_keys=False)
 
 
 @dataclass

@@ -151,10 +151,13 @@ def test_register_limit_only_in_crowded_buckets():
 
 def test_wide_tiles_only_where_the_narrow_ones_crowd_the_sms_and_the_wide_fit():
     # rows of ⌈76 / 4⌉ = 19 tokens: 2 tiles of 16 each, 1 of 32; 2 prompts × 4 rows × 2 KV heads
-    t = Tuning(row_maxnreg=96, row_crowded=1.0, wide_tile=32, sms=20)
+    t = Tuning(row_maxnreg=96, row_crowded=1.0, wide_tile=32, sms=20, row_early_q=True, row_early_kv=True,
+               row_values_with_keys=True)
     assert row_programs([76, 76], 4, 2) == 32 and row_programs([76, 76], 4, 2, 32) == 16
-    w = widened(t, [76, 76], 4, 2)  # 32 programs > 20 SMs, 16 ≤ 20: one pass of 32 tokens, no register limit
+    w = widened(t, [76, 76], 4, 2)  # 32 programs > 20 SMs, 16 ≤ 20: one pass of 32 tokens, no register limit …
     assert (w.row_tile, w.row_bt, w.row_maxnreg) == (32, 32, 0)
+    # … and none of the early loads (held through a 32-token tile, they spill)
+    assert (w.row_early_q, w.row_early_kv, w.row_values_with_keys) == (False, False, False)
     assert widened(t.with_(sms=40), [76, 76], 4, 2) == t.with_(sms=40)  # 32 programs fit 40 SMs: not crowded
     assert widened(t.with_(sms=15), [76, 76], 4, 2) == t.with_(sms=15)  # 16 wide ones would not fit 15 either
     assert widened(t.with_(wide_tile=0), [76, 76], 4, 2).row_tile == 16  # off
