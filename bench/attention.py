@@ -33,7 +33,7 @@ from bench.prefix_cases import BASE, attention_flops, kv_read_bytes, prompt_sets
 from qcls.compose import compose  # noqa: E402
 from qcls.config import PromptSpec  # noqa: E402
 from qcls.engine import attention as A  # noqa: E402
-from qcls.engine.engine import token_buckets  # noqa: E402
+from qcls.engine.bucket import token_buckets  # noqa: E402
 from qcls.engine.layout import Packer, PromptLayout, build_mask, unpack  # noqa: E402
 from qcls.engine.prefix_cache import plan_prefixes  # noqa: E402
 from qcls.engine.qkv_kernels import rope_torch  # noqa: E402

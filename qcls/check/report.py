@@ -10,7 +10,7 @@ from typing import Any
 from qcls.backends import memory, sources
 from qcls.backends.registry import BACKENDS
 from qcls.config import QclsConfig
-from qcls.engine.engine import token_buckets
+from qcls.engine.bucket import token_buckets
 from qcls.engine.layout import Packer, PromptLayout
 from qcls.engine.prefix_cache import plan_prefixes
 from qcls.errors import ConfigError, LabelSetError, QclsError

@@ -14,118 +14,31 @@ from dataclasses import dataclass
 
 import torch
 
-from qcls.engine.attention import DenseAttention, TreeAttention, tree_available
+from qcls.engine.attention import DenseAttention, tree_available
+from qcls.engine.bucket import SLOTS, Bucket, token_buckets  # noqa: F401  (token_buckets: the engine's bucket shapes)
 from qcls.engine.decoder import Decoder
-from qcls.engine.layout import Packer, PromptLayout, build_mask, unpack
+from qcls.engine.layout import Packer, PromptLayout
 from qcls.engine.prefix_cache import plan_prefixes
-from qcls.engine.probs import Probabilities, split_blocks
+from qcls.engine.probs import split_blocks
 from qcls.engine.tail import Tail
 from qcls.engine.taps import TapPlan, root_reads
-from qcls.engine.tree_plan import plan_tree, tuning_for
 from qcls.heads.head import FINAL, PromptHead, Tap
 
 
 Scores = list[list[list[float]]]  # per query, per prompt, per label
-# Batches that may be in flight at once: one on the device while the next is packed and queued behind it.
-SLOTS = 2
 
 
 @dataclass
 class InFlight:
     """A launched batch: its bucket, its host slot and, on a GPU, the events that time and complete it."""
 
-    bucket: "Bucket"
+    bucket: Bucket
     batch_size: int
     slot: int
     started: float  # perf_counter at launch
     prepare_ms: float  # packing and queueing on the host
     events: tuple | None = None  # (forward start, forward end, scores on the host)
     host_ms: tuple[float, float] = (0.0, 0.0)  # forward, score when the host computed them itself (no GPU)
-
-
-class Bucket:
-    """Static buffers of one (b, L) bucket and the computation over them (captured as is on a GPU)."""
-
-    def __init__(self, b: int, query_tokens: int, packer: Packer, dec: Decoder, tail: Tail, pool_len: int,
-                 embed_fn, tree: bool, taps: TapPlan | None = None):
-        dev = dec.device
-        self.b, self.query_tokens = b, query_tokens
-        self.n_tokens = n = packer.n_tokens(b, query_tokens)
-        self.key_len = pool_len + n + (-(pool_len + n)) % 16  # mem-efficient SDPA wants aligned mask rows
-        self.packer, self.dec, self.tail, self.pool_len, self.embed_fn = packer, dec, tail, pool_len, embed_fn
-        self.n_reads = packer.n_reads(b)
-        self.taps = taps  # shared by the buckets of batch size b: a forward writes it, its own tail reads it
-        # the tree kernels' work lists: fixed by the prompts and the bucket's shape
-        group = dec.n_heads // dec.n_kv
-        self.tree = plan_tree(packer, b, query_tokens, group, tuning_for(dec.head_dim, group, dev), dec.n_kv).to(dev) \
-            if tree else None
-        self.tile = self.tree.tuning.row_tile if self.tree is not None else packer.tiles[0]  # the plan's tiles
-        self.slots = torch.arange(pool_len, pool_len + n, device=dev)  # where this forward's K/V go
-        size, pinned = packer.buffer_len(b, n), dev.type == "cuda"
-        # One host buffer per in-flight slot (SLOTS): a batch is packed, and its scores land, while the batch
-        # before it may still be on the device, whose asynchronous copies read and write the other slot.
-        self.host = [torch.zeros(size, dtype=torch.long, pin_memory=pinned) for _ in range(SLOTS)]
-        self.host_np = [h.numpy() for h in self.host]  # what pack writes (a view each: made once, not per request)
-        self.probs = Probabilities(tail.label_counts, b, dev)  # the scores and their softmax: what comes back
-        self.out = [torch.zeros(self.probs.out.shape[0], dtype=torch.float64, pin_memory=pinned) for _ in range(SLOTS)]
-        self.buf = torch.zeros(size, dtype=torch.long, device=dev)
-        self.visible, self.slot_pos = packer.visible.to(dev), packer.slot_pos.to(dev)
-        self.embeds = None
-        if embed_fn is not None:  # the backend gathers embeddings itself (table off the device)
-            self.embeds = torch.zeros(n, dec.embed.embedding_dim, dtype=dec.dtype, device=dev)
-        self.hidden = self.scores = None
-        self.graphs: tuple[torch.cuda.CUDAGraph, torch.cuda.CUDAGraph] | None = None
-
-    def forward(self) -> torch.Tensor:
-        d = unpack(self.buf, self.n_tokens, self.n_reads, len(self.packer.prompts))
-        if self.tree is not None:
-            attend = TreeAttention(d, self.tree, self.pool_len, self.dec.n_heads, self.dec.head_dim, self.dec.dtype)
-        else:
-            attend = DenseAttention(lambda w: build_mask(d, self.visible, self.key_len, w, self.slot_pos), self.key_len)
-        sink = self.taps.bind(d["read"], d["qrow"]) if self.taps is not None else None
-        self.hidden = self.dec.forward(d["ids"], d["pos"], self.slots, attend, d["read"], self.embeds, sink)
-        if self.taps is not None:
-            self.taps.record_final(self.hidden)
-        return self.hidden
-
-    def score(self) -> torch.Tensor:
-        self.scores = self.probs(self.tail(self.hidden, self.taps.buf if self.taps is not None else None))
-        return self.scores
-
-    def pack(self, batch: list[list[int]], slot: int) -> None:
-        self.packer.pack(batch, self.n_tokens, self.host_np[slot], self.tile)
-
-    def load(self, slot: int) -> None:
-        """Copy the packed slot into the static input buffers; stream-ordered after any forward before it."""
-        self.buf.copy_(self.host[slot], non_blocking=True)
-        if self.embed_fn is not None:
-            self.embed_fn(self.host[slot][:self.n_tokens], self.embeds)
-
-    def capture(self, pool) -> None:
-        dev = self.dec.device
-        side = torch.cuda.Stream(dev)
-        side.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self.forward()
-                self.score()
-        torch.cuda.current_stream(dev).wait_stream(side)
-        g_fwd, g_tail = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g_fwd, pool=pool):
-            self.forward()
-        with torch.cuda.graph(g_tail, pool=pool):
-            self.score()
-        self.graphs = (g_fwd, g_tail)
-
-
-def token_buckets(query_buckets: list[int], b: int) -> list[int]:
-    """Buckets of the batch's total query tokens: the per-query buckets, then ×1.5 steps up to b × the
-    largest (a batch of b queries never holds fewer than b tokens)."""
-    top = b * query_buckets[-1]
-    out = list(query_buckets)
-    while out[-1] < top:
-        out.append(min(top, out[-1] * 3 // 2))
-    return [x for x in out if x >= b]
 
 
 @dataclass
