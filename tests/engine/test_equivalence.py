@@ -209,7 +209,7 @@ def test_tree_attention_engine(tiny_dirs, family, strategy, fused):
 def test_tree_attention_engine_split_prefixes(tiny_dirs, monkeypatch):
     """Prefixes split into chunks of 16 keys (partial softmax states merged per tile), chunk boundaries
     inside a header that three prompts share (blocks of 8), one prompt without a prefix: batches 1–4."""
-    from qcls.engine import engine as E
+    from qcls.engine import bucket as E  # (where the buckets look up their tuning)
     from qcls.engine.tree_plan import Tuning
     forced = Tuning(inline_reads=0, min_chunk=16, max_chunk=16, partial_limit=1e9, bq=16, qb=2, bn=16, row_bn=16)
     monkeypatch.setattr(E, "tuning_for", lambda *a, **k: forced)
