@@ -20,12 +20,12 @@ EARLY = {"query loads before the row keys": dict(row_early_q=True),
          "query loads and first step early": dict(row_early_q=True, row_early_kv=True),
          "all three": dict(row_early_q=True, row_early_kv=True, row_values_with_keys=True)}
 ROW_VARIANTS = {  # --variants: the row kernel's shapes (tree_plan.Tuning fields) against the shipped ones
-    128: {**EARLY, "row keys through the KV buffer": dict(row_keys_in_registers=False),
-          "no register limit": dict(row_maxnreg=0)},
+    128: {"values loaded with keys": dict(row_values_with_keys=True)},  # (the others: bench/RESULTS.md, ccf3e9e)
     16: {"32-token tiles": dict(row_tile=32, row_bt=32), **EARLY},  # (--smoke's tiny heads)
-    256: {**EARLY, "all three, no register limit": dict(row_early_q=True, row_early_kv=True, row_values_with_keys=True,
-                                                        row_maxnreg=0),
-          "16-token tiles only": dict(wide_tile=0)},
+    256: {"none of the early loads": dict(row_early_q=False, row_early_kv=False, row_values_with_keys=False),
+          "64-key steps (a whole short prefix loaded early)": dict(row_bn=64),
+          "64-key steps, no register limit": dict(row_bn=64, row_maxnreg=0),
+          "4 warps": dict(row_warps=4), "3 stages": dict(row_stages=3)},
 }
 
 

@@ -67,12 +67,13 @@ if triton is not None:
         tl.store(y_ptr + row * H + cols, (x * inv * w).to(y_ptr.dtype.element_ty), mask=m)
 
 
-def norm_warps(h: int, pair: bool = False) -> int:
+def norm_warps(h: int, rows: int = 0, pair: bool = False) -> int:
     """Warps per row of the norm kernel: on an H100 (bench/RESULTS.md, "norm kernel: … per warps setting") 16 warps
     were the fastest at hidden 2560 and 4096 (3-7 % over 4); Triton's default 4 below 1024. `pair`: Gemma3's norm
-    pair, whose loads before the first reduction take more registers: 8 warps at hidden 2560, 3.84 → 3.76 µs a launch
-    at 126 rows and 7.01 → 6.62 at 440 (H100, 2026-11-26, bench/RESULTS.md)."""
-    return 4 if h <= 1024 else 8 if h <= 2048 or pair else 16
+    pair, whose loads before the first reduction take more registers, over more than 256 rows: 8 warps (Gemma3-4B's
+    norms at batch 4, 440 rows, 0.362-0.373 → 0.345 ms a forward; at batch 1, 126 rows, 0.177-0.179 → 0.188, so
+    16 stay there) (H100, 2026-11-26, bench/RESULTS.md)."""
+    return 4 if h <= 1024 else 8 if h <= 2048 or (pair and rows > 256) else 16
 
 
 def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
@@ -150,7 +151,7 @@ def post_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, w_post: torch.Tens
     s = torch.empty(n, h, dtype=torch.float32, device=x.device)
     _post_add_rmsnorm_kernel[(n,)](x, residual, w_post, weight, y, s, rows if rows is not None else s, h, eps_post,
                                    eps, OFFSET=offset, GATHER=rows is not None, BLOCK=triton.next_power_of_2(h),
-                                   num_warps=norm_warps(h, pair=True))
+                                   num_warps=norm_warps(h, n, pair=True))
     return y, s
 
 
