@@ -203,3 +203,28 @@ def silu_mul(gu: torch.Tensor) -> torch.Tensor:
 def gelu_tanh_mul(gu: torch.Tensor) -> torch.Tensor:
     """gelu_tanh(gate) * up for gu = [gate | up] (transformers' gelu_pytorch_tanh), float32 inside."""
     return _act_mul(gu, gelu=True)
+
+
+# ---- the tokens' rows of the RoPE tables ---------------------------------------------------------------
+if triton is not None:
+    @triton.jit
+    def _gather_rows_kernel(t_ptr, idx_ptr, out_ptr, P, N, D: tl.constexpr, K: tl.constexpr, BLOCK: tl.constexpr):
+        t = tl.program_id(0)
+        p = tl.load(idx_ptr + t)
+        cols = tl.arange(0, BLOCK)
+        m = cols < D
+        for k in tl.static_range(K):
+            tl.store(out_ptr + (k * N + t) * D + cols, tl.load(t_ptr + (k * P + p) * D + cols, mask=m), mask=m)
+
+
+def gather_rows(tables: torch.Tensor, idx: torch.Tensor, impl: str = "auto") -> torch.Tensor:
+    """[K, N, D] = tables [K, P, D] at rows idx [N] (int64), each [N, D] slice contiguous: the K cos/sin tables of a
+    forward's RoPE kinds at its tokens' positions in one launch on CUDA (issue 27: Gemma3-4B gathered its two kinds'
+    cos and sin in four launches). impl: auto, or torch / triton (tests)."""
+    if impl == "torch" or (impl == "auto" and not use_triton(tables)):
+        return tables[:, idx]
+    k, p, d = tables.shape
+    n = idx.shape[0]
+    out = torch.empty(k, n, d, dtype=tables.dtype, device=tables.device)
+    _gather_rows_kernel[(n,)](tables, idx, out, p, n, D=d, K=k, BLOCK=triton.next_power_of_2(d), num_warps=2)
+    return out

@@ -112,6 +112,22 @@ def _norm_case(device, dtype, h=96, n=7):
         assert (y.float() - y0.float()).abs().max() < (2e-2 if dtype == torch.float16 else 1e-5)
 
 
+def _gather_case(device):
+    """gather_rows' kernel against indexing: every table's rows at the indices, repeats included, each [N, D] slice
+    contiguous (what the fused q/k/v kernels read as cos/sin)."""
+    g = torch.Generator().manual_seed(3)
+    tables = torch.randn(4, 11, 16, generator=g).to(device, torch.float16)
+    idx = torch.tensor([0, 10, 3, 3, 7], device=device)
+    got = K.gather_rows(tables, idx, impl="triton")
+    assert torch.equal(got, tables[:, idx]) and torch.equal(K.gather_rows(tables, idx, impl="torch"), tables[:, idx])
+    assert all(got[k].is_contiguous() for k in range(4))
+
+
+@pytest.mark.skipif(K.triton is None or torch.cuda.is_available(), reason="interpreter run: needs Triton, no GPU")
+def test_gather_rows_interpreted():
+    _gather_case("cpu")
+
+
 @pytest.mark.skipif(K.triton is None or torch.cuda.is_available(), reason="interpreter run: needs Triton, no GPU")
 def test_post_norm_kernel_interpreted():
     _post_norm_case("cpu", torch.float32)
@@ -161,6 +177,12 @@ def test_triton_qkv_into(norm, hb):
 def test_triton_post_add_rmsnorm():
     _cuda()
     _post_norm_case("cuda", torch.float16, h=2560, n=37)
+
+
+@gpu
+def test_triton_gather_rows():
+    _cuda()
+    _gather_case("cuda")
 
 
 @gpu

@@ -43,6 +43,9 @@ CASES = [
     ("_act_mul_kernel", ACT, {"GELU": True, "BLOCK": 1024}),
     ("_group_scores_kernel", GROUP, {"W": 10, "BE": 128, "BW": 16}),  # the tail (engine.fuse_tail)
     ("_softmax_kernel", SOFTMAX, {"L": 10, "BS": 32, "BL": 16}),  # the probabilities (engine/probs.py)
+    # the RoPE tables' rows (Gemma3: two kinds' cos and sin)
+    ("_gather_rows_kernel", {"t_ptr": "*fp16", "idx_ptr": "*i64", "out_ptr": "*fp16", "P": "i32", "N": "i32"},
+     {"D": 256, "K": 4, "BLOCK": 256}),
 ]
 
 
