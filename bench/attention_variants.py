@@ -20,12 +20,17 @@ EARLY = {"query loads before the row keys": dict(row_early_q=True),
          "query loads and first step early": dict(row_early_q=True, row_early_kv=True),
          "all three": dict(row_early_q=True, row_early_kv=True, row_values_with_keys=True)}
 ROW_VARIANTS = {  # --variants: the row kernel's shapes (tree_plan.Tuning fields) against the shipped ones
-    128: {"values loaded with keys": dict(row_values_with_keys=True)},  # (the others: bench/RESULTS.md, ccf3e9e)
+    128: {"values loaded after the scores": dict(row_values_with_keys=False)},  # (others: bench/RESULTS.md, ccf3e9e)
     16: {"32-token tiles": dict(row_tile=32, row_bt=32), **EARLY},  # (--smoke's tiny heads)
-    256: {"none of the early loads": dict(row_early_q=False, row_early_kv=False, row_values_with_keys=False),
-          "64-key steps (a whole short prefix loaded early)": dict(row_bn=64),
-          "64-key steps, no register limit": dict(row_bn=64, row_maxnreg=0),
-          "4 warps": dict(row_warps=4), "3 stages": dict(row_stages=3)},
+    256: {"row keys in registers": dict(row_keys_in_registers=True),
+          "row keys in registers, 16-key steps": dict(row_keys_in_registers=True, row_bn=16),
+          "16-key steps": dict(row_bn=16),
+          "16-key steps, 1 stage": dict(row_bn=16, row_stages=1),
+          "32-token tiles at every batch, 16-key steps, early loads": dict(wide_tile=0, row_tile=32, row_bt=32,
+                                                                          row_bn=16),
+          "32-token tiles at every batch, 16-key steps, early loads, row keys in registers": dict(
+              wide_tile=0, row_tile=32, row_bt=32, row_bn=16, row_keys_in_registers=True),
+          "32-token tiles at every batch, early loads": dict(wide_tile=0, row_tile=32, row_bt=32)},
 }
 
 
