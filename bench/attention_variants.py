@@ -20,7 +20,7 @@ EARLY = {"query loads before the row keys": dict(row_early_q=True),
          "query loads and first step early": dict(row_early_q=True, row_early_kv=True),
          "all three": dict(row_early_q=True, row_early_kv=True, row_values_with_keys=True)}
 ROW_VARIANTS = {  # --variants: the row kernel's shapes (tree_plan.Tuning fields) against the shipped ones
-    128: {"values loaded after the scores": dict(row_values_with_keys=False)},  # (others: bench/RESULTS.md, ccf3e9e)
+    128: {"values loaded with keys": dict(row_values_with_keys=True)},  # (the others: bench/RESULTS.md, ccf3e9e)
     16: {"32-token tiles": dict(row_tile=32, row_bt=32), **EARLY},  # (--smoke's tiny heads)
     256: {"row keys in registers": dict(row_keys_in_registers=True),
           "row keys in registers, 16-key steps": dict(row_keys_in_registers=True, row_bn=16),

@@ -101,10 +101,11 @@ TUNING: dict[int, Tuning] = {
     # row_keys_in_registers (outside crowded buckets, `crowded`): Qwen3-4B (fused) 0.364 → 0.333 ms at batch 1, 0.410
     # → 0.394 at batch 3; at head_dim 256 (Gemma3-4B) it cost 7-8 % at batches 1-3 (H100, 2026-11-26, 9f5c01b,
     # bench/attention.py --variants, bench/RESULTS.md)
-    # row_values_with_keys: Qwen3-4B 0.319-0.322 / 0.318 against 0.323-0.326 / 0.336 at batch 1 in three runs, batches
-    # 2-4 within ±0.01 (H100, 2026-11-26, ccf3e9e and ece049e, bench/attention.py --variants, bench/RESULTS.md)
+    # row_values_with_keys stays off: bench/attention.py --variants had Qwen3-4B 0.318-0.322 against 0.323-0.336 ms at
+    # batch 1 in three runs, but in the engine (bench/host.py --kernels-only, in alternation) it was slower: 0.344 /
+    # 0.344 → 0.355 / 0.357 at batch 1, 0.505 / 0.502 → 0.508 / 0.513 at batch 4 (H100, 2026-11-26, 0401f80)
     128: Tuning(inline_reads=1536, partial_ratio=0.125, stages=3, unmasked=True, merge_warps=8, row_bn=16,
-                row_maxnreg=168, row_crowded=2.0, row_keys_in_registers=True, row_values_with_keys=True),
+                row_maxnreg=168, row_crowded=2.0, row_keys_in_registers=True),
     # row_stages=2, and 96 registers past one program per SM: Gemma3-4B (fused q/k/v) batch 4 0.800 → 0.695 ms,
     # batches 1-3 unchanged without the limit (0.44-0.47; with it 0.52-0.72) (same run)
     # row_head_split=2 (batch 1 only): Gemma3-4B 0.443 → 0.365 ms; at batches 2-4 it was slower (0.453 → 0.470,
