@@ -160,7 +160,7 @@ class TreeAttention:
             kr_s0, kr_s0, nh, scale, window, eps,
             G=g // hs, GP=triton.next_power_of_2(g // hs), D=d, TILE=t.row_tile, BT=t.row_bt, BN=t.row_bn,
             WINDOW=window > 0, **fused, KEYS_REG=t.row_keys_in_registers, HS=hs,
-            EARLY=t.row_early_loads, EARLY_Q=t.row_early_q, EARLY_KV=t.row_early_kv and t.row_early_loads,
+            EARLY=t.row_early_loads, EARLY_Q=t.row_early_q, EARLY_KV=t.row_early_kv,
             VK=t.row_values_with_keys,
             num_warps=t.row_warps, num_stages=t.row_stages, **({"maxnreg": t.row_maxnreg} if t.row_maxnreg else {}))
         return self.out

@@ -106,7 +106,7 @@ if triton is not None:
                           runs_stride, q_s0, q_s1, o_s0, kv_s_head, part_s_split, n_heads, scale, window, h, hq,
                           qr_ptr, kr_ptr + h * D, vr_ptr + h * D, cos_ptr, sin_ptr, qw_ptr, kw_ptr, qr_s0, kr_s0, vr_s0,
                           eps, G, GP, D, BT, BN, WINDOW, FUSED, HAS_NORM, OFFSET, KEYS_REG, EARLY,
-                          FUSED and not KEYS_REG and sub == 0, EARLY_Q, EARLY_KV, VK)
+                          FUSED and not KEYS_REG and sub == 0, EARLY_Q, EARLY_KV and EARLY, VK)
 
     @triton.jit
     def _row_part(q_ptr, k_ptr, v_ptr, o_ptr, seq_ptr, anc_ptr, tslot_ptr, pos_ptr, runs_ptr, ml_ptr, part_ptr,

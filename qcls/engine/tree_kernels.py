@@ -88,25 +88,30 @@ if triton is not None:
         return tl.where(vis, tl.dot(q, kt) * scale, float("-inf"))
 
     @triton.jit
+    def _chunk_keys(kh, slot0, s, nkeys, D: tl.constexpr, BN: tl.constexpr):
+        """Keys s … s+BN-1 (transposed, [D, BN]) of a chunk of nkeys from pool slot slot0 on (0 past its end)."""
+        j = s + tl.arange(0, BN)
+        return tl.load(kh + (slot0 + j)[None, :] * D + tl.arange(0, D)[:, None], mask=(j < nkeys)[None, :], other=0.0)
+
+    @triton.jit
+    def _chunk_values(vh, slot0, s, nkeys, D: tl.constexpr, BN: tl.constexpr):
+        """Values s … s+BN-1 [BN, D] of a chunk of nkeys from pool slot slot0 on (0 past its end)."""
+        j = s + tl.arange(0, BN)
+        return tl.load(vh + (slot0 + j)[:, None] * D + tl.arange(0, D)[None, :], mask=(j < nkeys)[:, None], other=0.0)
+
+    @triton.jit
     def _chunk_kv(kh, vh, slot0, s, nkeys, D: tl.constexpr, BN: tl.constexpr):
         """Keys (transposed, [D, BN]) and values [BN, D] s … s+BN-1 of a chunk of nkeys from pool slot slot0 on."""
-        dd = tl.arange(0, D)
-        j = s + tl.arange(0, BN)
-        j_ok = j < nkeys
-        return (tl.load(kh + (slot0 + j)[None, :] * D + dd[:, None], mask=j_ok[None, :], other=0.0),
-                tl.load(vh + (slot0 + j)[:, None] * D + dd[None, :], mask=j_ok[:, None], other=0.0))
+        return _chunk_keys(kh, slot0, s, nkeys, D, BN), _chunk_values(vh, slot0, s, nkeys, D, BN)
 
     @triton.jit
     def _chunk_step(q, kh, vh, qpos, m_i, l_i, acc, s, nkeys, kpos0, scale, window,
                     D: tl.constexpr, BN: tl.constexpr, WINDOW: tl.constexpr, slot0=0):
-        """Keys s … s+BN-1 of a chunk of nkeys from pool slot slot0 on (masked: the step may pass its end)."""
-        dd = tl.arange(0, D)
-        j = s + tl.arange(0, BN)
-        j_ok = j < nkeys
-        kt = tl.load(kh + (slot0 + j)[None, :] * D + dd[:, None], mask=j_ok[None, :], other=0.0)
+        """Keys s … s+BN-1 of a chunk of nkeys from pool slot slot0 on (masked: the step may pass its end); the
+        values are loaded after the scores (_chunk_kv loads both at once)."""
+        kt = _chunk_keys(kh, slot0, s, nkeys, D, BN)
         sc = _step_scores(q, kt, qpos, s, nkeys, kpos0, scale, window, BN, WINDOW)
-        vt = tl.load(vh + (slot0 + j)[:, None] * D + dd[None, :], mask=j_ok[:, None], other=0.0)
-        return _online(sc, m_i, l_i, acc, vt)
+        return _online(sc, m_i, l_i, acc, _chunk_values(vh, slot0, s, nkeys, D, BN))
 
     @triton.jit
     def prefix_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, qtok_ptr, qstart_ptr, work_ptr, part_ptr, ml_ptr,
@@ -192,6 +197,11 @@ if triton is not None:
         """FUSED: rows [R, D] of heads from the QKV GEMM's output (`src` [R] each row's head, `tok` [R] its token),
         (normed and) rotated, rounded to like_ptr's dtype: the values the q/k/v kernel would have written there."""
         y1, y2 = rope_values(src, ok, tok, cos_ptr, sin_ptr, w_ptr, eps, D, HAS_NORM, OFFSET)
+        return _halves(y1, y2, like_ptr, R, D)
+
+    @triton.jit
+    def _halves(y1, y2, like_ptr, R: tl.constexpr, D: tl.constexpr):
+        """Rows [R, D] from their two halves [R, D/2], rounded to like_ptr's dtype."""
         dt = like_ptr.dtype.element_ty
         return tl.reshape(tl.permute(tl.join(y1.to(dt), y2.to(dt)), (0, 2, 1)), (R, D))  # [R, 2, D/2] → [R, D]
 
@@ -215,8 +225,7 @@ if triton is not None:
         dtype (the values the q/k/v kernel would have written); otherwise the loaded rows as they are."""
         if FUSED:
             y1, y2 = rope_apply(x1, x2, c1, c2, s1, s2, w1, w2, eps, D, HAS_NORM, OFFSET)
-            dt = q_ptr.dtype.element_ty
-            return tl.reshape(tl.permute(tl.join(y1.to(dt), y2.to(dt)), (0, 2, 1)), (M, D))  # [M, 2, D/2] → [M, D]
+            return _halves(y1, y2, q_ptr, M, D)
         else:
             return x1
 

@@ -74,7 +74,7 @@ class Tuning:
     row_early_loads: bool = True  # row kernel: its index loads before the first barrier (row_kernel.py, EARLY;
     # off on sm_75, where at d=256 the values held that long spill registers)
     row_early_q: bool = False  # row kernel: its query vectors' loads before it writes the row's keys (row_kernel.py)
-    row_early_kv: bool = False  # row kernel: the first step of its prompt's prefix loaded there too (needs EARLY)
+    row_early_kv: bool = False  # row kernel: the first step of its prompt's prefix loaded there too (with EARLY only)
     row_values_with_keys: bool = False  # row kernel: each step's values loaded with its keys, before the scores
     unmasked: bool = False  # prefix kernel: whole key steps without masks, then a masked last step (sm_80+: on
     # sm_75 the second copy of the step spills registers)

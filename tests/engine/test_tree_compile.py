@@ -74,7 +74,7 @@ def resources(head_dim: int, group: int) -> dict:
         out[name + "row"] = _compile(R.row_kernel, {**common, "TILE": t.row_tile, "BT": t.row_bt, "BN": t.row_bn,
                                                        "KEYS_REG": t.row_keys_in_registers, "HS": 1,
                                                        "EARLY": t.row_early_loads, "EARLY_Q": t.row_early_q,
-                                                       "EARLY_KV": t.row_early_kv and t.row_early_loads,
+                                                       "EARLY_KV": t.row_early_kv,
                                                        "VK": t.row_values_with_keys},
                                      t.row_warps, t.row_stages)
     return out
