@@ -95,13 +95,15 @@ def report_main(argv: list[str]) -> int:
 def preflight(argv: list[str]) -> None:
     """Compose and validate every value of every swept key (each with the other keys' first values) before
     Hydra starts: otherwise Hydra prints its own error for a bad override and exits 1, or a job fails on a
-    config that could never run. Per-configuration failures found later (memory budget, colliding first
-    tokens, a missing backend package) remain failed jobs of a sweep that goes on."""
+    config that could never run (an eval.path or eval.fit_on that is not a file among them). Per-configuration
+    failures found later (memory budget, colliding first tokens, a missing backend package) remain failed jobs of a
+    sweep that goes on."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
     from qcls.compose import ConfigError, compose_raw
-    from qcls.eval.spec import split_config
+    from qcls.eval.dataset import DatasetError
+    from qcls.eval.spec import resolve_path, split_config
     items = [a for a in argv if not a.startswith("-") and ("=" in a or a.startswith("~"))]
     try:
         parsed = OverridesParser.create().parse_overrides(items)
@@ -123,7 +125,13 @@ def preflight(argv: list[str]) -> None:
     combos += [keep + [v if j == i else vals[0] for j, vals in enumerate(swept)]
                for i, values in enumerate(swept) for v in values[1:]]
     for combo in combos:
-        split_config(compose_raw(combo, config_name="sweep"))
+        spec, _ = split_config(compose_raw(combo, config_name="sweep"))
+        for what, value in (("eval.path", spec.path), ("eval.fit_on", spec.fit_on)):
+            if value:  # a file that is not there fails every job it is in: refuse it now
+                try:
+                    resolve_path(value, what)
+                except DatasetError as e:
+                    raise ConfigError(str(e)) from None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -198,6 +198,8 @@ def test_help_explains_format_sweep_report_and_calibration(capsys):
     (["-m", "scoring=trie,bogus"], ["Could not find 'scoring/bogus'", "mean_logprob"]),
     (["-m", "scoring=trie,exact", "engine.max_batch_size=2,0"], ["engine.max_batch_size", "greater than or equal to 1"]),
     (["-m", "scoring=trie", "nokey=1"], ["Could not override 'nokey'", "check its spelling"]),
+    (["-m", "scoring=trie,exact", "eval.path=nothere.csv"], ["eval.path='nothere.csv': no such file", "looked at"]),
+    (["-m", "scoring=trie", "eval.fit_on=nothere.jsonl"], ["eval.fit_on='nothere.jsonl': no such file"]),
 ])
 def test_bad_override_anywhere_in_a_sweep_is_one_error_before_any_job(tmp_path, capsys, bad, words):
     """Every swept value is composed and validated first: exit 2, one `qcls sweep: error:` message and no job
