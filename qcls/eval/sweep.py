@@ -44,7 +44,8 @@ winner agreement with scoring=exact and how it was computed; latency p50/p90 at 
 tokens per forward; start-up and load seconds; GPU memory allocated and peak; device, commit, date; the
 baselines: majority class and a character n-gram TF-IDF + logistic regression per prompt, fitted on
 eval.fit_on, else cross-validated on the scored split) and predictions.jsonl. A configuration that cannot run (memory budget, colliding first tokens, a missing
-backend package, a bad dataset line) is a failed job with its reason; the sweep goes on and exits 0.
+backend package, a bad dataset line) is a failed job with its reason; the sweep goes on and exits 0. A bad override
+or value, or an eval.path / eval.fit_on that is not a file, stops the sweep before any job runs (exit 2).
 
 Report: at the end of every run the callback writes summary.md, summary.csv (one row per job, sorted by
 mean accuracy, failed jobs with reasons), accuracy_latency.png (Pareto front marked) and reliability.png
