@@ -1,6 +1,6 @@
 """Checking a documented `qcls …` command line without running it: its options parse as the CLI parses them and
 its overrides compose and validate into a config (no weights, tokenizer or GPU are touched, so model.path
-may name a directory this machine lacks)."""
+may name a directory this machine lacks, and a sweep's eval.path a file it lacks)."""
 from __future__ import annotations
 
 import contextlib
@@ -63,7 +63,7 @@ def _check(argv: list[str]) -> None:
         from qcls.eval.sweep import preflight
         if "--report" in argv[1:] or "-h" in argv or "--help" in argv:
             return
-        preflight(argv[1:])
+        preflight(argv[1:], files=False)  # (the user's data files are not here, as model.path's directory is not)
         return
     if argv[0] == "calibrate":
         from qcls.eval.calibrate import build_parser
