@@ -22,6 +22,8 @@
 #   offload    the fp16-offload GPU tests and bench/offload_diff.py (the streamed path's max |Δ score| against fp16)
 #   fidelity   bench/fidelity.py: the fast fp16 engine against the fp32 reference per strategy (Qwen3-4B shapes)
 #   kernels    bench/host.py --kernels-only per model; ROW_TUNING="row_maxnreg=168 …" over the shipped tuning
+#   hints      bench/gemm.py --residual-hints: the norms' L2 eviction hints off / on in the layer chains (Qwen3-4B,
+#              Gemma3-4B at 126, 440, 1760 rows)
 # e.g.  QCLS_BENCH_COMMIT=<sha> bash bench/accept_gpu.sh bulk host
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -93,6 +95,7 @@ for mode in "$@"; do
         for m in ${MODELS:-qwen3_4b gemma3_4b}; do
             step 90 "kernels-$m" python bench/host.py --model "$m" --kernels-only ${ROW_TUNING:+--row-tuning $ROW_TUNING}
         done ;;
+    hints) step 240 hints python bench/gemm.py --residual-hints --models qwen3_4b gemma3_4b ;;
     *) echo "unknown mode $mode"; rc=1 ;;
     esac
 done

@@ -17,6 +17,8 @@ float32 per layer, nothing beside the weights.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 try:
@@ -28,6 +30,54 @@ except ImportError:  # CPU-only installs
 
 def use_triton(x: torch.Tensor) -> bool:
     return triton is not None and x.is_cuda
+
+
+# None: residual_hints decides; True / False: forced (tests, bench/gemm.py --residual-hints)
+RESIDUAL_HINTS: bool | None = None
+
+
+def residual_hints(x: torch.Tensor, rows: int) -> bool:
+    """Whether the norms give the L2 eviction hints (their float32 residual loaded and stored evict_last, the normed
+    input loaded evict_first): on sm_80+ (the L2 policies; sm_75 has none) while the residual stream, rows × hidden
+    float32, is at most a quarter of the L2. Between two norms the GEMMs stream their weights through the L2; the hint
+    keeps the residual there for the next norm. H100 (50 MB L2), Qwen3-4B / Gemma3-4B layer chains (GEMMs, norms and
+    activation; copies of these kernels, in alternation): the norms 6-13 % faster at 126 and 440 rows (0.3-4.5 MB of
+    residual) and the chain 0.03-0.10 ms; from 1760 rows (18 MB) on the norms gained 2-4 % and the GEMMs lost up to as
+    much (2026-11-26; bench/gemm.py --residual-hints times these kernels, bench/RESULTS.md)."""
+    if RESIDUAL_HINTS is not None:
+        return RESIDUAL_HINTS
+    if not x.is_cuda:
+        return False
+    return _l2_budget(x.device.index if x.device.index is not None else torch.cuda.current_device()) >= \
+        rows * x.shape[-1] * 4
+
+
+@functools.lru_cache(maxsize=None)
+def _l2_budget(index: int) -> int:
+    """A quarter of the device's L2 in bytes where it has L2 eviction policies (sm_80+), else 0."""
+    if torch.cuda.get_device_capability(index) < (8, 0):
+        return 0
+    return getattr(torch.cuda.get_device_properties(index), "L2_cache_size", 0) // 4
+
+
+if triton is not None:
+    @triton.jit
+    def _load_hinted(ptr, m, HINT: tl.constexpr, LAST: tl.constexpr):
+        """ptr's values (0 where masked); with HINT an L2 eviction hint: evict_last (LAST) or evict_first."""
+        if HINT:
+            if LAST:
+                return tl.load(ptr, mask=m, other=0.0, eviction_policy="evict_last")
+            else:
+                return tl.load(ptr, mask=m, other=0.0, eviction_policy="evict_first")
+        else:
+            return tl.load(ptr, mask=m, other=0.0)
+
+    @triton.jit
+    def _store_residual(ptr, v, m, HINT: tl.constexpr):
+        if HINT:
+            tl.store(ptr, v, mask=m, eviction_policy="evict_last")
+        else:
+            tl.store(ptr, v, mask=m)
 
 
 # ---- residual add + RMSNorm --------------------------------------------------------------------------
@@ -47,19 +97,20 @@ def add_rmsnorm_torch(x, residual, weight, eps, out_dtype=None, offset: bool = F
 if triton is not None:
     @triton.jit
     def _add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, rows_ptr, H, eps, scale, HAS_RES: tl.constexpr,
-                            OFFSET: tl.constexpr, GATHER: tl.constexpr, SCALE: tl.constexpr, BLOCK: tl.constexpr):
+                            OFFSET: tl.constexpr, GATHER: tl.constexpr, SCALE: tl.constexpr, BLOCK: tl.constexpr,
+                            HINT: tl.constexpr):
         row = tl.program_id(0)
         src = tl.load(rows_ptr + row) if GATHER else row  # GATHER: output row i reads input row rows[i]
         cols = tl.arange(0, BLOCK)
         m = cols < H
-        x = tl.load(x_ptr + src * H + cols, mask=m, other=0.0)
+        x = _load_hinted(x_ptr + src * H + cols, m, HINT, False)  # HINT: residual_hints
         if SCALE:  # x·scale rounded to x's dtype: the product of two such values is exact in float32, one rounding
             x = (x.to(tl.float32) * scale).to(x_ptr.dtype.element_ty)
         x = x.to(tl.float32)
         if HAS_RES:
-            x = x + tl.load(r_ptr + src * H + cols, mask=m, other=0.0)
+            x = x + _load_hinted(r_ptr + src * H + cols, m, HINT, True)
         w = tl.load(w_ptr + cols, mask=m, other=0.0)  # before the reduction: see below
-        tl.store(s_ptr + row * H + cols, x, mask=m)
+        _store_residual(s_ptr + row * H + cols, x, m, HINT)
         inv = 1.0 / tl.sqrt(tl.sum(x * x, 0) / H + eps)
         w = w.to(tl.float32)
         if OFFSET:
@@ -93,7 +144,7 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Te
     _add_rmsnorm_kernel[(n,)](x, residual if residual is not None else s, weight, y, s, rows if rows is not None else s,
                               h, eps, 1.0 if scale is None else scale, HAS_RES=residual is not None, OFFSET=offset,
                               GATHER=rows is not None, SCALE=scale is not None, BLOCK=triton.next_power_of_2(h),
-                              num_warps=norm_warps(h))
+                              HINT=residual_hints(x, n), num_warps=norm_warps(h))
     return y, s
 
 
@@ -110,7 +161,7 @@ def post_add_rmsnorm_torch(x, residual, w_post, eps_post, weight, eps, out_dtype
 if triton is not None:
     @triton.jit
     def _post_add_rmsnorm_kernel(x_ptr, r_ptr, wp_ptr, w_ptr, y_ptr, s_ptr, rows_ptr, H, eps_post, eps,
-                                 OFFSET: tl.constexpr, GATHER: tl.constexpr, BLOCK: tl.constexpr):
+                                 OFFSET: tl.constexpr, GATHER: tl.constexpr, BLOCK: tl.constexpr, HINT: tl.constexpr):
         """_add_rmsnorm_kernel's two launches in one: d = RMSNorm_post(x) in float32, s = r + d, y = RMSNorm(s).
         The same operations as the two launches (the compiler may fuse d's last product with the add: one float32
         rounding fewer), without d written and read back (issue 27: Gemma3 ran 137 norm launches a forward,
@@ -121,8 +172,8 @@ if triton is not None:
         m = cols < H
         # every load before the first reduction: its barriers keep later loads from being issued early, and
         # each load waited on after one is another memory round trip in the launch's chain
-        x = tl.load(x_ptr + src * H + cols, mask=m, other=0.0).to(tl.float32)
-        r = tl.load(r_ptr + src * H + cols, mask=m, other=0.0)
+        x = _load_hinted(x_ptr + src * H + cols, m, HINT, False).to(tl.float32)  # HINT: residual_hints
+        r = _load_hinted(r_ptr + src * H + cols, m, HINT, True)
         wp = tl.load(wp_ptr + cols, mask=m, other=0.0)
         w = tl.load(w_ptr + cols, mask=m, other=0.0)
         inv = 1.0 / tl.sqrt(tl.sum(x * x, 0) / H + eps_post)
@@ -130,7 +181,7 @@ if triton is not None:
         if OFFSET:
             wp = wp + 1.0
         s = x * inv * wp + r
-        tl.store(s_ptr + row * H + cols, s, mask=m)
+        _store_residual(s_ptr + row * H + cols, s, m, HINT)
         inv2 = 1.0 / tl.sqrt(tl.sum(s * s, 0) / H + eps)
         w = w.to(tl.float32)
         if OFFSET:
@@ -151,7 +202,7 @@ def post_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, w_post: torch.Tens
     s = torch.empty(n, h, dtype=torch.float32, device=x.device)
     _post_add_rmsnorm_kernel[(n,)](x, residual, w_post, weight, y, s, rows if rows is not None else s, h, eps_post,
                                    eps, OFFSET=offset, GATHER=rows is not None, BLOCK=triton.next_power_of_2(h),
-                                   num_warps=norm_warps(h, n, pair=True))
+                                   HINT=residual_hints(x, n), num_warps=norm_warps(h, n, pair=True))
     return y, s
 
 

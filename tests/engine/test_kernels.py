@@ -129,13 +129,25 @@ def test_gather_rows_interpreted():
 
 
 @pytest.mark.skipif(K.triton is None or torch.cuda.is_available(), reason="interpreter run: needs Triton, no GPU")
-def test_post_norm_kernel_interpreted():
+@pytest.mark.parametrize("hints", [False, True])  # the L2 eviction hints (kernels.residual_hints) change no value
+def test_post_norm_kernel_interpreted(hints, monkeypatch):
+    monkeypatch.setattr(K, "RESIDUAL_HINTS", hints)
     _post_norm_case("cpu", torch.float32)
 
 
 @pytest.mark.skipif(K.triton is None or torch.cuda.is_available(), reason="interpreter run: needs Triton, no GPU")
-def test_norm_kernel_with_rows_interpreted():
+@pytest.mark.parametrize("hints", [False, True])
+def test_norm_kernel_with_rows_interpreted(hints, monkeypatch):
+    monkeypatch.setattr(K, "RESIDUAL_HINTS", hints)
     _norm_case("cpu", torch.float32)
+
+
+def test_residual_hints_off_the_gpu(monkeypatch):
+    """No hints for tensors off the GPU; a forced setting wins (tests, bench/gemm.py --residual-hints)."""
+    x = torch.zeros(4, 8)
+    assert not K.residual_hints(x, 4)
+    monkeypatch.setattr(K, "RESIDUAL_HINTS", True)
+    assert K.residual_hints(x, 4)
 
 
 def test_qkv_heads_per_program():
@@ -174,9 +186,24 @@ def test_triton_qkv_into(norm, hb):
 
 
 @gpu
-def test_triton_post_add_rmsnorm():
+@pytest.mark.parametrize("hints", [False, True])
+def test_triton_post_add_rmsnorm(hints, monkeypatch):
     _cuda()
+    monkeypatch.setattr(K, "RESIDUAL_HINTS", hints)
     _post_norm_case("cuda", torch.float16, h=2560, n=37)
+
+
+@gpu
+def test_residual_hints_within_a_quarter_of_the_l2():
+    """On sm_80+ the hints hold while rows × hidden float32 is at most a quarter of the L2; sm_75 never."""
+    _cuda()
+    x = torch.zeros(1, 2560, device="cuda", dtype=torch.float16)
+    props = torch.cuda.get_device_properties(0)
+    fit = props.L2_cache_size // 4 // (2560 * 4)
+    if torch.cuda.get_device_capability(0) < (8, 0):
+        assert not K.residual_hints(x, 1)
+    else:
+        assert K.residual_hints(x, fit) and not K.residual_hints(x, fit + 1)
 
 
 @gpu
@@ -186,8 +213,10 @@ def test_triton_gather_rows():
 
 
 @gpu
-def test_triton_add_rmsnorm_rows():
+@pytest.mark.parametrize("hints", [False, True])
+def test_triton_add_rmsnorm_rows(hints, monkeypatch):
     _cuda()
+    monkeypatch.setattr(K, "RESIDUAL_HINTS", hints)
     _norm_case("cuda", torch.float16, h=2560, n=37)
 
 

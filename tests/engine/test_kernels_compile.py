@@ -24,21 +24,31 @@ SOFTMAX = {"x_ptr": "*fp32", "idx_ptr": "*i64", "out_ptr": "*fp64", "S": "i32", 
 # (kernel, argument types, constexprs): what decoder.py launches for Qwen3-4B and Gemma3-4B in fp16; the final
 # norm writes float32 states
 CASES = [
-    ("_add_rmsnorm_kernel", NORM, {"HAS_RES": True, "OFFSET": False, "GATHER": False, "SCALE": False, "BLOCK": 4096}),
+    ("_add_rmsnorm_kernel", NORM, {"HAS_RES": True, "OFFSET": False, "GATHER": False, "SCALE": False, "BLOCK": 4096,
+                                   "HINT": False}),
     ("_add_rmsnorm_kernel", {**NORM, "y_ptr": "*fp32"}, {"HAS_RES": True, "OFFSET": False, "GATHER": False,
-                                                         "SCALE": False, "BLOCK": 4096}),
+                                                         "SCALE": False, "BLOCK": 4096, "HINT": False}),
     # the first layer's norm: the embedding table's rows gathered (and scaled: Gemma3)
-    ("_add_rmsnorm_kernel", NORM, {"HAS_RES": False, "OFFSET": True, "GATHER": True, "SCALE": True, "BLOCK": 4096}),
-    ("_add_rmsnorm_kernel", NORM, {"HAS_RES": False, "OFFSET": False, "GATHER": True, "SCALE": False, "BLOCK": 4096}),
+    ("_add_rmsnorm_kernel", NORM, {"HAS_RES": False, "OFFSET": True, "GATHER": True, "SCALE": True, "BLOCK": 4096,
+                                   "HINT": False}),
+    ("_add_rmsnorm_kernel", NORM, {"HAS_RES": False, "OFFSET": False, "GATHER": True, "SCALE": False, "BLOCK": 4096,
+                                   "HINT": False}),
     ("_add_rmsnorm_kernel", NORM, {"HAS_RES": True, "OFFSET": False, "GATHER": True, "SCALE": False,
-                                   "BLOCK": 4096}),  # last layer
+                                   "BLOCK": 4096, "HINT": False}),  # last layer
     ("_qkv_kernel", QKV, {"NH": 32, "D": 128, "HAS_NORM": True, "OFFSET": False}),
     ("_qkv_kernel", QKV, {"NH": 8, "D": 256, "HAS_NORM": True, "OFFSET": True}),
     ("_qkv_heads_kernel", QKV, {"NH": 32, "D": 128, "HB": 8, "HAS_NORM": True, "OFFSET": False}),
     ("_qkv_heads_kernel", QKV, {"NH": 8, "D": 256, "HB": 4, "HAS_NORM": True, "OFFSET": True}),
-    ("_post_add_rmsnorm_kernel", POST, {"OFFSET": True, "GATHER": False, "BLOCK": 4096}),
-    ("_post_add_rmsnorm_kernel", POST, {"OFFSET": True, "GATHER": True, "BLOCK": 4096}),
-    ("_post_add_rmsnorm_kernel", {**POST, "y_ptr": "*fp32"}, {"OFFSET": True, "GATHER": False, "BLOCK": 4096}),
+    ("_post_add_rmsnorm_kernel", POST, {"OFFSET": True, "GATHER": False, "BLOCK": 4096, "HINT": False}),
+    ("_post_add_rmsnorm_kernel", POST, {"OFFSET": True, "GATHER": True, "BLOCK": 4096, "HINT": False}),
+    ("_post_add_rmsnorm_kernel", {**POST, "y_ptr": "*fp32"}, {"OFFSET": True, "GATHER": False, "BLOCK": 4096,
+                                                              "HINT": False}),
+    # the norms' L2 eviction hints (kernels.residual_hints: sm_80+ only; compiled for sm_75 too)
+    ("_add_rmsnorm_kernel", NORM, {"HAS_RES": True, "OFFSET": False, "GATHER": False, "SCALE": False, "BLOCK": 4096,
+                                   "HINT": True}),
+    ("_add_rmsnorm_kernel", NORM, {"HAS_RES": False, "OFFSET": True, "GATHER": True, "SCALE": True, "BLOCK": 4096,
+                                   "HINT": True}),
+    ("_post_add_rmsnorm_kernel", POST, {"OFFSET": True, "GATHER": False, "BLOCK": 4096, "HINT": True}),
     ("_act_mul_kernel", ACT, {"GELU": False, "BLOCK": 1024}),
     ("_act_mul_kernel", ACT, {"GELU": True, "BLOCK": 1024}),
     ("_group_scores_kernel", GROUP, {"W": 10, "BE": 128, "BW": 16}),  # the tail (engine.fuse_tail)
