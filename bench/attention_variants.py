@@ -22,15 +22,13 @@ EARLY = {"query loads before the row keys": dict(row_early_q=True),
 ROW_VARIANTS = {  # --variants: the row kernel's shapes (tree_plan.Tuning fields) against the shipped ones
     128: {"values loaded with keys": dict(row_values_with_keys=True)},  # (the others: bench/RESULTS.md, ccf3e9e)
     16: {"32-token tiles": dict(row_tile=32, row_bt=32), **EARLY},  # (--smoke's tiny heads)
-    256: {"row keys in registers": dict(row_keys_in_registers=True),
-          "row keys in registers, 16-key steps": dict(row_keys_in_registers=True, row_bn=16),
-          "16-key steps": dict(row_bn=16),
-          "16-key steps, 1 stage": dict(row_bn=16, row_stages=1),
-          "32-token tiles at every batch, 16-key steps, early loads": dict(wide_tile=0, row_tile=32, row_bt=32,
-                                                                          row_bn=16),
-          "32-token tiles at every batch, 16-key steps, early loads, row keys in registers": dict(
-              wide_tile=0, row_tile=32, row_bt=32, row_bn=16, row_keys_in_registers=True),
-          "32-token tiles at every batch, early loads": dict(wide_tile=0, row_tile=32, row_bt=32)},
+    # (the sixth session's shapes, 16-key steps and 32-token tiles among them: bench/RESULTS.md, 43b6a5a)
+    256: {"64-key steps": dict(row_bn=64),
+          "64-key steps, 16 warps": dict(row_bn=64, row_warps=16),
+          "16 warps": dict(row_warps=16),
+          "3 stages": dict(row_stages=3),
+          "1 stage": dict(row_stages=1),
+          "64-key steps, 1 stage": dict(row_bn=64, row_stages=1)},
 }
 
 

@@ -117,6 +117,9 @@ TUNING: dict[int, Tuning] = {
     # 0.362 → 0.340 ms at batch 1 (bench/host.py --kernels-only); bench/attention.py --variants 0.350 → 0.344 at batch 1,
     # 0.451 → 0.431 and 0.444 → 0.434 at batches 2-3; with 32-token tiles (batch 4) 0.556 → 0.705, so widened() turns
     # them off. Qwen3-4B: no gain at batches 1-3, 0.476 → 0.835 at batch 4 (H100, 2026-11-26, ccf3e9e)
+    # 64-key steps, 16 warps, 1 or 3 stages: none faster at any batch; at batch 4 (32-token tiles) 0.557 ms → 0.567
+    # (3 stages) to 4.17 (64-key steps, 16 warps: 16 warps cap the registers at 128 and spill) (H100, 2026-11-26,
+    # bench/attention.py --variants, bench/RESULTS.md)
     256: Tuning(bn=32, row_warps=8, row_stages=2, row_maxnreg=96, row_crowded=1.0, row_head_split=2, wide_tile=32,
                 row_early_q=True, row_early_kv=True, row_values_with_keys=True),
 }
