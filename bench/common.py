@@ -91,11 +91,16 @@ def graph_ms(fn, iters: int = 30) -> float:
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         fn()
+    return replay_ms(g, iters)
+
+
+def replay_ms(graph: "torch.cuda.CUDAGraph", iters: int = 30) -> float:
+    """Median time of one replay of a captured CUDA graph (CUDA events)."""
     times = []
     for _ in range(iters):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        g.replay()
+        graph.replay()
         b.record()
         b.synchronize()
         times.append(a.elapsed_time(b))

@@ -87,18 +87,6 @@ def kind_ms(graph: torch.cuda.CUDAGraph, reps: int = 20) -> dict[str, float]:
     return out
 
 
-def replay_ms(graph: torch.cuda.CUDAGraph, iters: int = 20) -> float:
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return C.median(times)
-
-
 def residual_hints(name: str, rows: list[int], rounds: int) -> str:
     """The chain with the norms' eviction hints off and on (kernels.RESIDUAL_HINTS forced), in alternation."""
     from qcls.engine import kernels as K
@@ -124,7 +112,7 @@ def residual_hints(name: str, rows: list[int], rounds: int) -> str:
             for on, g in graphs.items():
                 for k, v in kind_ms(g).items():
                     sums[on][k] = sums[on].get(k, 0.0) + v / rounds
-                sums[on]["chain"] += replay_ms(g) / rounds
+                sums[on]["chain"] += C.replay_ms(g, 20) / rounds
         for on in (False, True):
             m = sums[on]
             text += (f"| {n} | {'on' if on else 'off'} | {m['norms']:.3f} | {m['activation']:.3f} | "
