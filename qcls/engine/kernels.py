@@ -40,10 +40,10 @@ def residual_hints(x: torch.Tensor, rows: int) -> bool:
     """Whether the norms give the L2 eviction hints (their float32 residual loaded and stored evict_last, the normed
     input loaded evict_first): on sm_80+ (the L2 policies; sm_75 has none) while the residual stream, rows × hidden
     float32, is at most a quarter of the L2. Between two norms the GEMMs stream their weights through the L2; the hint
-    keeps the residual there for the next norm. H100 (50 MB L2), Qwen3-4B / Gemma3-4B layer chains (GEMMs, norms and
-    activation; copies of these kernels, in alternation): the norms 6-13 % faster at 126 and 440 rows (0.3-4.5 MB of
-    residual) and the chain 0.03-0.10 ms; from 1760 rows (18 MB) on the norms gained 2-4 % and the GEMMs lost up to as
-    much (2026-11-26; bench/gemm.py --residual-hints times these kernels, bench/RESULTS.md)."""
+    keeps the residual there for the next norm. H100 (50 MB L2), Qwen3-4B / Gemma3-4B layer chains (GEMMs, these norms
+    and the activation, in alternation): the norms 5-15 % faster at 126 and 440 rows (1.3-4.5 MB of residual), the
+    chains 0.04-0.08 ms; at 1760 rows (18 MB) the norms gained 2-4 % and the GEMMs lost as much or more (2026-11-26,
+    bench/gemm.py --residual-hints, bench/RESULTS.md)."""
     if RESIDUAL_HINTS is not None:
         return RESIDUAL_HINTS
     if not x.is_cuda:
