@@ -94,6 +94,27 @@ def graph_ms(fn, iters: int = 30) -> float:
     return replay_ms(g, iters)
 
 
+def bucket_forward(bucket):
+    """One forward of an engine bucket: its captured graph's replay, or the eager forward without graphs."""
+    return bucket.graphs[0].replay if bucket.graphs else bucket.forward
+
+
+def kernel_times(run, n: int = 20) -> list[tuple[str, float, float]]:
+    """(kernel name, µs per call, launches per call) of the CUDA kernels that `run` (a graph replay, a forward)
+    launches, by the torch profiler over n calls; the profiler's and the graph launch's own entries left out."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            run()
+        sync()
+    out = []
+    for ev in prof.key_averages():
+        us = getattr(ev, "device_time_total", 0.0) or getattr(ev, "cuda_time_total", 0.0)
+        if us > 0 and not ev.key.startswith(("ProfilerStep", "cudaGraph")):
+            out.append((ev.key, us / n, ev.count / n))
+    return out
+
+
 def replay_ms(graph: "torch.cuda.CUDAGraph", iters: int = 30) -> float:
     """Median time of one replay of a captured CUDA graph (CUDA events)."""
     times = []

@@ -74,16 +74,9 @@ def chain(weights, shape: dict, n: int, gemma: bool):
 
 def kind_ms(graph: torch.cuda.CUDAGraph, reps: int = 20) -> dict[str, float]:
     """Kernel time per kind of one replay (ms): the norms, the activation, the rest (GEMMs and the copy)."""
-    from torch.profiler import ProfilerActivity, profile
     out = {"norms": 0.0, "activation": 0.0, "GEMMs and copy": 0.0}
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            graph.replay()
-        torch.cuda.synchronize()
-    for e in prof.events():
-        if e.device_type.name == "CUDA":
-            k = "norms" if "rmsnorm" in e.name else "activation" if "act_mul" in e.name else "GEMMs and copy"
-            out[k] += e.device_time / 1e3 / reps
+    for name, us, _ in C.kernel_times(graph.replay, reps):
+        out["norms" if "rmsnorm" in name else "activation" if "act_mul" in name else "GEMMs and copy"] += us / 1e3
     return out
 
 

@@ -163,24 +163,17 @@ class StubDevice:
 @torch.inference_mode()
 def kernels(clf: Classifier, queries: list[str], n: int = 20, top: int = 30) -> tuple[str, dict[str, float]]:
     """Per-kernel device time of one forward + tail (graph replays), top kernels and the totals by kind."""
-    from torch.profiler import ProfilerActivity, profile as tprofile
-
-    from bench.latency import KINDS
-    import re
+    from bench.latency import kernel_kind
     bk = clf.engine.bucket_for([encode_query(clf.tokenizer, q, clf.cfg.max_query_tokens) for q in queries])
-    with tprofile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(n):
-            bk.graphs[0].replay() if bk.graphs else bk.forward()
-            bk.graphs[1].replay() if bk.graphs else bk.score()
-        C.sync()
+
+    def run():
+        bk.graphs[0].replay() if bk.graphs else bk.forward()
+        bk.graphs[1].replay() if bk.graphs else bk.score()
     rows, kinds = [], {}
-    for ev in prof.key_averages():
-        us = getattr(ev, "device_time_total", 0.0) or getattr(ev, "cuda_time_total", 0.0)
-        if us <= 0 or ev.key.startswith(("ProfilerStep", "cudaGraph")):
-            continue
-        kind = next((k for k, rx in KINDS if re.search(rx, ev.key, re.I)), "elementwise/other")
-        rows.append((us / n, ev.count / n, kind, ev.key[:90]))
-        kinds[kind] = kinds.get(kind, 0.0) + us / n / 1e3
+    for name, us, count in C.kernel_times(run, n):
+        kind = kernel_kind(name)
+        rows.append((us, count, kind, name[:90]))
+        kinds[kind] = kinds.get(kind, 0.0) + us / 1e3
     rows.sort(reverse=True)
     text = "| µs / forward | count | kind | kernel |\n|---|---|---|---|\n" + "".join(
         f"| {us:.1f} | {c:.0f} | {k} | `{name}` |\n" for us, c, k, name in rows[:top])

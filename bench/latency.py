@@ -80,21 +80,16 @@ KINDS = [("attention", r"fmha|attention|attn|prefix_kernel|row_kernel"), ("gemm"
          ("norm/reduce", r"reduce|norm|mean|sum"), ("copy/index", r"copy|index|gather|scatter|cat")]
 
 
+def kernel_kind(name: str) -> str:
+    return next((k for k, rx in KINDS if re.search(rx, name, re.I)), "elementwise/other")
+
+
 def kernel_profile(bucket, n: int = 10) -> str:
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(n):
-            bucket.graphs[0].replay() if bucket.graphs else bucket.forward()
-        C.sync()
     totals: dict[str, list[float]] = {}
-    for ev in prof.key_averages():
-        us = getattr(ev, "device_time_total", 0.0) or getattr(ev, "cuda_time_total", 0.0)
-        if us <= 0 or ev.key.startswith(("ProfilerStep", "cudaGraph")):
-            continue
-        kind = next((k for k, rx in KINDS if re.search(rx, ev.key, re.I)), "elementwise/other")
-        t = totals.setdefault(kind, [0.0, 0])
-        t[0] += us / n / 1e3
-        t[1] += ev.count / n
+    for name, us, count in C.kernel_times(C.bucket_forward(bucket), n):
+        t = totals.setdefault(kernel_kind(name), [0.0, 0])
+        t[0] += us / 1e3
+        t[1] += count
     rows = sorted(totals.items(), key=lambda kv: -kv[1][0])
     total = sum(v[0] for _, v in rows) or 1.0
     return "| kernel type | ms / forward | share | kernels / forward |\n|---|---|---|---|\n" + "".join(
