@@ -42,8 +42,9 @@ def residual_hints(x: torch.Tensor, rows: int) -> bool:
     float32, is at most a quarter of the L2. Between two norms the GEMMs stream their weights through the L2; the hint
     keeps the residual there for the next norm. H100 (50 MB L2), Qwen3-4B / Gemma3-4B layer chains (GEMMs, these norms
     and the activation, in alternation): the norms 5-15 % faster at 126 and 440 rows (1.3-4.5 MB of residual), the
-    chains 0.04-0.08 ms; at 1760 rows (18 MB) the norms gained 2-4 % and the GEMMs lost as much or more (2026-11-26,
-    bench/gemm.py --residual-hints, bench/RESULTS.md)."""
+    chains 0.07-0.15 ms faster at 126 rows and -0.08 to +0.04 ms at 440 (the GEMMs' own spread between runs); at 1760
+    rows (18 MB) the norms gained 2-4 % and the GEMMs lost as much or more (2026-11-26, bench/gemm.py --residual-hints,
+    bench/RESULTS.md)."""
     if RESIDUAL_HINTS is not None:
         return RESIDUAL_HINTS
     if not x.is_cuda:
