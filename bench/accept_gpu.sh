@@ -17,6 +17,7 @@
 #   paired-qkv  the q/k/v fusion's pair alone, per model
 #   row-variants  bench/attention.py --variants: the row kernel's shapes on ecommerce8, batch 1-4; --ablate: where
 #              its time goes
+#   tile-layouts  bench/attention.py --tile-layouts: Gemma3-4B's row kernel over tiles of several rows of one prompt
 #   latency    bench/latency.py (Qwen3-4B, Gemma3-4B; 2 and 8 prompts, batch 1 and 4, T4 projection) of f728a0a
 #              (.dev/base27), this checkout, f728a0a again: drift shows as the two baseline runs' difference
 #   offload    the fp16-offload GPU tests and bench/offload_diff.py (the streamed path's max |Δ score| against fp16)
@@ -91,6 +92,7 @@ for mode in "$@"; do
     row-variants)
         step 420 row-variants python -m bench.attention --variants
         step 200 row-ablate python -m bench.attention --ablate ;;
+    tile-layouts) step 300 tile-layouts python -m bench.attention --tile-layouts ;;
     kernels)
         for m in ${MODELS:-qwen3_4b gemma3_4b}; do
             step 90 "kernels-$m" python bench/host.py --model "$m" --kernels-only ${ROW_TUNING:+--row-tuning $ROW_TUNING}

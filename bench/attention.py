@@ -217,12 +217,17 @@ def main() -> None:
                     help="only the row kernel's shapes (ROW_VARIANTS) on ecommerce8, batch 1-4, ms per forward")
     ap.add_argument("--ablate", action="store_true",
                     help="where the row kernel's time goes on ecommerce8 at batch 1 and 4 (parts of the work taken away)")
+    ap.add_argument("--tile-layouts", action="store_true",
+                    help="Gemma3-4B's row kernel over tiles of several rows of one prompt, emulated (ecommerce8, batch 1-4)")
     args = ap.parse_args()
-    if args.ablate or args.variants:  # the row kernel alone on ecommerce8 (bench/attention_variants.py)
+    if args.ablate or args.variants or args.tile_layouts:  # the row kernel alone on ecommerce8 (attention_variants.py)
         from bench import attention_variants as V  # (it imports this module's timers)
         flag, title, config, rows = (
             ("--ablate", "where the row kernel's time goes", "shipped tuning, q/k/v fused; parts of the work taken away "
              "through the tables (outputs then wrong, only timed)", V.ablation_rows) if args.ablate else
+            ("--tile-layouts", "the row kernel's programs cut other ways", "Gemma3-4B heads (34 layers, window 1024 on "
+             "5 of 6), q/k/v fused; tile tables emulating the layouts (outputs then wrong, only timed)",
+             V.tile_layout_rows) if args.tile_layouts else
             ("--variants", "the row kernel's shapes", "Qwen3-4B heads (36 layers), Gemma3-4B heads (34 layers, window "
              "1024 on 5 of 6), q/k/v fused as they ship", V.variant_rows))
         text = C.header(f"attention: {title} on ecommerce8 (ms per forward's attention)",

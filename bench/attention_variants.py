@@ -1,7 +1,8 @@
 """bench/attention.py --variants: the row kernel's shapes next to the shipped ones (tree_plan.TUNING) on ecommerce8 at
 batch 1-4, Qwen3-4B and Gemma3-4B heads with the q/k/v work fused as they ship, and the registers, spills and shared
 memory each variant compiled to (read from Triton's cache; the key is warps, stages and register limit). And
---ablate: where the row kernel's time goes (ablation_rows)."""
+--ablate: where the row kernel's time goes (ablation_rows); --tile-layouts: other ways to cut the rows into the row
+kernel's programs (tile_layout_rows)."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -12,7 +13,7 @@ from bench import common as C
 from bench.attention import Heads, Timer, make_case, run, timed_ms
 from qcls.compose import compose
 from qcls.engine import attention as A
-from qcls.engine.tree_plan import plan_tree, tuning_for
+from qcls.engine.tree_plan import head_split, plan_tree, tuning_for
 
 EARLY = {"query loads before the row keys": dict(row_early_q=True),
          "prefix's first step loaded early": dict(row_early_kv=True),
@@ -107,4 +108,98 @@ def ablation_rows(tok, device: str, smoke: bool) -> str:
             print(text.splitlines()[-1], flush=True)
             del tm
             C.free()
+    return text
+
+
+def _rows(case) -> list[tuple[int, int, int]]:
+    """(first token, tokens, prompt) of every row of the case's batch but the pads' (read from its 16-token tiles)."""
+    tiles = case.descriptors(16)["tiles"].view(-1, A.TILE_FIELDS).cpu().tolist()
+    return sorted({(r0, rlen, p) for _, cnt, r0, rlen, p in tiles if cnt > 0 and p < len(case.packer.prompts)})
+
+
+def _stream_tiles(case, tile: int, rows_per_tile: int) -> list[list[int]]:
+    """Tile-table entries (t0, count, r0, row keys, prompt) of programs shaped as in a layout whose tiles hold several
+    rows of one prompt: rows_per_tile > 0, up to that many whole rows while they fit `tile` tokens; 0, each prompt's
+    rows as one stream of tokens cut every `tile` tokens (a row then split across tiles), its row keys every key of
+    the rows a tile touches. The rows of a prompt are not adjacent in the packed batch, so each entry reads a span of
+    as many tokens from its first row on: the same query vectors, prefix walk and row-key steps as such a program."""
+    by_prompt: dict[int, list[tuple[int, int]]] = {}
+    for r0, rlen, p in _rows(case):
+        by_prompt.setdefault(p, []).append((r0, rlen))
+    out = []
+    for p, rs in by_prompt.items():
+        lens = [n for _, n in rs]
+        spans = []  # (start, end, first key, end of keys) along the prompt's stream of tokens
+        if rows_per_tile:
+            i = 0
+            while i < len(rs):
+                j, tot = i, 0
+                while j < len(rs) and j - i < rows_per_tile and tot + lens[j] <= tile:
+                    tot, j = tot + lens[j], j + 1
+                at = sum(lens[:i])
+                if j == i:  # a row longer than the tile: tiles of its own
+                    spans += [(at + s, at + min(s + tile, lens[i]), at, at + lens[i]) for s in range(0, lens[i], tile)]
+                    j = i + 1
+                else:
+                    spans.append((at, at + tot, at, at + tot))
+                i = j
+        else:
+            bounds = [sum(lens[:i]) for i in range(len(lens) + 1)]
+            for s in range(0, bounds[-1], tile):
+                e = min(s + tile, bounds[-1])
+                spans.append((s, e, max(b for b in bounds if b <= s), min(b for b in bounds if b >= e)))
+        for s, e, k0, k1 in spans:
+            t0 = min(rs[0][0] + s, case.n - (e - s))
+            out.append([t0, e - s, min(rs[0][0] + k0, case.n - (k1 - k0)), k1 - k0, p])
+    return out
+
+
+TILE_LAYOUTS = {  # --tile-layouts: (tile tokens, rows per tile (0: a stream of each prompt's rows), head split)
+    "one row, 16-token tiles, head split 2": (16, 1, 2),
+    "two rows of one prompt, 32-token tiles": (32, 2, 1),
+    "two rows of one prompt, 32-token tiles, head split 2": (32, 2, 2),
+    "four rows of one prompt, 64-token tiles, head split 2": (64, 4, 2),
+    "each prompt's stream, 16-token tiles": (16, 0, 1),
+    "each prompt's stream, 32-token tiles": (32, 0, 1),
+    "each prompt's stream, 32-token tiles, head split 2": (32, 0, 2),
+    "each prompt's stream, 64-token tiles, head split 2": (64, 0, 2),
+}
+
+
+def tile_layout_rows(tok, device: str, smoke: bool) -> str:
+    """Gemma3-4B heads (q/k/v fused) on ecommerce8 at batch 1-4: the row kernel with the shipped tuning against the
+    same kernel over tile tables laid out as TILE_LAYOUTS (_stream_tiles; outputs then wrong, only timed). A kernel
+    that really read several rows per program would add index loads and a same-row mask to these times."""
+    base = [p.model_dump() for p in compose(["prompts=ecommerce8"]).prompts]
+    hs = Heads(4, 2, 16, 1, "cpu") if smoke else Heads(8, 4, 256, 34, device)
+    g = hs.heads // hs.kv
+    windows = [0 if (i + 1) % 6 == 0 else 1024 for i in range(hs.layers)]
+    text = "| batch | layout | programs | ms |\n|---|---|---|---|\n"
+    for b in ((1, 4) if smoke else (1, 2, 3, 4)):
+        tm = Timer(make_case(tok, "ecommerce8", base, b, hs), hs, windows, True)
+        c = tm.case
+        plan = plan_tree(c.packer, b, c.tokens, g, tuning_for(hs.dim, g, torch.device(device)), hs.kv).to(hs.device)
+        dd = c.descriptors(plan.tuning.row_tile)
+
+        def ms(d, p):
+            attn = A.TreeAttention(d, p, c.pool_len, hs.heads, hs.dim, tm.dtype)
+            return timed_ms(lambda: [attn(tm.q, tm.k[i], tm.v[i], window=w, raw=tm.raw)
+                                     for i, w in enumerate(windows)], hs.device)
+        busy = int((dd["tiles"].view(-1, A.TILE_FIELDS)[:, 1] > 0).sum())
+        shipped = plan.tuning
+        text += (f"| {b} | shipped ({shipped.row_tile}-token tiles, head split {head_split(shipped, g)}) | "
+                 f"{busy * hs.kv * head_split(shipped, g)} | {ms(dd, plan):.3f} |\n")
+        print(text.splitlines()[-1], flush=True)
+        for what, (tile, per, split) in TILE_LAYOUTS.items():
+            entries = _stream_tiles(c, tile, per)
+            table = torch.zeros(max(len(entries), dd["tiles"].numel() // A.TILE_FIELDS), A.TILE_FIELDS,
+                                dtype=dd["tiles"].dtype)
+            table[:len(entries)] = torch.tensor(entries, dtype=table.dtype)
+            t = shipped.with_(row_tile=tile, row_bt=tile, row_head_split=split, row_maxnreg=0, row_early_q=False,
+                              row_early_kv=False, row_values_with_keys=False)
+            got = ms({**dd, "tiles": table.view(-1).to(hs.device)}, replace(plan, tuning=t))
+            text += f"| {b} | {what} | {len(entries) * hs.kv * head_split(t, g)} | {got:.3f} |\n"
+            print(text.splitlines()[-1], flush=True)
+        del tm
+        C.free()
     return text
