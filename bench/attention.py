@@ -224,7 +224,8 @@ def main() -> None:
         from bench import attention_variants as V  # (it imports this module's timers)
         flag, title, config, rows = (
             ("--ablate", "where the row kernel's time goes", "shipped tuning, q/k/v fused; parts of the work taken away "
-             "through the tables (outputs then wrong, only timed)", V.ablation_rows) if args.ablate else
+             "through the tables (outputs then wrong, only timed); K/V hot: every layer on layer 0's K/V",
+             V.ablation_rows) if args.ablate else
             ("--tile-layouts", "the row kernel's programs cut other ways", "Gemma3-4B heads (34 layers, window 1024 on "
              "5 of 6), q/k/v fused; tile tables emulating the layouts (outputs then wrong, only timed)",
              V.tile_layout_rows) if args.tile_layouts else
