@@ -5,21 +5,15 @@ Ray starts with the Serve flags of the default `serve.ingress` (direct ingress),
 from __future__ import annotations
 
 import os
-import socket
 
 import httpx
 import pytest
 
 from qcls.compose import compose
+from tests.deployments.helpers import free_port
 
 # engine.max_batch_size=4 is what one forward takes and what @serve.batch gathers.
 SERVE_OVERRIDES = ["engine.max_batch_size=4", "serve.fault_injection=true"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")

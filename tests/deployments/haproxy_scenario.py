@@ -33,15 +33,10 @@ from qcls.config import ServeSpec  # noqa: E402
 from qcls.deployments.app import app_for  # noqa: E402
 from qcls.deployments.ingress import export_serve_env  # noqa: E402
 from qcls.deployments.replicas import wait_exited  # noqa: E402
+from tests.deployments.helpers import free_port  # noqa: E402
 
 APP, CLIENTS = "hap", 4
 HANG_GUARD_S = 120.0  # a hang guard, never a bound: a request or a wait this long has hung
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def isolate_haproxy(log_port: int) -> str:
