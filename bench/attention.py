@@ -162,8 +162,12 @@ class Timer:
         else:
             err = max((attn(self.q, self.k[0], self.v[0], window=w)[:u].float() - r[:u].float()).abs().max().item()
                       for w, r in self.ref.items())
-        return timed_ms(lambda: [attn(self.q, self.k[i], self.v[i], window=w, raw=self.raw)
-                                 for i, w in enumerate(self.windows)], self.hs.device), err
+        return self.forward_ms(attn, self.raw), err
+
+    def forward_ms(self, attn, raw, hot: bool = False) -> float:
+        """ms of `attn` over every layer, each on its own K/V (hot: every layer on layer 0's, which stay in the L2)."""
+        return timed_ms(lambda: [attn(self.q, self.k[0 if hot else i], self.v[0 if hot else i], window=w, raw=raw)
+                                 for i, w in enumerate(self.windows)], self.hs.device)
 
     def sdpa(self) -> float:
         return timed_ms(lambda: [self.dense(self.q, self.k[i], self.v[i], window=w) for i, w in enumerate(self.windows)],

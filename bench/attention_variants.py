@@ -10,10 +10,15 @@ from dataclasses import replace
 import torch
 
 from bench import common as C
-from bench.attention import Heads, Timer, make_case, run, timed_ms
+from bench.attention import Heads, Timer, make_case, run
 from qcls.compose import compose
 from qcls.engine import attention as A
 from qcls.engine.tree_plan import head_split, plan_tree, tuning_for
+
+def layer_windows(hs: Heads, gemma: bool) -> list[int]:
+    """Sliding windows per layer: Gemma3's 1024 on 5 of 6 layers, or none."""
+    return [0 if (i + 1) % 6 == 0 or not gemma else 1024 for i in range(hs.layers)]
+
 
 EARLY = {"query loads before the row keys": dict(row_early_q=True),
          "prefix's first step loaded early": dict(row_early_kv=True),
@@ -59,7 +64,7 @@ def variant_rows(tok, device: str, smoke: bool) -> str:
     for label, hs, fused in heads:
         shipped = tuning_for(hs.dim, hs.heads // hs.kv, torch.device(device))
         variants = {"shipped": shipped, **{k: shipped.with_(**v) for k, v in ROW_VARIANTS.get(hs.dim, {}).items()}}
-        windows = [0 if (i + 1) % 6 == 0 else 1024 for i in range(hs.layers)] if hs.dim == 256 else [0] * hs.layers
+        windows = layer_windows(hs, hs.dim == 256)
         timers = {b: Timer(make_case(tok, "ecommerce8", base, b, hs), hs, windows, fused) for b in (1, 2, 3, 4)}
         for what, t in variants.items():
             res = run(timers, t, list(timers))
@@ -87,7 +92,7 @@ def ablation_rows(tok, device: str, smoke: bool) -> str:
             "|---|---|---|---|---|---|---|---|\n")
     for label, hs in heads:
         t = tuning_for(hs.dim, hs.heads // hs.kv, torch.device(device))
-        windows = [0 if (i + 1) % 6 == 0 else 1024 for i in range(hs.layers)] if hs.dim == 256 else [0] * hs.layers
+        windows = layer_windows(hs, hs.dim == 256)
         for b in (1, 4):
             tm = Timer(make_case(tok, "ecommerce8", base, b, hs), hs, windows, True)
             c = tm.case
@@ -99,9 +104,7 @@ def ablation_rows(tok, device: str, smoke: bool) -> str:
             empty[:, 1] = 0
 
             def ms(d, p, raw, hot=False):
-                attn = A.TreeAttention(d, p, c.pool_len, hs.heads, hs.dim, tm.dtype)
-                return timed_ms(lambda: [attn(tm.q, tm.k[0 if hot else i], tm.v[0 if hot else i], window=w, raw=raw)
-                                         for i, w in enumerate(windows)], hs.device)
+                return tm.forward_ms(A.TreeAttention(d, p, c.pool_len, hs.heads, hs.dim, tm.dtype), raw, hot)
             cols = [ms(dd, plan, tm.raw),
                     ms(dd, replace(plan, inline_runs=torch.zeros_like(plan.inline_runs)), tm.raw),
                     ms({**dd, "tiles": no_row.view(-1)}, plan, tm.raw), ms({**dd, "tiles": empty.view(-1)}, plan, tm.raw),
@@ -175,7 +178,7 @@ def tile_layout_rows(tok, device: str, smoke: bool) -> str:
     base = [p.model_dump() for p in compose(["prompts=ecommerce8"]).prompts]
     hs = Heads(4, 2, 16, 1, "cpu") if smoke else Heads(8, 4, 256, 34, device)
     g = hs.heads // hs.kv
-    windows = [0 if (i + 1) % 6 == 0 else 1024 for i in range(hs.layers)]
+    windows = layer_windows(hs, True)
     text = "| batch | layout | programs | ms |\n|---|---|---|---|\n"
     for b in ((1, 4) if smoke else (1, 2, 3, 4)):
         tm = Timer(make_case(tok, "ecommerce8", base, b, hs), hs, windows, True)
@@ -184,9 +187,7 @@ def tile_layout_rows(tok, device: str, smoke: bool) -> str:
         dd = c.descriptors(plan.tuning.row_tile)
 
         def ms(d, p):
-            attn = A.TreeAttention(d, p, c.pool_len, hs.heads, hs.dim, tm.dtype)
-            return timed_ms(lambda: [attn(tm.q, tm.k[i], tm.v[i], window=w, raw=tm.raw)
-                                     for i, w in enumerate(windows)], hs.device)
+            return tm.forward_ms(A.TreeAttention(d, p, c.pool_len, hs.heads, hs.dim, tm.dtype), tm.raw)
         busy = int((dd["tiles"].view(-1, A.TILE_FIELDS)[:, 1] > 0).sum())
         shipped = plan.tuning
         text += (f"| {b} | shipped ({shipped.row_tile}-token tiles, head split {head_split(shipped, g)}) | "
