@@ -127,6 +127,7 @@ def cmd_bulk(args: argparse.Namespace) -> int:
     from qcls.bulk.options import BulkOptions
     opts = BulkOptions(stray[0], stray[1], overrides, column=args.column, all_labels=args.all_labels,
                        quiet=args.quiet, ray=args.ray, actors=args.actors, address=args.address,
+                       shuffle=False if args.no_shuffle else None,
                        **{k: v for k, v in (("batch_size", args.batch_size), ("chunk_rows", args.chunk_rows),
                                             ("cache_size", args.cache_size)) if v is not None})
     if opts.ray or opts.address:
@@ -194,6 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--actors", type=int, default=1, metavar="N", help="Ray actors, one Classifier each (one GPU "
                    "each on GPUs)")
     b.add_argument("--address", metavar="A", help="an existing Ray cluster (implies --ray), e.g. auto")
+    b.add_argument("--no-shuffle", action="store_true", help="with several actors, stream the rows to them in "
+                   "input order instead of sending each distinct query to one actor (each then dedupes only its own)")
     b.add_argument("items", nargs="*", metavar="INPUT OUTPUT|OVERRIDE")
     b.set_defaults(fn=cmd_bulk)
     for name in ROUTED:

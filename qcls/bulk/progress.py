@@ -115,6 +115,13 @@ def format_summary(d: dict) -> str:
     if d.get("dropped_keys"):
         lines.append(f"[qcls bulk] {d['dropped_keys']:,} JSONL rows had keys beyond the first object's: not in "
                      "this CSV/Parquet output (write JSONL to keep them)")
+    if d.get("per_actor"):  # a Ray run
+        lines.append(f"[qcls bulk] {d['actors']} actors, " + ("rows hash-partitioned by query (each distinct "
+                     "query on one actor)" if d["shuffle"] else "rows streamed") + f"; {d['actor_restarts']} restarts")
+        for a in d["per_actor"]:
+            lines.append(f"[qcls bulk]   actor {a['pid']} (GPU {','.join(a['gpus']) or 'none'}, ready at "
+                         f"{a['ready_s']} s): {a['calls']} blocks, {a['rows']:,} rows, {a['classified']:,} classified,"
+                         f" busy {a['busy_share']:.0%} of the run")
     for p, c in d["labels"].items():
         total = sum(c.values()) or 1
         lines.append(f"[qcls bulk]   {p}: " + ", ".join(f"{lab} {n / total:.1%}" for lab, n in list(c.items())[:12]))

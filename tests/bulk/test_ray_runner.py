@@ -1,5 +1,7 @@
-"""`qcls bulk --ray`: Ray Data with 2 CPU actors gives the single-process path's rows and errors; an existing
-cluster is joined with --address; actors that would take every CPU are refused. One Ray per module."""
+"""`qcls bulk --ray`: Ray Data with 2 CPU actors gives the single-process path's rows and errors, each distinct
+query classified once (hash-partitioned by query) or streamed; an actor killed mid-run is restarted and the
+output still has every row once; an existing cluster is joined with --address; actors that would take every
+CPU are refused. One Ray per module."""
 from __future__ import annotations
 
 import csv
@@ -57,26 +59,69 @@ def same(a: list[dict], b: list[dict]) -> None:
                 assert float(x[p + "_prob"]) == pytest.approx(float(y[p + "_prob"]), abs=1e-5)
 
 
-@pytest.mark.slow
-def test_ray_two_actors_equal_single_process(tmp_path, tiny_overrides, clf_factory, ray_cluster):
-    queries = log_queries(500, seed=5)
+def bad_log(tmp_path: Path, n: int, seed: int) -> tuple[Path, list[str]]:
+    queries = log_queries(n, seed=seed)
     inp = tmp_path / "log.csv"
     write_log(inp, queries, "csv")
     with inp.open("ab") as f:  # a short record, a bad byte, one field too many
-        f.write(b"500\n501,bad\xff,1\n502,a,1,extra\n")
+        f.write(f"{n}\n{n + 1},bad".encode() + b"\xff" + f",1\n{n + 2},a,1,extra\n".encode())
+    return inp, queries
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shuffle", [None, False], ids=["by-query", "streamed"])
+def test_ray_two_actors_equal_single_process(tmp_path, tiny_overrides, clf_factory, ray_cluster, shuffle):
+    inp, queries = bad_log(tmp_path, 500, seed=5)
     kw = dict(quiet=True, chunk_rows=100)
     single = runner.run(BulkOptions(str(inp), str(tmp_path / "one.csv"), tiny_overrides, **kw), clf_factory)
     opts = BulkOptions(str(inp), str(tmp_path / "ray.csv"), tiny_overrides, ray=True, actors=2, ray_batch_rows=128,
-                       **kw)
+                       shuffle=shuffle, **kw)
     summary = ray_runner.run(opts)
     with (tmp_path / "one.csv").open(encoding="utf-8", newline="") as f:
         one = list(csv.DictReader(f))
     got = folder_rows(tmp_path / "ray.csv")
+    assert [int(r["id"]) for r in got] == list(range(len(queries) + 3))  # every row once, in input order
     same(got, one)
     assert summary["rows"] == single["rows"] == len(queries) + 3 and summary["errors"] == single["errors"]
     assert {"missing", "undecodable", "malformed"} <= set(summary["errors"])
     assert summary["labels"] == single["labels"] and summary["actors_ready"] == 2
+    assert summary["actor_restarts"] == 0 and len(summary["per_actor"]) == 2
+    assert sum(a["rows"] for a in summary["per_actor"]) == summary["rows"]
+    if shuffle is None:  # each distinct query went to one actor: classified once in all, as in one process
+        assert summary["shuffle"] and summary["blocks"] == 16
+        assert summary["classified"] == single["classified"]
+    else:  # each actor classifies what it sees: the frequent queries twice
+        assert not summary["shuffle"] and summary["classified"] > single["classified"]
     assert not (tmp_path / "ray.csv.tmp").exists()
+
+
+@pytest.mark.slow
+def test_an_actor_killed_mid_run(tmp_path, tiny_overrides, clf_factory, ray_cluster, monkeypatch):
+    """The first actor to get a block SIGKILLs its own process (once: a marker file says it happened); Ray
+    restarts it, the block is redone, and the output has every row once with the single process's results."""
+    inp, queries = bad_log(tmp_path, 400, seed=8)
+    marker = tmp_path / "killed"
+
+    class Dying(ray_runner.BulkActor):
+        def __call__(self, batch):
+            if not marker.exists():
+                marker.write_text(str(os.getpid()))
+                os.kill(os.getpid(), 9)
+            return super().__call__(batch)
+
+    monkeypatch.setattr(ray_runner, "BulkActor", Dying)
+    kw = dict(quiet=True, chunk_rows=100)
+    runner.run(BulkOptions(str(inp), str(tmp_path / "one.csv"), tiny_overrides, **kw), clf_factory)
+    summary = ray_runner.run(BulkOptions(str(inp), str(tmp_path / "ray.csv"), tiny_overrides, ray=True, actors=2,
+                                         **kw))
+    with (tmp_path / "one.csv").open(encoding="utf-8", newline="") as f:
+        one = list(csv.DictReader(f))
+    got = folder_rows(tmp_path / "ray.csv")
+    assert [int(r["id"]) for r in got] == list(range(len(queries) + 3))
+    same(got, one)
+    assert summary["rows"] == len(queries) + 3 and summary["actor_restarts"] == 1
+    pids = [a["pid"] for a in summary["per_actor"]]
+    assert len(set(pids)) == 3 and int(marker.read_text()) in pids  # two actors, then the killed one's successor
 
 
 @pytest.mark.slow
@@ -92,6 +137,7 @@ def test_existing_cluster_through_the_cli(tmp_path, tiny_overrides, clf_factory,
     import pyarrow.parquet as pq
     one = pq.read_table(tmp_path / "one.parquet").to_pylist()
     got = folder_rows(tmp_path / "ray.parquet")
+    assert [r["id"] for r in got] == list(range(len(queries)))  # hash-partitioned by query, sorted back
     same(got, one)
     assert isinstance(got[0]["id"], int)  # a Parquet input's column types pass through
 

@@ -1,0 +1,235 @@
+"""`qcls bulk --ray` over N GPU actors: scaling, and an actor killed mid-run.
+
+bench/bulk.py's 200k-row log (bench/querylog.py) through Ray Data with random-weight Qwen3-4B × ecommerce8 and
+the real Qwen tokenizer, at batch 8 (the file command's GPU default), for each N in --actors (one GPU each):
+
+  rate      the log's distinct queries per second after the pool is full (its distinct count / seconds: when
+            the user's job is done), and the actors' classifications per second (a query classified by two
+            actors counts twice); scaling = rate / (N × the one-actor rate of this lease)
+  pool      seconds from the command's start until every actor's Classifier was built and warm
+  per actor the GPU's utilisation (nvidia-smi every 0.5 s over the seconds after the pool is full), and the
+            share of those seconds the actor spent inside its calls
+
+Defaults as the user gets them: one actor streams the rows; several hash-partition them by query (each distinct
+query on one actor). --streamed N… adds runs of several actors with the rows streamed (`--no-shuffle`).
+--kill N runs N actors again and SIGKILLs one actor's process --kill-after-s seconds after the pool is full:
+the output must hold every input row exactly once with the clean N-actor run's labels; the restart and the
+seconds lost against the clean run are reported.
+
+    QCLS_BENCH_COMMIT=<sha> PYTHONPATH=. python bench/bulk_ray.py --actors 1 2 4 --kill 4   # GPU host
+    PYTHONPATH=. python bench/bulk_ray.py --model tiny --rows 3000 --actors 1 2 --kill 2 --no-append  # CPU smoke
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench import common as C  # noqa: E402
+from bench.querylog import write_csv, zipf_log  # noqa: E402
+from qcls.bulk import ray_runner  # noqa: E402
+from qcls.bulk.options import BulkOptions  # noqa: E402
+
+
+class GpuSampler:
+    """nvidia-smi's utilization.gpu per GPU index, every `every` seconds, with the host's clock."""
+
+    def __init__(self, every: float = 0.5):
+        self.every, self.samples, self.stop = every, [], threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        cmd = ["nvidia-smi", "--query-gpu=index,utilization.gpu", "--format=csv,noheader,nounits"]
+        while not self.stop.wait(self.every):
+            try:
+                out = subprocess.run(cmd, capture_output=True, text=True, timeout=5).stdout
+            except (OSError, subprocess.SubprocessError):
+                return  # no nvidia-smi (a CPU run): no utilisation column
+            t = time.time()
+            for line in out.strip().splitlines():
+                idx, util = (x.strip() for x in line.split(","))
+                self.samples.append((t, idx, float(util)))
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+
+    def mean(self, gpu: str, t0: float, t1: float) -> float | None:
+        xs = [u for t, i, u in self.samples if i == gpu and t0 <= t <= t1]
+        return sum(xs) / len(xs) if xs else None
+
+
+def one_run(log: Path, work: Path, overrides: list[str], n: int, shuffle: bool | None, kill_after: float | None,
+            batch: int) -> dict:
+    """One `qcls bulk --ray` run of n actors; with kill_after, one actor is SIGKILLed that long after the pool
+    is full. The summary, with the GPU utilisation per actor and the kill's times."""
+    out = work / f"out_n{n}_{'streamed' if shuffle is False else 'default'}{'_kill' if kill_after else ''}.parquet"
+    opts = BulkOptions(str(log), str(out), overrides, batch_size=batch, quiet=True, ray=True, actors=n,
+                       shuffle=shuffle, log_every_s=0.5)
+    kill: dict = {}
+
+    def observe(tally, ready_at, last, actors):
+        if kill_after is None or kill or len(ready_at) < n:
+            return
+        full = sorted(ready_at)[n - 1]
+        if time.time() - full >= kill_after:
+            victim = actors[0]["pid"]
+            os.kill(victim, signal.SIGKILL)
+            kill.update(pid=victim, at=time.time(), after_full_s=round(time.time() - full, 1), rows_then=tally.rows)
+
+    t0 = time.time()
+    with GpuSampler() as gpu:
+        s = ray_runner.run(opts, observe=observe)
+    full, end = t0 + s["startup_s"], t0 + s["startup_s"] + s["seconds"]
+    for a in s["per_actor"]:
+        utils = [gpu.mean(g, full, end) for g in a["gpus"]]
+        a["gpu_util"] = round(sum(utils) / len(utils), 1) if utils and None not in utils else None
+    if kill:
+        back = [a for a in s["per_actor"] if t0 + a["ready_s"] > kill["at"]]
+        kill["restart_s"] = round(t0 + back[0]["ready_s"] - kill["at"], 1) if back else None
+        s["kill"] = kill
+    s["check"] = check_output(out, log)
+    s["out"] = str(out)
+    return s
+
+
+def check_output(out: Path, log: Path) -> dict:
+    """Every input row exactly once, in input order (the CSV's id column is the row's index)."""
+    ids = [i for f in sorted(out.iterdir()) for i in _table(f, ["id"]).column("id").to_pylist()]
+    n_in = sum(1 for _ in log.open(encoding="utf-8")) - 1
+    ids = [int(i) for i in ids]
+    return {"rows_out": len(ids), "rows_in": n_in, "each_once": sorted(ids) == list(range(n_in)),
+            "in_order": ids == list(range(n_in))}
+
+
+def _table(f: Path, columns: list[str] | None = None):
+    import pyarrow.parquet as pq
+    return pq.read_table(f, columns=columns)
+
+
+def same_labels(a: str, b: str, prompts: list[str]) -> dict:
+    """How far two runs' outputs agree: rows with every winner equal, the largest |Δ probability|."""
+    x, y = ([r for f in sorted(Path(o).iterdir()) for r in _table(f).to_pylist()] for o in (a, b))
+    key = lambda r: int(r["id"])  # noqa: E731
+    x, y = sorted(x, key=key), sorted(y, key=key)
+    equal = sum(all(r[p] == s[p] for p in prompts) for r, s in zip(x, y))
+    dp = max((abs(float(r[p + "_prob"]) - float(s[p + "_prob"])) for r, s in zip(x, y) for p in prompts
+              if r[p + "_prob"] not in (None, "") and s[p + "_prob"] not in (None, "")), default=0.0)
+    return {"rows": len(x), "winners_equal": equal, "max_dprob": dp}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="qwen3_4b", choices=["qwen3_4b", "qwen3_8b", "tiny"])
+    ap.add_argument("--rows", type=int, default=200_000)
+    ap.add_argument("--actors", type=int, nargs="+", default=[1, 2, 4])
+    ap.add_argument("--streamed", type=int, nargs="*", default=[], help="also these N with the rows streamed")
+    ap.add_argument("--kill", type=int, default=None, metavar="N", help="a run of N actors with one killed")
+    ap.add_argument("--kill-after-s", type=float, default=5.0)
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--workdir", default=None)
+    ap.add_argument("--no-append", action="store_true")
+    args = ap.parse_args()
+    import ray
+    import torch
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="qcls_bulk_ray_"))
+    work.mkdir(parents=True, exist_ok=True)
+    queries = zipf_log(args.rows)
+    log = write_csv(work / "log.csv", queries)
+    distinct = len(set(q for q in queries if q.strip()))
+    overrides, prompts = model_overrides(args.model, dev, work)
+    most = max(args.actors + args.streamed + [args.kill or 1])
+    ray.init(num_cpus=max(os.cpu_count() or 1, most + 2), include_dashboard=False, log_to_driver=False)
+    runs: list[tuple[str, dict]] = []
+    for n in args.actors:
+        runs.append((f"{n}", one_run(log, work, overrides, n, None, None, args.batch_size)))
+        print(json.dumps({n: brief(runs[-1][1])}), flush=True)
+    for n in args.streamed:
+        runs.append((f"{n}, streamed", one_run(log, work, overrides, n, False, None, args.batch_size)))
+        print(json.dumps({f"{n} streamed": brief(runs[-1][1])}), flush=True)
+    if args.kill:
+        killed = one_run(log, work, overrides, args.kill, None, args.kill_after_s, args.batch_size)
+        clean = next((r for k, r in runs if k == str(args.kill)), None)
+        killed["vs_clean"] = same_labels(killed["out"], clean["out"], prompts) if clean else None
+        runs.append((f"{args.kill}, one killed", killed))
+        print(json.dumps({"kill": brief(killed)}, default=str), flush=True)
+    ray.shutdown()
+    report(args, runs, len(queries), distinct)
+
+
+def model_overrides(model: str, dev: str, work: Path) -> tuple[list[str], list[str]]:
+    """The run's overrides and its prompts: a random-weight checkpoint of a real shape, or (CPU smoke) the
+    tests' tiny Qwen3 with the default prompts."""
+    if model == "tiny":
+        from qcls.tiny_models import make_tiny_model_dir, tiny_byte_tokenizer
+        d = make_tiny_model_dir(work / "tiny", "qwen3", tiny_byte_tokenizer(), seed=1)
+        ov = [f"model.path={d}", "model.source=local", "model.name=tiny", "model.head=null", "prompts=default",
+              "engine.query_buckets=[16,64]", "max_query_tokens=64", "engine.warmup_requests=1"]
+    else:
+        from bench.backends import write_checkpoint
+        ckpt = write_checkpoint(Path(f"/tmp/qcls_random_{model}"), model, dev)
+        ov = [f"model.path={ckpt}", "model.source=local", f"model.name=random_{model}", "model.head=null",
+              "prompts=ecommerce8", "scoring=trie"]
+    from qcls.compose import compose
+    return ov, [p.name for p in compose(ov).prompts]
+
+
+def brief(s: dict) -> dict:
+    return {k: s.get(k) for k in ("seconds", "startup_s", "classified", "distinct_per_s", "actor_restarts",
+                                  "blocks", "kill", "check", "vs_clean")} | {
+        "per_actor": [{k: a.get(k) for k in ("pid", "gpus", "ready_s", "first_s", "last_s", "calls", "classified", "busy_share",
+                                             "gpu_util")} for a in s["per_actor"]]}
+
+
+def report(args, runs: list[tuple[str, dict]], n_rows: int, distinct: int) -> None:
+    text = C.header(f"bulk over several GPUs: {n_rows:,} rows through `qcls bulk --ray` ({args.model} random weights, "
+                    "ecommerce8)",
+                    f"bench/bulk_ray.py --model {args.model} --rows {args.rows} --actors {' '.join(map(str, args.actors))}"
+                    f"{' --streamed ' + ' '.join(map(str, args.streamed)) if args.streamed else ''}"
+                    f"{f' --kill {args.kill} --kill-after-s {args.kill_after_s:g}' if args.kill else ''}; batch "
+                    f"{args.batch_size}; CSV in, Parquet out; one GPU per actor; bench/querylog.py's log")
+    text += (f"Log: {n_rows:,} rows, {distinct:,} distinct queries. Rates count from the moment the pool is full.\n\n"
+             "| actors | rows | pool full s | seconds | log distinct/s | scaling (goal ≥ 0.9) | classified | "
+             "classified/s | per actor: GPU util % / busy % | restarts | every row once, in order |\n"
+             "|---|---|---|---|---|---|---|---|---|---|---|\n")
+    one = next((distinct / r["seconds"] for k, r in runs if k == "1"), None)
+    for k, r in runs:
+        n = r["actors"]
+        rate = distinct / r["seconds"]
+        scale = f"{rate / (n * one):.3f}" if one and "killed" not in k else "-"
+        per = ", ".join(f"{a['gpu_util'] if a.get('gpu_util') is not None else '-'} / {a['busy_share'] * 100:.0f}"
+                        for a in r["per_actor"])
+        ck = r["check"]
+        text += (f"| {k} | {'by query, ' + str(r['blocks']) + ' blocks' if r['shuffle'] else 'streamed'} | "
+                 f"{r['startup_s']:.1f} | {r['seconds']:.1f} | {rate:.0f} | {scale} | {r['classified']:,} | "
+                 f"{r['distinct_per_s']:.0f} | {per} | {r['actor_restarts']} | "
+                 f"{ck['each_once']}, {ck['in_order']} ({ck['rows_out']:,} of {ck['rows_in']:,}) |\n")
+    for k, r in runs:
+        if "kill" in r:
+            kl, clean = r["kill"], next((c for j, c in runs if j == str(r["actors"])), None)
+            lost = f"{r['seconds'] - clean['seconds']:.1f} s" if clean else "-"
+            text += (f"\nKilled: actor process {kl['pid']} (SIGKILL) {kl['after_full_s']} s after the pool was full, "
+                     f"{kl['rows_then']:,} rows reported by then; its successor ready {kl['restart_s']} s after the "
+                     f"kill; the run took {lost} longer than the clean run of {r['actors']} actors. Against that run: "
+                     f"{json.dumps(r.get('vs_clean'))}.\n")
+    if args.no_append:
+        print(text)
+    else:
+        C.append(text)
+
+
+if __name__ == "__main__":
+    main()
