@@ -33,10 +33,9 @@ class BulkOptions:
     address: str | None = None  # an existing cluster ("auto", "ray://host:10001", "host:6379"); None starts one
     gpus_per_actor: float | None = None  # None: 1 where the cluster has GPUs, else 0
     cpus_per_actor: float = 1.0
-    ray_batch_rows: int = 4096  # rows per map_batches call when streamed (each actor dedupes within and across its calls)
-    # hash-partition the rows by query so that each distinct query goes to one actor (None: when actors > 1)
+    ray_batch_rows: int | None = None  # rows per actor call (None: 4096 streamed, 2048 sorted by query hash)
+    # sort the rows by query hash so that each distinct query goes to one actor (None: when actors > 1)
     shuffle: bool | None = None
-    pool_timeout_s: int = 1800  # how long the pool may take to reach its full size before the run fails
 
     def all_overrides(self) -> list[str]:
         batch = self.batch_size

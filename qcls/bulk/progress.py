@@ -116,11 +116,12 @@ def format_summary(d: dict) -> str:
         lines.append(f"[qcls bulk] {d['dropped_keys']:,} JSONL rows had keys beyond the first object's: not in "
                      "this CSV/Parquet output (write JSONL to keep them)")
     if d.get("per_actor"):  # a Ray run
-        lines.append(f"[qcls bulk] {d['actors']} actors, " + ("rows hash-partitioned by query (each distinct "
-                     "query on one actor)" if d["shuffle"] else "rows streamed") + f"; {d['actor_restarts']} restarts")
+        lines.append(f"[qcls bulk] {d['actors']} actors, pool full at {d['pool_full_s']:.1f} s, " + (
+            "rows sorted by query hash (each distinct query on one actor)" if d["shuffle"] else "rows streamed")
+            + f"; {d['actor_restarts']} restarts")
         for a in d["per_actor"]:
             lines.append(f"[qcls bulk]   actor {a['pid']} (GPU {','.join(a['gpus']) or 'none'}, ready at "
-                         f"{a['ready_s']} s): {a['calls']} blocks, {a['rows']:,} rows, {a['classified']:,} classified,"
+                         f"{a['ready_s']} s): {a['calls']} calls, {a['rows']:,} rows, {a['classified']:,} classified,"
                          f" busy {a['busy_share']:.0%} of the run")
     for p, c in d["labels"].items():
         total = sum(c.values()) or 1

@@ -6,21 +6,20 @@
 - Classify: `map_batches` over `BulkActor`, `concurrency=N` actors, `num_gpus=1` each where the cluster has
   GPUs. Each actor builds and warms one Classifier in `__init__` and dedupes what it gets through its own
   bounded cache. A bad row is an error row (never an exception), so it cannot fail the job.
-- Several actors: the rows are first hash-partitioned by query (`repartition(keys=…)`, 8 blocks per actor or
-  more for a big input) and each block goes whole to one actor, so every distinct query is classified by one
-  actor only, once. Streamed instead (one actor, or `shuffle=False`), a log's frequent queries reach every
-  actor: on bench/querylog.py's log 4 actors classify 1.52 × its distinct queries (2 actors 1.25 ×). The
-  shuffle's price: classifying starts once the input is read and partitioned (behind the actors' start-up, for
-  a log that reads faster than a model loads), and the output is sorted back into input order by line
-  (Parquet inputs get a row number for that: their file is read whole in one task).
-- The pool is full before the clock starts: `DataContext.wait_for_min_actors_s` makes Ray Data wait for
-  every actor's `__init__` before it hands out the first batch, and the rates count from the moment the
-  first N actors reported ready (the tally actor keeps those times, and each actor's calls, rows and busy
-  time).
-- A killed actor (its process, its node) is restarted by Ray and its block retried there (Ray Data's
-  defaults: `max_restarts=-1`, `max_task_retries=-1`); the output still has every row once, and the summary
-  counts the restarts. An actor reports a block only once its output is built, so a block is counted once
-  unless its process dies in the moment between report and return.
+- Several actors: the rows are first sorted by a hash of their query (`sort`), so each query's rows lie
+  together and every batch mixes frequent and rare queries alike; a distinct query then reaches one actor
+  (two where its rows straddle a batch boundary), and the output is sorted back into input order by line
+  (Parquet inputs get a row number for that: their file is read whole in one task). Streamed instead (one
+  actor, or `shuffle=False`), a log's frequent queries reach every actor: on bench/querylog.py's log 4
+  actors classify 1.52 × its distinct queries (2 actors 1.25 ×).
+- The actors start while the input is read (and sorted): the read does not wait for the pool. Rates count
+  from the moment the first actor reported ready (for N actors, the others' start-up stagger counts against
+  the rate); the summary gives that start-up and the moment the pool was full (the tally actor keeps the
+  times, and each actor's calls, rows and busy time).
+- A killed actor (its process, its node) is restarted by Ray and its batches retried (Ray Data's defaults:
+  `max_restarts=-1`, `max_task_retries=-1`); the output still has every row once, and the summary counts
+  the restarts. An actor reports a batch only once its output is built, so a batch is counted once unless
+  its process dies in the moment between report and return.
 - Actors take `cpus_per_actor` CPUs each; the run refuses to start where they would take every CPU of the
   cluster (read, shuffle and write tasks need some).
 - Write: Parquet with `write_parquet`; JSONL/CSV/TSV with a datasink that writes the same lines as the
@@ -31,12 +30,12 @@ from __future__ import annotations
 
 import io
 import json
-import math
 import os
 from collections import Counter
 import shutil
 import threading
 import time
+import zlib
 from pathlib import Path
 
 from qcls.bulk.cache import ResultCache
@@ -50,25 +49,38 @@ from qcls.errors import ConfigError, MissingPackageError, missing_package
 from qcls.progress import warn
 
 QUERY, ERROR, KIND, LINE, REC, OUT = "__qcls_query", "__qcls_error", "__qcls_kind", "__qcls_line", "__qcls_rec", "__qcls_out"
-BLOCKS_PER_ACTOR = 8  # hash blocks per actor: the last block's wait is at most ~1/8 of an actor's share
-BLOCK_INPUT_BYTES = 32 << 20  # and at most ~32 MiB of input per block (one actor call holds a block)
+HASH = "__qcls_hash"
+# rows per actor call with the rows sorted by query hash: ~350 distinct queries of bench/querylog.py's log,
+# under a second of an actor's work, so the run's last calls leave the other actors idle that long at most
+SORTED_BATCH_ROWS = 2048
+
+
+def query_hash(q, line: int) -> int:
+    """A stable hash of a query (the same in every process, unlike hash()); a row without a text query
+    hashes by its line, which spreads error rows over the batches."""
+    if not isinstance(q, str):
+        return line
+    return zlib.crc32(q.encode("utf-8", "surrogatepass"))
 
 
 def parse_file(item: dict, fmt: str, column: str) -> list[dict]:
     """flat_map: one file's bytes → its rows (pass-through values as JSON text: Arrow needs no types)."""
-    return [{LINE: r.line, QUERY: r.query, ERROR: r.error, KIND: r.kind, REC: json.dumps(r.values)}
-            for r in parse_bytes(fmt, item["bytes"], column)]
+    return [{LINE: r.line, QUERY: r.query, ERROR: r.error, KIND: r.kind, REC: json.dumps(r.values),
+             HASH: query_hash(r.query, r.line)} for r in parse_bytes(fmt, item["bytes"], column)]
 
 
-def parquet_file(batch):
+def parquet_file(batch, column: str):
     """map_batches over a Parquet file's bytes: its table with each row's number (the key of the sort back
-    into input order after the shuffle)."""
+    into input order) and its query's hash (the key of the sort that groups a query's rows)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     tables = []
     for data in batch.column("bytes").to_pylist():
         t = pq.read_table(io.BytesIO(data))
-        tables.append(t.append_column(LINE, pa.array(range(1, t.num_rows + 1), pa.int64())))
+        lines = range(1, t.num_rows + 1)
+        qs = t.column(column).to_pylist() if column in t.column_names else [None] * t.num_rows
+        t = t.append_column(LINE, pa.array(lines, pa.int64()))
+        tables.append(t.append_column(HASH, pa.array([query_hash(q, n) for q, n in zip(qs, lines)], pa.int64())))
     return pa.concat_tables(tables)
 
 
@@ -76,7 +88,8 @@ def actor_info() -> dict:
     """Who an actor is: its process, node and GPUs (the summary's per-actor lines; a bench kills by pid)."""
     import ray
     ctx = ray.get_runtime_context()
-    return {"pid": os.getpid(), "node": ctx.get_node_id(), "gpus": [str(g) for g in ray.get_gpu_ids()]}
+    return {"pid": os.getpid(), "node": ctx.get_node_id(), "gpus": [str(g) for g in ray.get_gpu_ids()],
+            "restarted": bool(ctx.was_current_actor_reconstructed)}
 
 
 class BulkActor:
@@ -104,7 +117,7 @@ class BulkActor:
             rows = [Row(line, json.loads(rec), q, err, kind) for line, q, err, kind, rec in
                     zip(*(batch.column(c).to_pylist() for c in (LINE, QUERY, ERROR, KIND, REC)))]
         else:  # Parquet: the columns themselves (and the row numbers, after a shuffle)
-            values = (batch.drop_columns([LINE]) if lines is not None else batch).to_pylist()
+            values = (batch.drop_columns([LINE, HASH]) if lines is not None else batch).to_pylist()
             rows = [with_query(i, v, self.column) for i, v in zip(lines or range(1, len(values) + 1), values)]
         tally = Tally()
         slices = [rows[i:i + SLICE_ROWS] for i in range(0, len(rows), SLICE_ROWS)]
@@ -207,16 +220,16 @@ def run(opts: BulkOptions, clf_factory=None, observe=None) -> dict:
         raise ConfigError(f"{opts.actors} actors × {gpus:g} GPUs: the Ray cluster has {res.get('GPU', 0):g}",
                           "use --actors at most the cluster's GPU count")
     ctx = ray.data.DataContext.get_current()
-    ctx.wait_for_min_actors_s = opts.pool_timeout_s
+    ctx.wait_for_min_actors_s = 0  # the pool starts beside the read (a positive wait blocks the executor)
     ctx.execution_options.preserve_order = True  # output files in input order
     ctx.enable_progress_bars = False
     tally_ref = _tally_actor(ray)
     shuffle = opts.actors > 1 if opts.shuffle is None else opts.shuffle
-    ds, blocks = _rows(ray, opts, reader, shuffle)
+    ds = _rows(ray, opts, reader, shuffle)
     ds = ds.map_batches(BulkActor, fn_constructor_kwargs=dict(
         cfg_json=portable(cfg).model_dump_json(), cols=cols, out_fmt=fmt.fmt, column=reader.column,
         cache_size=opts.cache_size, input_schema=fmt.input_schema, tally=tally_ref),
-        batch_size=None if shuffle else opts.ray_batch_rows, batch_format="pyarrow",
+        batch_size=opts.ray_batch_rows or (SORTED_BATCH_ROWS if shuffle else 4096), batch_format="pyarrow",
         compute=ray.data.ActorPoolStrategy(size=opts.actors), num_gpus=gpus,
         num_cpus=opts.cpus_per_actor)
     if shuffle:
@@ -225,7 +238,7 @@ def run(opts: BulkOptions, clf_factory=None, observe=None) -> dict:
         shutil.rmtree(tmp)
     prog = Progress(Tally(), None, opts.quiet, log_every_s=opts.log_every_s)
     done = threading.Event()
-    watcher = threading.Thread(target=_watch, args=(ray, tally_ref, prog, done, opts.actors, observe), daemon=True)
+    watcher = threading.Thread(target=_watch, args=(ray, tally_ref, prog, done, observe), daemon=True)
     watcher.start()
     try:
         if fmt.fmt == "parquet":
@@ -245,16 +258,19 @@ def run(opts: BulkOptions, clf_factory=None, observe=None) -> dict:
     os.replace(tmp, out)
     prog.close()
     ready_at.sort()
+    first = ready_at[0] if ready_at else end
     pool_full = ready_at[min(opts.actors, len(ready_at)) - 1] if ready_at else end
     for a in actors:
         for k in ("ready_at", "first_at", "last_at"):  # seconds after the command's start
             t = a.pop(k)
             a[k.replace("_at", "_s")] = round(t - wall0, 1) if t is not None else None
-        a["busy_share"] = round(a["busy_s"] / max(1e-9, end - pool_full), 3)
-    result = summary(tally, end - pool_full, pool_full - wall0, {
+        a["busy_share"] = round(a["busy_s"] / max(1e-9, end - first), 3)
+    result = summary(tally, end - first, first - wall0, {
         "output": opts.output, "actors": opts.actors, "gpus_per_actor": gpus,
-        "actors_ready": min(len(ready_at), opts.actors), "actor_restarts": max(0, len(ready_at) - opts.actors),
-        "shuffle": shuffle, "blocks": blocks, "per_actor": actors, "batch_size": cfg.engine.max_batch_size,
+        "actors_ready": sum(not a["restarted"] for a in actors),
+        "actor_restarts": sum(a["restarted"] for a in actors),
+        "pool_full_s": round(pool_full - wall0, 3), "shuffle": shuffle, "per_actor": actors,
+        "batch_size": cfg.engine.max_batch_size,
         "files": sorted(p.name for p in out.iterdir())})
     if not opts.quiet:
         import sys
@@ -263,26 +279,25 @@ def run(opts: BulkOptions, clf_factory=None, observe=None) -> dict:
 
 
 def _rows(ray, opts: BulkOptions, reader, shuffle: bool):
-    """The input's rows as a dataset, and how many hash blocks they were shuffled into (None: streamed)."""
+    """The input's rows as a dataset: streamed in input order, or sorted by query hash (shuffle)."""
     path = str(Path(opts.input).resolve())
     if reader.fmt == "parquet" and not shuffle:
         ds = ray.data.read_parquet(path)
     elif reader.fmt == "parquet":
-        ds = ray.data.read_binary_files(path).map_batches(parquet_file, batch_size=1, batch_format="pyarrow")
+        ds = ray.data.read_binary_files(path).map_batches(parquet_file, batch_size=1, batch_format="pyarrow",
+                                                          fn_kwargs={"column": reader.column})
     else:
         ds = ray.data.read_binary_files(path).flat_map(parse_file, fn_kwargs={"fmt": reader.fmt,
                                                                             "column": reader.column})
-    if not shuffle:
-        # a file is one read task and one block: blocks of one batch each (streaming) let every actor take work
-        return ds.repartition(target_num_rows_per_block=opts.ray_batch_rows), None
-    blocks = max(BLOCKS_PER_ACTOR * opts.actors, math.ceil(Path(path).stat().st_size / BLOCK_INPUT_BYTES))
-    key = reader.column if reader.fmt == "parquet" else QUERY
-    return ds.repartition(blocks, keys=[key]), blocks
+    if shuffle:
+        return ds.sort(HASH)
+    # a file is one read task and one block: blocks of one batch each (streaming) let every actor take work
+    return ds.repartition(target_num_rows_per_block=opts.ray_batch_rows or 4096)
 
 
-def _watch(ray, tally_ref, prog: Progress, done: threading.Event, actors: int, observe=None) -> None:
+def _watch(ray, tally_ref, prog: Progress, done: threading.Event, observe=None) -> None:
     """The driver's progress line, from the tally actor, every few seconds while the job runs; its rates
-    count from the moment the pool is full."""
+    count from the moment the first actor is ready."""
     full = False
     while not done.wait(min(prog.every, 1.0) if not full else prog.every):
         try:
@@ -292,7 +307,7 @@ def _watch(ray, tally_ref, prog: Progress, done: threading.Event, actors: int, o
         except Exception:  # noqa: BLE001 - progress is best effort; the summary reads the tally again
             continue
         prog.tally, ready, _ = snap
-        if not full and len(ready) >= actors:
+        if not full and ready:  # the clock starts with the first actor ready
             full = True
             prog.restart_clock()
         elif full:

@@ -36,12 +36,12 @@ def test_summary_counts_rates_and_labels():
 
 def test_summary_of_a_ray_run_names_each_actor():
     d = summary(Tally(rows=30, classified=9), 3.0, 1.0, {
-        "actors": 2, "shuffle": True, "actor_restarts": 1,
+        "actors": 2, "shuffle": True, "actor_restarts": 1, "pool_full_s": 2.5,
         "per_actor": [{"pid": 11, "gpus": ["0"], "ready_s": 1.0, "calls": 3, "rows": 20, "classified": 6,
                        "busy_share": 0.9},
                       {"pid": 12, "gpus": [], "ready_s": 2.5, "calls": 1, "rows": 10, "classified": 3,
                        "busy_share": 0.25}]})
     text = format_summary(d)
-    assert "2 actors, rows hash-partitioned by query" in text and "1 restarts" in text
-    assert "actor 11 (GPU 0, ready at 1.0 s): 3 blocks, 20 rows, 6 classified, busy 90% of the run" in text
-    assert "actor 12 (GPU none, ready at 2.5 s): 1 blocks, 10 rows, 3 classified, busy 25% of the run" in text
+    assert "2 actors, pool full at 2.5 s, rows sorted by query hash" in text and "1 restarts" in text
+    assert "actor 11 (GPU 0, ready at 1.0 s): 3 calls, 20 rows, 6 classified, busy 90% of the run" in text
+    assert "actor 12 (GPU none, ready at 2.5 s): 1 calls, 10 rows, 3 classified, busy 25% of the run" in text
