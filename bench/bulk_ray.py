@@ -191,9 +191,17 @@ def model_overrides(model: str, dev: str, work: Path) -> tuple[list[str], list[s
 
 def brief(s: dict) -> dict:
     return {k: s.get(k) for k in ("seconds", "startup_s", "pool_full_s", "classified", "distinct_per_s",
-                                  "actor_restarts", "kill", "check", "vs_clean")} | {
+                                  "after_full", "actor_restarts", "kill", "check", "vs_clean")} | {
         "per_actor": [{k: a.get(k) for k in ("pid", "gpus", "ready_s", "first_s", "last_s", "calls", "classified", "busy_share",
                                              "gpu_util")} for a in s["per_actor"]]}
+
+
+def steady(r: dict, distinct: int) -> float | None:
+    """The log's distinct queries per second with the pool full: classifications after it ÷ the duplication."""
+    a = r.get("after_full")
+    if not a or a["seconds"] <= 0 or not r["classified"]:
+        return None
+    return a["distinct_per_s"] * distinct / r["classified"]
 
 
 def report(args, runs: list[tuple[str, dict]], n_rows: int, distinct: int) -> None:
@@ -203,24 +211,27 @@ def report(args, runs: list[tuple[str, dict]], n_rows: int, distinct: int) -> No
                     f"{' --streamed ' + ' '.join(map(str, args.streamed)) if args.streamed else ''}"
                     f"{f' --kill {args.kill} --kill-after-s {args.kill_after_s:g}' if args.kill else ''}; batch "
                     f"{args.batch_size}; CSV in, Parquet out; one GPU per actor; bench/querylog.py's log")
-    text += (f"Log: {n_rows:,} rows, {distinct:,} distinct queries. Rates count from the moment the first actor is "
-             "ready.\n\n"
-             "| actors | rows | first actor ready / pool full, s | seconds | log distinct/s | scaling (goal ≥ 0.9) | "
-             "classified | "
-             "classified/s | per actor: GPU util % / busy % | restarts | every row once, in order |\n"
-             "|---|---|---|---|---|---|---|---|---|---|---|\n")
-    one = next((distinct / r["seconds"] for k, r in runs if k == "1"), None)
+    text += (f"Log: {n_rows:,} rows, {distinct:,} distinct queries. \"From the first ready\": the rate over the seconds "
+             "from the first actor ready to the end (the others' start-up stagger counts against it); \"with the pool "
+             "full\": the classifications after the N-th actor was ready over the seconds from then, ÷ the "
+             "duplication (classified / the log's distinct queries): the steady state. Scaling: ÷ (N × one actor's).\n\n"
+             "| actors | rows | first actor ready / pool full, s | seconds | log distinct/s from the first ready "
+             "(scaling) | classified (× distinct) | log distinct/s with the pool full (scaling, goal ≥ 0.9) | "
+             "per actor: GPU util % / busy % | restarts | every row once, in order |\n"
+             "|---|---|---|---|---|---|---|---|---|---|\n")
+    one = next((r for k, r in runs if k == "1"), None)
     for k, r in runs:
-        n = r["actors"]
-        rate = distinct / r["seconds"]
-        scale = f"{rate / (n * one):.3f}" if one and "killed" not in k else "-"
+        n, dup = r["actors"], r["classified"] / distinct
+        rate, full = distinct / r["seconds"], steady(r, distinct)
+        scale = (f" ({rate / (n * distinct / one['seconds']):.3f})" if one and "killed" not in k else "")
+        fscale = (f" ({full / (n * steady(one, distinct)):.3f})" if one and full and "killed" not in k else "")
         per = ", ".join(f"{a['gpu_util'] if a.get('gpu_util') is not None else '-'} / {a['busy_share'] * 100:.0f}"
                         for a in r["per_actor"])
         ck = r["check"]
         text += (f"| {k} | {'sorted by query hash' if r['shuffle'] else 'streamed'} | "
-                 f"{r['startup_s']:.1f} / {r['pool_full_s']:.1f} | {r['seconds']:.1f} | {rate:.0f} | {scale} | {r['classified']:,} | "
-                 f"{r['distinct_per_s']:.0f} | {per} | {r['actor_restarts']} | "
-                 f"{ck['each_once']}, {ck['in_order']} ({ck['rows_out']:,} of {ck['rows_in']:,}) |\n")
+                 f"{r['startup_s']:.1f} / {r['pool_full_s']:.1f} | {r['seconds']:.1f} | {rate:.0f}{scale} | "
+                 f"{r['classified']:,} ({dup:.3f}) | {f'{full:.0f}' if full else '-'}{fscale} | {per} | "
+                 f"{r['actor_restarts']} | {ck['each_once']}, {ck['in_order']} ({ck['rows_out']:,} of {ck['rows_in']:,}) |\n")
     for k, r in runs:
         if "kill" in r:
             kl, clean = r["kill"], next((c for j, c in runs if j == str(r["actors"])), None)

@@ -53,6 +53,7 @@ HASH = "__qcls_hash"
 # rows per actor call with the rows sorted by query hash: ~350 distinct queries of bench/querylog.py's log,
 # under a second of an actor's work, so the run's last calls leave the other actors idle that long at most
 SORTED_BATCH_ROWS = 2048
+STREAMED_BATCH_ROWS = 4096  # rows per call streamed (bench/bulk.py's one-actor run: 0.92 × one process)
 
 
 def query_hash(q, line: int) -> int:
@@ -134,15 +135,18 @@ class BulkActor:
         return out
 
 
-def _tally_actor(ray):
+def _tally_actor(ray, actors: int):
     @ray.remote(num_cpus=0)
     class TallyActor:
         def __init__(self):
             self.tally, self.ready_at, self.last = Tally(), [], None
+            self.at_full: tuple[int, int] | None = None  # (rows, classified) when the N-th actor was ready
             self.actors: dict[int, dict] = {}  # pid → who it is and what it did
 
         def ready(self, t: float, info: dict) -> None:
             self.ready_at.append(t)
+            if len(self.ready_at) == actors:
+                self.at_full = (self.tally.rows, self.tally.classified)
             self.actors[info["pid"]] = {**info, "ready_at": t, "calls": 0, "rows": 0, "classified": 0, "busy_s": 0.0,
                                         "first_at": None, "last_at": None}
 
@@ -160,6 +164,9 @@ def _tally_actor(ray):
 
         def snapshot(self):
             return self.tally, list(self.ready_at), self.last
+
+        def counts_at_full(self) -> tuple[int, int] | None:
+            return self.at_full
 
         def actor_stats(self) -> list[dict]:
             return sorted(self.actors.values(), key=lambda a: a["ready_at"])
@@ -223,13 +230,14 @@ def run(opts: BulkOptions, clf_factory=None, observe=None) -> dict:
     ctx.wait_for_min_actors_s = 0  # the pool starts beside the read (a positive wait blocks the executor)
     ctx.execution_options.preserve_order = True  # output files in input order
     ctx.enable_progress_bars = False
-    tally_ref = _tally_actor(ray)
+    tally_ref = _tally_actor(ray, opts.actors)
     shuffle = opts.actors > 1 if opts.shuffle is None else opts.shuffle
-    ds = _rows(ray, opts, reader, shuffle)
+    batch_rows = opts.ray_batch_rows or (SORTED_BATCH_ROWS if shuffle else STREAMED_BATCH_ROWS)
+    ds = _rows(ray, opts, reader, shuffle, batch_rows)
     ds = ds.map_batches(BulkActor, fn_constructor_kwargs=dict(
         cfg_json=portable(cfg).model_dump_json(), cols=cols, out_fmt=fmt.fmt, column=reader.column,
         cache_size=opts.cache_size, input_schema=fmt.input_schema, tally=tally_ref),
-        batch_size=opts.ray_batch_rows or (SORTED_BATCH_ROWS if shuffle else 4096), batch_format="pyarrow",
+        batch_size=batch_rows, batch_format="pyarrow",
         compute=ray.data.ActorPoolStrategy(size=opts.actors), num_gpus=gpus,
         num_cpus=opts.cpus_per_actor)
     if shuffle:
@@ -253,6 +261,7 @@ def run(opts: BulkOptions, clf_factory=None, observe=None) -> dict:
     end = time.time()
     tally, ready_at, _ = ray.get(tally_ref.snapshot.remote())
     actors = ray.get(tally_ref.actor_stats.remote())
+    at_full = ray.get(tally_ref.counts_at_full.remote())
     if out.exists():
         shutil.rmtree(out) if out.is_dir() else out.unlink()
     os.replace(tmp, out)
@@ -270,6 +279,11 @@ def run(opts: BulkOptions, clf_factory=None, observe=None) -> dict:
         "actors_ready": sum(not a["restarted"] for a in actors),
         "actor_restarts": sum(a["restarted"] for a in actors),
         "pool_full_s": round(pool_full - wall0, 3), "shuffle": shuffle, "per_actor": actors,
+        # the steady state: what the full pool did (the rates above also count the start-up stagger)
+        "after_full": None if at_full is None else {
+            "seconds": round(end - pool_full, 3), "rows": tally.rows - at_full[0],
+            "classified": tally.classified - at_full[1],
+            "distinct_per_s": round((tally.classified - at_full[1]) / max(1e-9, end - pool_full), 1)},
         "batch_size": cfg.engine.max_batch_size,
         "files": sorted(p.name for p in out.iterdir())})
     if not opts.quiet:
@@ -278,7 +292,7 @@ def run(opts: BulkOptions, clf_factory=None, observe=None) -> dict:
     return result
 
 
-def _rows(ray, opts: BulkOptions, reader, shuffle: bool):
+def _rows(ray, opts: BulkOptions, reader, shuffle: bool, batch_rows: int):
     """The input's rows as a dataset: streamed in input order, or sorted by query hash (shuffle)."""
     path = str(Path(opts.input).resolve())
     if reader.fmt == "parquet" and not shuffle:
@@ -289,10 +303,10 @@ def _rows(ray, opts: BulkOptions, reader, shuffle: bool):
     else:
         ds = ray.data.read_binary_files(path).flat_map(parse_file, fn_kwargs={"fmt": reader.fmt,
                                                                             "column": reader.column})
-    if shuffle:
-        return ds.sort(HASH)
+    if shuffle:  # (a sort's output has as many blocks as its input: one per file)
+        ds = ds.sort(HASH)
     # a file is one read task and one block: blocks of one batch each (streaming) let every actor take work
-    return ds.repartition(target_num_rows_per_block=opts.ray_batch_rows or 4096)
+    return ds.repartition(target_num_rows_per_block=batch_rows)
 
 
 def _watch(ray, tally_ref, prog: Progress, done: threading.Event, observe=None) -> None:

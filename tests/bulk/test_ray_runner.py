@@ -105,7 +105,9 @@ def test_rows_sorted_by_query_hash_lie_together(tmp_path, ray_cluster, fmt):
     inp = tmp_path / f"log.{fmt}"
     write_log(inp, queries, fmt)
     reader = Reader(inp)
-    rows = ray_runner._rows(ray, BulkOptions(str(inp), str(tmp_path / "out.jsonl"), []), reader, True).take_all()
+    ds = ray_runner._rows(ray, BulkOptions(str(inp), str(tmp_path / "out.jsonl"), []), reader, True, 64).materialize()
+    assert ds.num_blocks() >= 300 // 64  # blocks of a batch each: every actor can take some
+    rows = ds.take_all()
     first = 2 if fmt == "csv" else 1  # a CSV's line numbers count its header
     assert sorted(r[ray_runner.LINE] for r in rows) == list(range(first, first + len(queries)))
     hashes = [r[ray_runner.HASH] for r in rows]
