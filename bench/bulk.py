@@ -21,7 +21,6 @@ import json
 import os
 import signal
 import sys
-import tempfile
 import time
 from collections import deque
 from pathlib import Path
@@ -32,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench import common as C  # noqa: E402
 from bench.backends import write_checkpoint  # noqa: E402
 from bench.latency import t4_projection  # noqa: E402
-from bench.querylog import write_csv, zipf_log  # noqa: E402
+from bench.querylog import log_in  # noqa: E402
 from qcls.bulk import runner  # noqa: E402
 from qcls.bulk.options import BulkOptions  # noqa: E402
 from qcls.scoring.tokenization import QueryError, encode_query  # noqa: E402
@@ -77,15 +76,10 @@ def main() -> None:
     ap.add_argument("--no-append", action="store_true", help="print the section, do not append to RESULTS.md")
     args = ap.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    work = Path(args.workdir or tempfile.mkdtemp(prefix="qcls_bulk_bench_"))
-    work.mkdir(parents=True, exist_ok=True)
-    queries = zipf_log(args.rows)
-    log = write_csv(work / "log.csv", queries)
+    work, queries, log = log_in(args.workdir, args.rows, "qcls_bulk_bench_")
     t0 = time.perf_counter()
-    ckpt = write_checkpoint(Path(args.ckpt or f"/tmp/qcls_random_{args.model}"), args.model, dev)
+    overrides = random_overrides(args.model, dev, args.ckpt)
     ckpt_s = time.perf_counter() - t0
-    overrides = [f"model.path={ckpt}", "model.source=local", f"model.name=random_{args.model}", "model.head=null",
-                 "prompts=ecommerce8", "scoring=trie"]
     from qcls.progress import set_quiet
     set_quiet(True)
     loaded, rows = None, {}
@@ -107,6 +101,13 @@ def main() -> None:
         except Stopped:
             ray = {"error": "stopped by SIGTERM (time limit) during the Ray run"}
     report(args, rows, best, ray, len(queries), len(set(queries)), ckpt_s)
+
+
+def random_overrides(model: str, dev: str, ckpt: str | None = None) -> list[str]:
+    """The benches' Classifier: a random-weight checkpoint of a real shape (written once) × ecommerce8."""
+    path = write_checkpoint(Path(ckpt or f"/tmp/qcls_random_{model}"), model, dev)
+    return [f"model.path={path}", "model.source=local", f"model.name=random_{model}", "model.head=null",
+            "prompts=ecommerce8", "scoring=trie"]
 
 
 class Stopped(Exception):
@@ -188,10 +189,7 @@ def report(args, rows: dict, best: int, ray: dict | None, n_rows: int, n_distinc
         text += f"\nIncomplete: {args.stopped}.\n"
     f = rows[best]["file"]
     text += f"\nFile run at batch {best}: errors {f['errors']}; cache evictions {f['cache_evicted']}.\n"
-    if args.no_append:
-        print(text)
-    else:
-        C.append(text)
+    C.report(text, args.no_append)
 
 
 if __name__ == "__main__":

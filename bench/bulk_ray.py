@@ -29,14 +29,13 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench import common as C  # noqa: E402
-from bench.querylog import write_csv, zipf_log  # noqa: E402
+from bench.querylog import log_in  # noqa: E402
 from qcls.bulk import ray_runner  # noqa: E402
 from qcls.bulk.options import BulkOptions  # noqa: E402
 
@@ -147,10 +146,7 @@ def main() -> None:
     import ray
     import torch
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    work = Path(args.workdir or tempfile.mkdtemp(prefix="qcls_bulk_ray_"))
-    work.mkdir(parents=True, exist_ok=True)
-    queries = zipf_log(args.rows)
-    log = write_csv(work / "log.csv", queries)
+    work, queries, log = log_in(args.workdir, args.rows, "qcls_bulk_ray_")
     distinct = len(set(q for q in queries if q.strip()))
     overrides, prompts = model_overrides(args.model, dev, work)
     most = max(args.actors + args.streamed + [args.kill or 1])
@@ -181,10 +177,8 @@ def model_overrides(model: str, dev: str, work: Path) -> tuple[list[str], list[s
         ov = [f"model.path={d}", "model.source=local", "model.name=tiny", "model.head=null", "prompts=default",
               "engine.query_buckets=[16,64]", "max_query_tokens=64", "engine.warmup_requests=1"]
     else:
-        from bench.backends import write_checkpoint
-        ckpt = write_checkpoint(Path(f"/tmp/qcls_random_{model}"), model, dev)
-        ov = [f"model.path={ckpt}", "model.source=local", f"model.name=random_{model}", "model.head=null",
-              "prompts=ecommerce8", "scoring=trie"]
+        from bench.bulk import random_overrides
+        ov = random_overrides(model, dev)
     from qcls.compose import compose
     return ov, [p.name for p in compose(ov).prompts]
 
@@ -240,10 +234,7 @@ def report(args, runs: list[tuple[str, dict]], n_rows: int, distinct: int) -> No
                      f"{kl['rows_then']:,} rows reported by then; its successor ready {kl['restart_s']} s after the "
                      f"kill; the run took {lost} longer than the clean run of {r['actors']} actors. Against that run: "
                      f"{json.dumps(r.get('vs_clean'))}.\n")
-    if args.no_append:
-        print(text)
-    else:
-        C.append(text)
+    C.report(text, args.no_append)
 
 
 if __name__ == "__main__":

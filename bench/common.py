@@ -178,6 +178,14 @@ def append(text: str) -> None:
     print(text, flush=True)
 
 
+def report(text: str, no_append: bool) -> None:
+    """A bench's section: appended to RESULTS.md (and printed), or with --no-append only printed."""
+    if no_append:
+        print(text, flush=True)
+    else:
+        append(text)
+
+
 def free() -> None:
     gc.collect()
     if torch.cuda.is_available():

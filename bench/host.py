@@ -274,10 +274,7 @@ def main() -> None:
         prefix = "" if dev == "cuda" else " (device stubbed: the last forward's outputs replayed)"
         text += (f"\ncProfile{prefix} of {args.profile_iters} requests at batch {b}, top functions by own time:\n\n"
                  f"```\n{profs[b]}\n```\n")
-    if args.no_append:
-        print(text)
-    else:
-        C.append(text)
+    C.report(text, args.no_append)
 
 
 if __name__ == "__main__":

@@ -52,6 +52,15 @@ def zipf_log(rows: int, seed: int = 0, pool: int = 120_000, s: float = 1.05, emp
     return out
 
 
+def log_in(workdir: str | None, rows: int, prefix: str) -> tuple[Path, list[str], Path]:
+    """A bench's work folder (a new temporary one unless given), the log's queries and its CSV there."""
+    import tempfile
+    work = Path(workdir or tempfile.mkdtemp(prefix=prefix))
+    work.mkdir(parents=True, exist_ok=True)
+    queries = zipf_log(rows)
+    return work, queries, write_csv(work / "log.csv", queries)
+
+
 def write_csv(path: Path, queries: list[str]) -> Path:
     """id, query, ts: a log with two pass-through columns."""
     with path.open("w", encoding="utf-8", newline="") as f:
