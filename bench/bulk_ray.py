@@ -84,22 +84,28 @@ def one_run(log: Path, work: Path, overrides: list[str], n: int, shuffle: bool |
     def observe(tally, ready_at, last, actors):
         if kill_after is None or kill or len(ready_at) < n:
             return
-        full = sorted(ready_at)[n - 1]  # the pool is full
-        if time.time() - full >= kill_after:
-            victim = actors[0]["pid"]
-            os.kill(victim, signal.SIGKILL)
-            kill.update(pid=victim, at=time.time(), after_full_s=round(time.time() - full, 1), rows_then=tally.rows)
+        pool_full = sorted(ready_at)[n - 1]
+        if time.time() - pool_full >= kill_after:
+            # the actor that reported last is working (an idle one may be on its way out of the pool)
+            victim = max((a for a in actors if a["last_at"]), key=lambda a: a["last_at"], default=actors[0])["pid"]
+            try:
+                os.kill(victim, signal.SIGKILL)
+            except ProcessLookupError:
+                return  # gone already: the next report picks another
+            kill.update(pid=victim, at=time.time(), after_full_s=round(time.time() - pool_full, 1),
+                        rows_then=tally.rows)
 
-    t0 = time.time()
     with GpuSampler() as gpu:
         s = ray_runner.run(opts, observe=observe)
-    full, end = t0 + s["startup_s"], t0 + s["startup_s"] + s["seconds"]
+    first = s["started_at"] + s["startup_s"]  # the first actor ready: the timed seconds start here
     for a in s["per_actor"]:
-        utils = [gpu.mean(g, full, end) for g in a["gpus"]]
+        utils = [gpu.mean(g, first, first + s["seconds"]) for g in a["gpus"]]
         a["gpu_util"] = round(sum(utils) / len(utils), 1) if utils and None not in utils else None
-    if kill:
+    if kill_after is not None:
+        if not kill:
+            raise SystemExit(f"the run of {n} actors ended before an actor could be killed: lower --kill-after-s")
         back = [a for a in s["per_actor"] if a["restarted"]]
-        kill["restart_s"] = round(t0 + back[0]["ready_s"] - kill["at"], 1) if back else None
+        kill["restart_s"] = round(s["started_at"] + back[0]["ready_s"] - kill["at"], 1) if back else None
         s["kill"] = kill
     s["check"] = check_output(out, log)
     s["out"] = str(out)
@@ -222,8 +228,9 @@ def report(args, runs: list[tuple[str, dict]], n_rows: int, distinct: int) -> No
         per = ", ".join(f"{a['gpu_util'] if a.get('gpu_util') is not None else '-'} / {a['busy_share'] * 100:.0f}"
                         for a in r["per_actor"])
         ck = r["check"]
+        pool = "-" if r["pool_full_s"] is None else f"{r['pool_full_s']:.1f}"
         text += (f"| {k} | {'sorted by query hash' if r['shuffle'] else 'streamed'} | "
-                 f"{r['startup_s']:.1f} / {r['pool_full_s']:.1f} | {r['seconds']:.1f} | {rate:.0f}{scale} | "
+                 f"{r['startup_s']:.1f} / {pool} | {r['seconds']:.1f} | {rate:.0f}{scale} | "
                  f"{r['classified']:,} ({dup:.3f}) | {f'{full:.0f}' if full else '-'}{fscale} | {per} | "
                  f"{r['actor_restarts']} | {ck['each_once']}, {ck['in_order']} ({ck['rows_out']:,} of {ck['rows_in']:,}) |\n")
     for k, r in runs:

@@ -116,7 +116,9 @@ def format_summary(d: dict) -> str:
         lines.append(f"[qcls bulk] {d['dropped_keys']:,} JSONL rows had keys beyond the first object's: not in "
                      "this CSV/Parquet output (write JSONL to keep them)")
     if d.get("per_actor"):  # a Ray run
-        lines.append(f"[qcls bulk] {d['actors']} actors, pool full at {d['pool_full_s']:.1f} s, " + (
+        pool = (f"pool full at {d['pool_full_s']:.1f} s" if d.get("pool_full_s") is not None else
+                f"{d['actors_ready']} of {d['actors']} ready before the input ran out")
+        lines.append(f"[qcls bulk] {d['actors']} actors, {pool}, " + (
             "rows sorted by query hash (each distinct query on one actor)" if d["shuffle"] else "rows streamed")
             + f"; {d['actor_restarts']} restarts")
         for a in d["per_actor"]:

@@ -8,7 +8,7 @@
   bounded cache. A bad row is an error row (never an exception), so it cannot fail the job.
 - Several actors: the rows are first sorted by a hash of their query (`sort`), so each query's rows lie
   together and every batch mixes frequent and rare queries alike; a distinct query then reaches one actor
-  (two where its rows straddle a batch boundary), and the output is sorted back into input order by line
+  (or the actors of the consecutive batches its rows span, where they straddle a boundary), and the output is sorted back into input order by line
   (Parquet inputs get a row number for that: their file is read whole in one task). Streamed instead (one
   actor, or `shuffle=False`), a log's frequent queries reach every actor: on bench/querylog.py's log 4
   actors classify 1.52 × its distinct queries (2 actors 1.25 ×).
@@ -53,12 +53,13 @@ HASH = "__qcls_hash"
 # rows per actor call with the rows sorted by query hash: ~350 distinct queries of bench/querylog.py's log,
 # under a second of an actor's work, so the run's last calls leave the other actors idle that long at most
 SORTED_BATCH_ROWS = 2048
+POOL_WARN_S = 300  # a model loads in a minute or two: no actor ready after this, the cluster lacks room
 STREAMED_BATCH_ROWS = 4096  # rows per call streamed (bench/bulk.py's one-actor run: 0.92 × one process)
 
 
 def query_hash(q, line: int) -> int:
     """A stable hash of a query (the same in every process, unlike hash()); a row without a text query
-    hashes by its line, which spreads error rows over the batches."""
+    hashes by its line (such rows need no model and sort to the front)."""
     if not isinstance(q, str):
         return line
     return zlib.crc32(q.encode("utf-8", "surrogatepass"))
@@ -109,7 +110,9 @@ class BulkActor:
         self.feed = Feed(self.clf)
         self.prompts = [n for n, _ in cols.prompts]
         self.info = actor_info()
-        tally.ready.remote(time.time(), self.info)
+        self.key = f"{self.info['node']}:{self.info['pid']}"  # pids repeat across nodes
+        import ray
+        ray.get(tally.ready.remote(time.time(), self.info))  # on record before the first batch can kill us
 
     def __call__(self, batch):
         t0 = time.time()
@@ -131,7 +134,7 @@ class BulkActor:
             out = pa.table({OUT: [self.fmt.lines([r]) for r in records]})
         if lines is not None:
             out = out.append_column(LINE, pa.array(lines, pa.int64()))
-        self.tally.add.remote(tally.as_dict(), time.time(), self.info["pid"], time.time() - t0)
+        self.tally.add.remote(tally.as_dict(), time.time(), self.key, time.time() - t0)
         return out
 
 
@@ -139,22 +142,24 @@ def _tally_actor(ray, actors: int):
     @ray.remote(num_cpus=0)
     class TallyActor:
         def __init__(self):
-            self.tally, self.ready_at, self.last = Tally(), [], None
-            self.at_full: tuple[int, int] | None = None  # (rows, classified) when the N-th actor was ready
-            self.actors: dict[int, dict] = {}  # pid → who it is and what it did
+            self.tally, self.ready_at, self.last = Tally(), [], None  # ready_at: first starts, not restarts
+            self.at_full: tuple[float, int, int] | None = None  # (time, rows, classified) when the N-th was ready
+            self.actors: dict[str, dict] = {}  # "node:pid" → who it is and what it did
 
         def ready(self, t: float, info: dict) -> None:
-            self.ready_at.append(t)
-            if len(self.ready_at) == actors:
-                self.at_full = (self.tally.rows, self.tally.classified)
-            self.actors[info["pid"]] = {**info, "ready_at": t, "calls": 0, "rows": 0, "classified": 0, "busy_s": 0.0,
-                                        "first_at": None, "last_at": None}
+            if not info["restarted"]:
+                self.ready_at.append(t)
+                if len(self.ready_at) == actors:
+                    self.at_full = (t, self.tally.rows, self.tally.classified)
+            self.actors[f"{info['node']}:{info['pid']}"] = {**info, "ready_at": t, "calls": 0, "rows": 0,
+                                                            "classified": 0, "busy_s": 0.0, "first_at": None,
+                                                            "last_at": None}
 
-        def add(self, d: dict, t: float, pid: int, busy_s: float) -> None:
+        def add(self, d: dict, t: float, key: str, busy_s: float) -> None:
             self.tally.merge(Tally(d["rows"], d["classified"], d["cached"], Counter(d["errors"]),
                                    {p: Counter(c) for p, c in d["labels"].items()}))
             self.last = t
-            a = self.actors[pid]
+            a = self.actors[key]
             a["calls"] += 1
             a["rows"] += d["rows"]
             a["classified"] += d["classified"]
@@ -165,7 +170,7 @@ def _tally_actor(ray, actors: int):
         def snapshot(self):
             return self.tally, list(self.ready_at), self.last
 
-        def counts_at_full(self) -> tuple[int, int] | None:
+        def counts_at_full(self) -> tuple[float, int, int] | None:
             return self.at_full
 
         def actor_stats(self) -> list[dict]:
@@ -262,13 +267,12 @@ def run(opts: BulkOptions, clf_factory=None, observe=None) -> dict:
     tally, ready_at, _ = ray.get(tally_ref.snapshot.remote())
     actors = ray.get(tally_ref.actor_stats.remote())
     at_full = ray.get(tally_ref.counts_at_full.remote())
+    tmp.mkdir(exist_ok=True)  # Ray writes no folder for an input without rows
     if out.exists():
         shutil.rmtree(out) if out.is_dir() else out.unlink()
     os.replace(tmp, out)
     prog.close()
-    ready_at.sort()
-    first = ready_at[0] if ready_at else end
-    pool_full = ready_at[min(opts.actors, len(ready_at)) - 1] if ready_at else end
+    first = min(ready_at) if ready_at else end
     for a in actors:
         for k in ("ready_at", "first_at", "last_at"):  # seconds after the command's start
             t = a.pop(k)
@@ -278,12 +282,14 @@ def run(opts: BulkOptions, clf_factory=None, observe=None) -> dict:
         "output": opts.output, "actors": opts.actors, "gpus_per_actor": gpus,
         "actors_ready": sum(not a["restarted"] for a in actors),
         "actor_restarts": sum(a["restarted"] for a in actors),
-        "pool_full_s": round(pool_full - wall0, 3), "shuffle": shuffle, "per_actor": actors,
-        # the steady state: what the full pool did (the rates above also count the start-up stagger)
+        "pool_full_s": None if at_full is None else round(at_full[0] - wall0, 3), "started_at": wall0,
+        "shuffle": shuffle, "per_actor": actors,
+        # what the full pool did, from the N-th actor ready to the output written (the sort back and the write
+        # included); the rates above also count the start-up stagger
         "after_full": None if at_full is None else {
-            "seconds": round(end - pool_full, 3), "rows": tally.rows - at_full[0],
-            "classified": tally.classified - at_full[1],
-            "distinct_per_s": round((tally.classified - at_full[1]) / max(1e-9, end - pool_full), 1)},
+            "seconds": round(end - at_full[0], 3), "rows": tally.rows - at_full[1],
+            "classified": tally.classified - at_full[2],
+            "distinct_per_s": round((tally.classified - at_full[2]) / max(1e-9, end - at_full[0]), 1)},
         "batch_size": cfg.engine.max_batch_size,
         "files": sorted(p.name for p in out.iterdir())})
     if not opts.quiet:
@@ -296,7 +302,7 @@ def _rows(ray, opts: BulkOptions, reader, shuffle: bool, batch_rows: int):
     """The input's rows as a dataset: streamed in input order, or sorted by query hash (shuffle)."""
     path = str(Path(opts.input).resolve())
     if reader.fmt == "parquet" and not shuffle:
-        ds = ray.data.read_parquet(path)
+        ds = ray.data.read_parquet(path, partitioning=None)  # no Hive keys from the path: the columns only
     elif reader.fmt == "parquet":
         ds = ray.data.read_binary_files(path).map_batches(parquet_file, batch_size=1, batch_format="pyarrow",
                                                           fn_kwargs={"column": reader.column})
@@ -311,18 +317,26 @@ def _rows(ray, opts: BulkOptions, reader, shuffle: bool, batch_rows: int):
 
 def _watch(ray, tally_ref, prog: Progress, done: threading.Event, observe=None) -> None:
     """The driver's progress line, from the tally actor, every few seconds while the job runs; its rates
-    count from the moment the first actor is ready."""
-    full = False
+    count from the moment the first actor is ready. Says so once when no actor is ready after POOL_WARN_S."""
+    started, warned, full = time.time(), False, False
     while not done.wait(min(prog.every, 1.0) if not full else prog.every):
         try:
             snap = ray.get(tally_ref.snapshot.remote(), timeout=10)
-            if observe is not None:
-                observe(*snap, ray.get(tally_ref.actor_stats.remote(), timeout=10))
         except Exception:  # noqa: BLE001 - progress is best effort; the summary reads the tally again
             continue
         prog.tally, ready, _ = snap
-        if not full and ready:  # the clock starts with the first actor ready
+        if not full and ready:
             full = True
             prog.restart_clock()
         elif full:
             prog.tick(force=True)
+        elif not warned and time.time() - started > POOL_WARN_S:
+            warned = True
+            free = ray.available_resources()
+            warn(f"no Ray actor is ready after {POOL_WARN_S} s; the cluster has {free.get('GPU', 0):g} GPUs and "
+                 f"{free.get('CPU', 0):g} CPUs free now: `ray status` shows who holds the rest")
+        if observe is not None:
+            try:
+                observe(*snap, ray.get(tally_ref.actor_stats.remote(), timeout=10))
+            except Exception as e:  # noqa: BLE001 - a caller's hook must not stop the progress line
+                warn(f"bulk --ray: the observer raised {e!r}")

@@ -45,3 +45,5 @@ def test_summary_of_a_ray_run_names_each_actor():
     assert "2 actors, pool full at 2.5 s, rows sorted by query hash" in text and "1 restarts" in text
     assert "actor 11 (GPU 0, ready at 1.0 s): 3 calls, 20 rows, 6 classified, busy 90% of the run" in text
     assert "actor 12 (GPU none, ready at 2.5 s): 1 calls, 10 rows, 3 classified, busy 25% of the run" in text
+    d.update(pool_full_s=None, actors_ready=1)  # a small input: done before the second actor was ready
+    assert "2 actors, 1 of 2 ready before the input ran out, rows sorted" in format_summary(d)
