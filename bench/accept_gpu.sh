@@ -9,7 +9,7 @@
 #   bulk       bench/bulk.py: the engine against `qcls bulk` at batch 4, 8, 16 (issue 31)
 #   bulk-ray   bench/bulk.py at batch 8 (the default) with the Ray Data run (one actor)
 #   bulk-scale bench/bulk_ray.py: the log through Ray Data with 1, 2 and 4 GPU actors (ACTORS="1 2" picks), then
-#              4 (KILL=N picks) with one actor's process SIGKILLed 5 s after the pool is full
+#              4 (KILL=N picks, KILL= none) with one actor's process SIGKILLed 5 s after the pool is full
 #   bulk-streamed  bench/bulk_ray.py: one actor, then 2 and 4 with the rows streamed (no sort by query hash)
 #   host       bench/host.py on Qwen3-4B and Gemma3-4B (host stages, kernels, allocations; issue 27)
 #   http       bench/load.py HTTP at 8 clients: f728a0a, this checkout, f728a0a again (issue 27)
@@ -56,7 +56,9 @@ for mode in "$@"; do
     case $mode in
     bulk) step 560 bulk python bench/bulk.py --batch-sizes 4 8 16 ;;
     bulk-ray) step 330 bulk-ray python bench/bulk.py --batch-sizes 8 --ray ;;
-    bulk-scale) step 540 bulk-scale python bench/bulk_ray.py --actors ${ACTORS:-1 2 4} --kill ${KILL:-4} ;;
+    bulk-scale)
+        kill=${KILL-4}
+        step 540 bulk-scale python bench/bulk_ray.py --actors ${ACTORS:-1 2 4} ${kill:+--kill $kill} ;;
     bulk-streamed) step 540 bulk-streamed python bench/bulk_ray.py --actors 1 --streamed 2 4 ;;
     host)
         step 150 host-qwen python bench/host.py --model qwen3_4b --iters 200 --profile-iters 50
