@@ -213,7 +213,8 @@ def report(args, runs: list[tuple[str, dict]], n_rows: int, distinct: int) -> No
                     f"{args.batch_size}; CSV in, Parquet out; one GPU per actor; bench/querylog.py's log")
     text += (f"Log: {n_rows:,} rows, {distinct:,} distinct queries. \"From the first ready\": the rate over the seconds "
              "from the first actor ready to the end (the others' start-up stagger counts against it); \"with the pool "
-             "full\": the classifications after the N-th actor was ready over the seconds from then, ÷ the "
+             "full\": the classifications after the N-th actor was ready over the seconds from then until the output "
+             "was written, ÷ the "
              "duplication (classified / the log's distinct queries): the steady state. Scaling: ÷ (N × one actor's).\n\n"
              "| actors | rows | first actor ready / pool full, s | seconds | log distinct/s from the first ready "
              "(scaling) | classified (× distinct) | log distinct/s with the pool full (scaling, goal ≥ 0.9) | "
