@@ -10,13 +10,12 @@
   together and every batch mixes frequent and rare queries alike; a distinct query then reaches one actor
   (or, where its rows cross a batch boundary, the actors of the consecutive batches they fill), and the
   output is sorted back into input order by line (Parquet inputs get a row number for that: their file is
-  read whole in one task). Streamed instead (one
-  actor, or `shuffle=False`), a log's frequent queries reach every actor: on bench/querylog.py's log 4
-  actors classify 1.52 × its distinct queries (2 actors 1.25 ×).
+  read whole in one task). Streamed instead (one actor, or `shuffle=False`), a log's frequent queries reach
+  every actor: on bench/querylog.py's log 4 actors classify 1.52 × its distinct queries (2 actors 1.25 ×).
+- The tally actor (qcls/bulk/ray_tally.py) keeps the counts, the actors' ready times and per-actor stats.
 - The actors start while the input is read (and sorted): the read does not wait for the pool. Rates count
   from the moment the first actor reported ready (for N actors, the others' start-up stagger counts against
-  the rate); the summary gives that start-up and the moment the pool was full (the tally actor keeps the
-  times, and each actor's calls, rows and busy time).
+  the rate); the summary gives that start-up and the moment the pool was full.
 - A killed actor (its process, its node) is restarted by Ray and its batches retried (Ray Data's defaults:
   `max_restarts=-1`, `max_task_retries=-1`); the output still has every row once, and the summary counts
   the restarts. An actor reports a batch only once its output is built, so a batch is counted once unless
@@ -32,7 +31,6 @@ from __future__ import annotations
 import io
 import json
 import os
-from collections import Counter
 import shutil
 import threading
 import time
@@ -43,6 +41,7 @@ from qcls.bulk.cache import ResultCache
 from qcls.bulk.options import BulkOptions
 from qcls.bulk.outputs import Columns, Format
 from qcls.bulk.progress import Progress, Tally, format_summary, summary
+from qcls.bulk.ray_tally import actor_info, tally_actor
 from qcls.bulk.readers import Row, with_query, parse_bytes
 from qcls.bulk.pipeline import SLICE_ROWS, Feed, process_chunk
 from qcls.bulk.runner import plan
@@ -87,14 +86,6 @@ def parquet_file(batch, column: str):
     return pa.concat_tables(tables)
 
 
-def actor_info() -> dict:
-    """Who an actor is: its process, node and GPUs (the summary's per-actor lines; a bench kills by pid)."""
-    import ray
-    ctx = ray.get_runtime_context()
-    return {"pid": os.getpid(), "node": ctx.get_node_id(), "gpus": [str(g) for g in ray.get_gpu_ids()],
-            "restarted": bool(ctx.was_current_actor_reconstructed)}
-
-
 class BulkActor:
     """One Classifier (built and warmed here), its cache, and the tally actor it reports to."""
 
@@ -137,47 +128,6 @@ class BulkActor:
             out = out.append_column(LINE, pa.array(lines, pa.int64()))
         self.tally.add.remote(tally.as_dict(), time.time(), self.key, time.time() - t0)
         return out
-
-
-def _tally_actor(ray, actors: int):
-    @ray.remote(num_cpus=0)
-    class TallyActor:
-        def __init__(self):
-            self.tally, self.ready_at, self.last = Tally(), [], None  # ready_at: first starts, not restarts
-            self.at_full: tuple[float, int, int] | None = None  # (time, rows, classified) when the N-th was ready
-            self.actors: dict[str, dict] = {}  # "node:pid" → who it is and what it did
-
-        def ready(self, t: float, info: dict) -> None:
-            if not info["restarted"]:
-                self.ready_at.append(t)
-                if len(self.ready_at) == actors:
-                    self.at_full = (t, self.tally.rows, self.tally.classified)
-            self.actors[f"{info['node']}:{info['pid']}"] = {**info, "ready_at": t, "calls": 0, "rows": 0,
-                                                            "classified": 0, "busy_s": 0.0, "first_at": None,
-                                                            "last_at": None}
-
-        def add(self, d: dict, t: float, key: str, busy_s: float) -> None:
-            self.tally.merge(Tally(d["rows"], d["classified"], d["cached"], Counter(d["errors"]),
-                                   {p: Counter(c) for p, c in d["labels"].items()}))
-            self.last = t
-            a = self.actors[key]
-            a["calls"] += 1
-            a["rows"] += d["rows"]
-            a["classified"] += d["classified"]
-            a["busy_s"] += busy_s
-            a["first_at"] = a["first_at"] or t - busy_s
-            a["last_at"] = t
-
-        def snapshot(self):
-            return self.tally, list(self.ready_at), self.last
-
-        def counts_at_full(self) -> tuple[float, int, int] | None:
-            return self.at_full
-
-        def actor_stats(self) -> list[dict]:
-            return sorted(self.actors.values(), key=lambda a: a["ready_at"])
-
-    return TallyActor.remote()
 
 
 def _lines_sink(path: str, header: str, ext: str):
@@ -236,7 +186,7 @@ def run(opts: BulkOptions, clf_factory=None, observe=None) -> dict:
     ctx.wait_for_min_actors_s = 0  # the pool starts beside the read (a positive wait blocks the executor)
     ctx.execution_options.preserve_order = True  # output files in input order
     ctx.enable_progress_bars = False
-    tally_ref = _tally_actor(ray, opts.actors)
+    tally_ref = tally_actor(ray, opts.actors)
     shuffle = opts.actors > 1 if opts.shuffle is None else opts.shuffle
     batch_rows = opts.ray_batch_rows or (SORTED_BATCH_ROWS if shuffle else STREAMED_BATCH_ROWS)
     ds = _rows(ray, opts, reader, shuffle, batch_rows)
