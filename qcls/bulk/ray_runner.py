@@ -158,9 +158,12 @@ def run(opts: BulkOptions, clf_factory=None, observe=None) -> dict:
         raise MissingPackageError(f"qcls bulk --ray needs Ray Data ({e.name!r} is not installed)",
                                   "install it with: pip install 'qcls[bulk]'") from None
     from qcls.compose import compose
-    from qcls.heads.startup import portable
+    from qcls.heads.startup import choose, portable
     cfg = compose(opts.all_overrides())
     reader, cols, fmt = plan(opts, cfg)
+    if opts.actors < 1:
+        raise ConfigError(f"--actors {opts.actors}: a Ray run needs at least one actor", "use --actors 1 or more")
+    choose(cfg)  # a head file that cannot serve these prompts is refused here, not in every actor after Ray starts
     out = Path(opts.output)
     tmp = out.with_name(out.name + ".tmp")
     wall0 = time.time()

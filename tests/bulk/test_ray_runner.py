@@ -183,3 +183,17 @@ def test_actors_may_not_take_every_cpu(tmp_path, tiny_overrides, ray_cluster):
     opts = BulkOptions(str(inp), str(tmp_path / "out.jsonl"), tiny_overrides, ray=True, actors=4, quiet=True)
     with pytest.raises(ValueError, match="would take all 4 CPUs"):
         ray_runner.run(opts)
+
+
+def test_bad_options_are_refused_before_ray_starts(tmp_path, tiny_overrides):
+    """A wrong calibration file and --actors 0 are refused on the driver, with the way out, before any actor."""
+    pytest.importorskip("ray")
+    from qcls.heads.files import CalibrationError
+    inp = tmp_path / "log.csv"
+    write_log(inp, ["red dress"], "csv")
+    with pytest.raises(CalibrationError, match="is not a head file"):
+        ray_runner.run(BulkOptions(str(inp), str(tmp_path / "o.csv"), tiny_overrides + [f"calibration={inp}"],
+                                   ray=True, quiet=True))
+    with pytest.raises(ValueError, match="at least one actor"):
+        ray_runner.run(BulkOptions(str(inp), str(tmp_path / "o.csv"), tiny_overrides, ray=True, actors=0, quiet=True))
+    assert not (tmp_path / "o.csv").exists() and not (tmp_path / "o.csv.tmp").exists()
