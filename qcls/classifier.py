@@ -18,6 +18,8 @@ from qcls.engine.engine import FastEngine
 from qcls.errors import ConfigError
 from qcls.engine.layout import PromptLayout
 from qcls.heads import startup as heads
+from qcls.heads.depth import Depth, plan_depth
+from qcls.heads.fingerprint import num_layers
 from qcls.heads.head import Tap
 from qcls.progress import step, step_note, warn
 from qcls.results import STAGES, LabelScore, PromptResult, QueryResult
@@ -61,18 +63,25 @@ class Classifier:
             self.tokenizer = loaded.tokenizer
         # the request path's tokenizer call: the fast backend where it gives the same ids, and a query cache
         self.encoder = QueryEncoder(self.tokenizer, cfg.max_query_tokens, check=(WARMUP_QUERY,))
+        model_config = loaded.source_config if loaded is not None else None
+        if loaded is None and self.head is not None and self.head.reads_states:
+            model_config = sources.load_config(backend.source(cfg))  # the architecture before any weight is read
+            self._check_head(heads.check_model_config, model_config)
+        # how deep the forward runs (the layers the heads read) decides what the rows hold and what is loaded
+        self.depth = self._plan_depth(model_config)
         with step(f"preparing {len(cfg.prompts)} prompts (strategy {cfg.strategy})", self.startup_s, "prompts"):
             self.layouts = self._prepare_prompts()
+        given = loaded is not None
         if loaded is None:
-            if self.head is not None and self.head.reads_states:  # the architecture before any weight is read
-                self._check_head(heads.check_model_config, sources.load_config(backend.source(cfg)))
-            with step(f"loading {cfg.model.name} with backend {backend.name}", self.startup_s, "load"):
-                loaded = backend.load(cfg)
-        self._check_head(heads.check_model_config, loaded.model.config)
+            loaded = self._load(backend)
+        self._check_head(heads.check_model_config, loaded.source_config)
         self._check_head(heads.check_model_weights, loaded.model)
         if self.heads.file is not None:
             step_note(self.heads.line())
+        loaded = self._settle_depth(loaded, backend, given)
+        step_note(self.depth.line())
         self.heads_meta = self.heads.meta()
+        self._layers_meta = self.depth.as_dict()
         self.loaded = loaded
         torch.manual_seed(cfg.seed)
         self._headed = [self.head is not None and n in self.head.prompts for n in self.prompt_names]
@@ -94,6 +103,37 @@ class Classifier:
             gib = {k: round(v / 2**30, 2) for k, v in self.measured_memory.items()}
             step_note(f"GPU memory after start-up (GiB): {gib}")
 
+    def _plan_depth(self, model_config) -> Depth:
+        total = num_layers(model_config) if model_config is not None else 0
+        depth = plan_depth(total, self.head, self.prompt_names, enabled=self.cfg.engine.layer_exit,
+                           engine=self.cfg.engine.kind, taps=self.taps)
+        return depth  # without a config (no head reads states) it is the whole depth, counted once loaded
+
+    def _load(self, backend) -> LoadedModel:
+        d = self.depth
+        what = f"the first {d.layers} of {d.total} layers of " if d.stops_early else ""
+        with step(f"loading {what}{self.cfg.model.name} with backend {backend.name}", self.startup_s, "load"):
+            return backend.load(self.cfg, d.layers if d.stops_early else None)
+
+    def _settle_depth(self, loaded: LoadedModel, backend, given: bool) -> LoadedModel:
+        """The depth again with the model in hand (a default head dropped by the weights check needs every layer);
+        weights given by the caller (`loaded`) with fewer layers than this configuration reads are refused."""
+        depth = self._plan_depth(loaded.source_config)
+        if depth.layers > loaded.layers:
+            if given:
+                raise ConfigError(f"this configuration reads {depth.layers} of the model's {depth.total} decoder "
+                                  f"layers ({depth.reason}), but only the first {loaded.layers} are loaded",
+                                  "start a new deployment (or Classifier) for it: the weights it needs were not "
+                                  "loaded")
+            warn(f"loading {self.cfg.model.name} again with {depth.layers} layers: {depth.reason}")
+            self.depth = depth
+            loaded = self._load(backend)
+        if depth.scores != self.depth.scores:
+            self.depth = depth
+            self.layouts = self._prepare_prompts()
+        self.depth = depth
+        return loaded
+
     def _check_head(self, check, against) -> None:
         """A named file that does not fit the model is refused; the model's default head is then not used."""
         try:
@@ -107,7 +147,7 @@ class Classifier:
 
     def _prepare_prompts(self) -> list[PromptLayout]:
         strategy = get_strategy(self.cfg.strategy)
-        return [PromptLayout.from_spec(self.tokenizer, spec, strategy) for spec in self.cfg.prompts]
+        return [PromptLayout.from_spec(self.tokenizer, spec, strategy, self.depth.scores) for spec in self.cfg.prompts]
 
     def _build_engine(self):
         cfg, ld = self.cfg, self.loaded
@@ -116,18 +156,19 @@ class Classifier:
             if self.taps:
                 raise ValueError("hidden-state taps are read by the fast engine: use engine.kind=fast")
             return ReferenceEngine(ld.model, self.layouts, cfg.strategy, prompt_heads)
-        tokens = sorted({t for lay in self.layouts for t in lay.plan.entry_token})
+        tokens = sorted({t for lay in self.layouts for t in lay.plan.entry_token})  # none when no label is scored
         full = ld.full_head() if self.layouts[0].plan.normaliser == "vocab" else None
         if self.layouts[0].plan.normaliser == "vocab" and full is None:
             raise ValueError(f"scoring={cfg.strategy} needs the full LM head on the device, which backend "
                              f"{ld.backend} does not keep; use scoring=trie or first_token, or backend=fp16")
-        return FastEngine(ld.model, self.layouts, ld.head_rows(tokens), tokens, full,
+        return FastEngine(ld.model, self.layouts, ld.head_rows(tokens) if tokens else None, tokens, full,
                           max_batch=cfg.engine.max_batch_size, query_buckets=cfg.engine.query_buckets,
                           block_size=cfg.engine.prefix_block_size, vocab_chunk=cfg.scoring.vocab_chunk,
                           use_graphs=cfg.engine.cuda_graphs and ld.graph_capturable, embed_fn=ld.embed_fn,
                           attention=cfg.engine.attention, heads=prompt_heads, taps=self.taps,
                           qkv_heads=cfg.engine.qkv_heads_per_program, fuse_post_norms=cfg.engine.fuse_post_norms,
-                          fuse_qkv_attention=cfg.engine.fuse_qkv_attention, fuse_tail=cfg.engine.fuse_tail)
+                          fuse_qkv_attention=cfg.engine.fuse_qkv_attention, fuse_tail=cfg.engine.fuse_tail,
+                          stop_after=self.depth.layers if self.depth.stops_early else None)
 
     def _warm_up(self) -> None:
         """Every bucket, then the request path; records each batch size's device time (forward + score, ms) in
@@ -164,7 +205,7 @@ class Classifier:
                 "dtype": str(ld.dtype).replace("torch.", ""), "engine": cfg.engine.kind, "strategy": cfg.strategy,
                 "prompts": self.prompt_names, "startup_s": self.startup_s, "memory": dict(ld.memory),
                 "calibration": self.head_path, "head": self._head_meta(), "heads": self.heads_meta,
-                "notes": self.notes}
+                "layers": self.depth.as_dict(), "notes": self.notes}
         if isinstance(self.engine, FastEngine):
             st = self.engine.stats()
             meta.update(graphs=st.graphs, attention=st.attention, prefix_cache=st.prefix, buckets=st.buckets)
@@ -213,7 +254,7 @@ class Classifier:
         shared["postprocess"] = round(post, 4)
         meta = {"engine": self.cfg.engine.kind, "strategy": self.cfg.strategy, "tokens_per_forward": n_tokens,
                 "graphs": getattr(self.engine, "graphs", False), "calibration": self.head_path,
-                "heads": self.heads_meta, "notes": self.notes}
+                "heads": self.heads_meta, "layers": self._layers_meta, "notes": self.notes}
         n_good, dw = len(batch.good), round(wait, 4)
         for (i, _, tok_ms), prompts in zip(batch.good, built):
             r = batch.results[i]
@@ -279,6 +320,11 @@ class Classifier:
             probs_, hprobs_ = [_softmax(v) for v in scores], [_softmax(v) for v in heads_]
         for (name, names, counts, headed), vals, hvals, probs, hprobs in zip(self._result_plan, scores, heads_, probs_,
                                                                              hprobs_):
+            if not self.depth.scores:  # the forward stopped at the heads' layer: no label scores, no raw winner
+                hbest = _argmax(hvals, max(hvals))
+                append(PromptResult(name, names[hbest], hprobs[hbest],
+                                    [LabelScore(n, None, p, c, None, h) for n, p, c, h in zip(names, hprobs, counts, hvals)]))
+                continue
             best = _argmax(vals, max(vals))
             if not headed:  # no head, or none for this prompt: the LLM's own label scores
                 append(PromptResult(name, names[best], probs[best], list(map(LabelScore, names, vals, probs, counts))))
@@ -294,7 +340,8 @@ def _check_finite(result: QueryResult, dtype: torch.dtype) -> None:
     """Scores that are not finite at warm-up come from the weights and dtype, not the query: refuse to start
     rather than serve NaN. (fp16 overflows where a model's residual stream exceeds 65504, as gemma-3-270m's
     does at ~1e5.)"""
-    bad = [p.prompt for p in result.prompts if not all(math.isfinite(x.score) for x in p.labels)]
+    bad = [p.prompt for p in result.prompts
+           if not all(math.isfinite(x.score if x.score is not None else x.head_score) for x in p.labels)]
     if bad:
         raise ConfigError(f"the warm-up query's scores are not finite under prompts {bad} in {dtype}: the "
                           "model's activations overflow that dtype", "backend.dtype=float32")

@@ -125,6 +125,10 @@ class EngineSpec(_Strict):
     # the tail's sibling-group normaliser (scoring=trie) as one kernel on a GPU; false: the torch ops (gathers,
     # log-sum-exps, subtraction: eight launches, before issue 27)
     fuse_tail: bool = True
+    # the forward stops after the deepest layer a head reads when every prompt's answer comes from a head that
+    # reads a hidden state (no label scores, no final norm, later layers and an untied LM head never loaded:
+    # qcls/heads/depth.py); false runs every layer and keeps the raw scores beside the heads'
+    layer_exit: bool = True
 
     @field_validator("query_buckets")
     @classmethod

@@ -42,7 +42,11 @@ def test_classify_json_and_bad_query(demo_cfg_overrides):
     assert good["ok"] and len(good["prompts"]) == 2 and bad["error"].startswith("empty query")
     cat = good["prompts"][0]
     assert cat["prompt"] == "category" and abs(sum(lab["prob"] for lab in cat["labels"]) - 1) < 1e-6
-    assert cat["label"] == max(cat["labels"], key=lambda lab: lab["score"])["label"]
+    assert cat["label"] == max(cat["labels"], key=lambda lab: lab["prob"])["label"]
+    # the demo's heads read middle layers: the forward stops there and no label scores are computed
+    layers = good["meta"]["layers"]
+    assert layers["layers"] < layers["of"] and not layers["label_scores"] and "prompt '" in layers["why"]
+    assert all(lab["score"] is None and lab["head_score"] is not None for lab in cat["labels"])
     assert set(good["timings_ms"]) == {"tokenize", "prepare", "forward", "score", "postprocess", "total"}
     assert literal["ok"]  # after `--`, key=value is a query
 

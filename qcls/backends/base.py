@@ -6,9 +6,10 @@ from typing import Any, Callable
 
 import torch
 
-from qcls.backends import sources
+from qcls.backends import partial, sources
 from qcls.config import QclsConfig
 from qcls.errors import ConfigError, DeviceError
+from qcls.heads.fingerprint import num_layers
 
 
 @dataclass
@@ -25,6 +26,21 @@ class LoadedModel:
     memory: dict[str, int] = field(default_factory=dict)  # bytes: weights_gpu, weights_cpu, …
     # Offloading backends gather the embedding rows themselves: fn(ids_cpu [N], out [N, H] on device).
     embed_fn: Callable[[torch.Tensor, torch.Tensor], None] | None = None
+
+    @property
+    def source_config(self):
+        """The checkpoint's config: the whole model's, also when only its first layers were loaded."""
+        cut = partial.truncation(self.model)
+        return self.model.config if cut is None else cut.source_config
+
+    @property
+    def layers(self) -> int:
+        """Decoder layers loaded (all of them unless the forward stops at a head's layer)."""
+        return num_layers(self.model.config)
+
+    @property
+    def layers_total(self) -> int:
+        return num_layers(self.source_config)
 
     def head_rows(self, tokens: list[int]) -> torch.Tensor:
         """[len(tokens), H] rows of the LM head, on the compute device."""
@@ -59,7 +75,7 @@ def module_bytes(model: torch.nn.Module) -> dict[str, int]:
     out: dict[str, int] = {}
     seen = set()
     for t in list(model.parameters()) + list(model.buffers()):
-        if id(t) in seen:
+        if id(t) in seen or t.device.type == "meta":  # meta: a dropped LM head's placeholder, no memory
             continue
         seen.add(id(t))
         key = "weights_gpu" if t.device.type == "cuda" else "weights_cpu"
@@ -82,16 +98,18 @@ class Backend:
     """Subclass, set `name`, implement `load`; register it with one line in registry.py."""
     name = "base"
 
-    def load(self, cfg: QclsConfig) -> LoadedModel:
+    def load(self, cfg: QclsConfig, layers: int | None = None) -> LoadedModel:
+        """`layers`: load only the first this many decoder layers and no untied LM head (the forward stops at a
+        head's layer); None: the whole model."""
         raise NotImplementedError
 
-    def preflight(self, cfg: QclsConfig, src: sources.Source, device: torch.device):
+    def preflight(self, cfg: QclsConfig, src: sources.Source, device: torch.device, layers: int | None = None):
         """Estimate GPU memory from the model config alone and refuse before any weight is read when it
         will not fit (CUDA only). Returns the MemoryEstimate, or None on the CPU."""
         if device.type != "cuda":
             return None
         from qcls.backends import memory  # memory imports this module
-        est = memory.estimate(cfg, sources.load_config(src), backend=self.name)
+        est = memory.estimate(cfg, sources.load_config(src), backend=self.name, layers=layers)
         memory.check_budget(cfg, est, device=device)
         return est
 

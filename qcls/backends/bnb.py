@@ -103,21 +103,21 @@ class _BnbBackend(Backend):
                            f"{self.min_capture}); the forward runs eagerly. Upgrade: {INSTALL}"]
         return True, []
 
-    def load(self, cfg: QclsConfig) -> LoadedModel:
+    def load(self, cfg: QclsConfig, layers: int | None = None) -> LoadedModel:
         device = resolve_device(cfg)
         dtype = resolve_dtype(cfg, device)
         opts = backend_options(cfg, self.defaults)
         ver = bnb_version()
         qc = self.quant_config(opts, dtype)
         src = self.source(cfg)
-        est = self.preflight(cfg, src, device)
+        est = self.preflight(cfg, src, device, layers)
         tokenizer = sources.load_tokenizer(src)
         try:
             if src.gguf_file:
-                model = sources.load_model(src, dtype)
+                model = sources.load_model(src, dtype, layers)
                 quantize_in_place(model, qc, device)
             else:
-                model = sources.load_model(src, dtype, quantization_config=qc, device_map={"": str(device)})
+                model = sources.load_model(src, dtype, layers, quantization_config=qc, device_map={"": str(device)})
         except (RuntimeError, NotImplementedError) as e:
             if device.type == "cuda":
                 raise

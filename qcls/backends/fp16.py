@@ -9,13 +9,13 @@ from qcls.config import QclsConfig
 class Fp16Backend(Backend):
     name = "fp16"
 
-    def load(self, cfg: QclsConfig) -> LoadedModel:
+    def load(self, cfg: QclsConfig, layers: int | None = None) -> LoadedModel:
         device = resolve_device(cfg)
         dtype = resolve_dtype(cfg, device)
         src = self.source(cfg)
-        est = self.preflight(cfg, src, device)  # refuse before reading weights when it cannot fit
+        est = self.preflight(cfg, src, device, layers)  # refuse before reading weights when it cannot fit
         tokenizer = sources.load_tokenizer(src)
-        model = sources.load_model(src, dtype).to(device)
+        model = sources.load_model(src, dtype, layers).to(device)
         memory = module_bytes(model)
         if est is not None:
             memory.update(est.as_dict())

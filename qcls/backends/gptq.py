@@ -66,7 +66,7 @@ class GptqBackend(Backend):
     name = "gptq"
     defaults = {"kernel": "auto"}
 
-    def load(self, cfg: QclsConfig) -> LoadedModel:
+    def load(self, cfg: QclsConfig, layers: int | None = None) -> LoadedModel:
         device = resolve_device(cfg)
         opts = backend_options(cfg, self.defaults)
         kernel = str(opts["kernel"]).lower()
@@ -79,7 +79,7 @@ class GptqBackend(Backend):
         q = checkpoint_quant(sources.load_config(src))
         method = str(q["quant_method"]).lower()
         ver = require_gptqmodel(method)
-        est = self.preflight(cfg, src, device)
+        est = self.preflight(cfg, src, device, layers)
         from transformers import AwqConfig, GPTQConfig
         cls = AwqConfig if method == "awq" else GPTQConfig
         override = cls.from_dict({**q, "backend": KERNELS[kernel][method == "awq"]})
@@ -89,7 +89,7 @@ class GptqBackend(Backend):
         if device.type == "cpu":
             notes.append("gptq on the CPU computes in float16 (GPTQModel's kernels take fp16/bf16 only)")
         tokenizer = sources.load_tokenizer(src)
-        model = sources.load_model(src, dtype, quantization_config=override, device_map={"": str(device)})
+        model = sources.load_model(src, dtype, layers, quantization_config=override, device_map={"": str(device)})
         kernels = sorted({type(m).__name__ for m in model.model.layers[0].modules() if hasattr(m, "qweight")})
         memory = module_bytes(model)
         if est is not None:

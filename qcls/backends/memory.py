@@ -9,6 +9,8 @@ English BPE's ~4 characters per token and CJK's ~1–1.5 characters of 3 bytes e
 """
 from __future__ import annotations
 
+import dataclasses
+
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -102,6 +104,7 @@ class MemoryEstimate:
     tokens: int  # tokens in the largest packed forward
     budget: int | None = None
     model_config: Any = field(default=None, repr=False, compare=False)
+    layers_total: int = 0  # the model's decoder layers (n_layers is fewer when the forward stops at a head's layer)
 
     @property
     def total(self) -> int:
@@ -129,6 +132,8 @@ class MemoryEstimate:
              f"activations/graph pool {g(self.activations)} + CUDA context {g(self.cuda_context)}")
         if self.layers_on_gpu < self.n_layers:
             s += f" ({self.layers_on_gpu}/{self.n_layers} decoder layers on the GPU)"
+        if self.n_layers < self.layers_total:
+            s += f" (the first {self.n_layers} of {self.layers_total} decoder layers: the forward stops at a head's layer)"
         return s
 
     def as_dict(self) -> dict[str, int]:
@@ -159,12 +164,16 @@ def _options(cfg: QclsConfig, backend: str) -> dict:
 
 
 def estimate(cfg: QclsConfig, model_config: Any, backend: str | None = None,
-             budget: int | None = None) -> MemoryEstimate:
-    """GPU memory that `backend` (default: cfg's) needs for this model and engine, from the config alone."""
+             budget: int | None = None, layers: int | None = None) -> MemoryEstimate:
+    """GPU memory that `backend` (default: cfg's) needs for this model and engine, from the config alone.
+    `layers`: only the first this many decoder layers are loaded, and no untied LM head (the forward stops at a
+    head's layer)."""
     backend = backend or cfg.backend.name
     opts = _options(cfg, backend)
     budget = budget if budget is not None else budget_bytes(cfg)
     pc = param_counts(model_config)
+    if layers is not None and layers < pc.layers:
+        pc = dataclasses.replace(pc, layers=layers, head=0)
     b = 4 if cfg.backend.dtype == "float32" else 2
     tp = token_plan(cfg)
     n, key_len = tp.forward, tp.pool + tp.forward + 16
@@ -223,7 +232,7 @@ def estimate(cfg: QclsConfig, model_config: Any, backend: str | None = None,
         raise ValueError(f"no memory model for backend {backend!r}")
     weights = int(gpu * (1 + FRAGMENTATION))
     return MemoryEstimate(backend, weights, int(cpu), int(kv), int(act), CUDA_CONTEXT, pc.layers, on_gpu,
-                          n, budget, model_config)
+                          n, budget, model_config, layers_total=model_config.num_hidden_layers)
 
 
 def applies(backend: str, model_config: Any) -> bool:
@@ -241,7 +250,8 @@ def _alternatives(cfg: QclsConfig, est: MemoryEstimate, budget: int) -> list[str
         if name == est.backend or not applies(name, est.model_config):
             continue
         try:
-            e = estimate(cfg, est.model_config, backend=name, budget=budget)
+            e = estimate(cfg, est.model_config, backend=name, budget=budget,
+                         layers=est.n_layers if est.n_layers < est.layers_total else None)
         except ValueError:
             continue
         if e.total > budget:

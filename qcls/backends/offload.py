@@ -128,7 +128,7 @@ def _hooks_for_reference(model: torch.nn.Module, device: torch.device) -> None:
 class Fp16OffloadBackend(Backend):
     name = "fp16-offload"
 
-    def load(self, cfg: QclsConfig) -> LoadedModel:
+    def load(self, cfg: QclsConfig, layers: int | None = None) -> LoadedModel:
         device = resolve_device(cfg)
         dtype = resolve_dtype(cfg, device)
         opts = backend_options(cfg, DEFAULTS)
@@ -141,9 +141,9 @@ class Fp16OffloadBackend(Backend):
                 "whole head on the GPU with backend.options.full_head=true (+vocab × hidden × 2 bytes: "
                 "1.2 GB for Qwen3-8B), or use backend=fp16, bnb-int8 or bnb-nf4")
         src = self.source(cfg)
-        est = self.preflight(cfg, src, device)
+        est = self.preflight(cfg, src, device, layers)
         tokenizer = sources.load_tokenizer(src)
-        model = sources.load_model(src, dtype)  # on the CPU; only what the request path reads moves
+        model = sources.load_model(src, dtype, layers)  # on the CPU; only what the request path reads moves
         base, n_layers = model.model, len(model.model.layers)
         if est is not None:
             on_gpu = est.layers_on_gpu

@@ -149,9 +149,28 @@ def load_config(src: Source):
     return AutoConfig.from_pretrained(src.path, gguf_file=src.gguf_file, revision=src.revision)
 
 
-def load_model(src: Source, dtype: torch.dtype, **kwargs):
-    """The transformers model on the CPU (or where `device_map` in kwargs puts it)."""
+def load_model(src: Source, dtype: torch.dtype, layers: int | None = None, **kwargs):
+    """The transformers model on the CPU (or where `device_map` in kwargs puts it). `layers`: only the first this
+    many decoder layers, and no untied LM head (qcls/backends/partial.py); None: the whole model."""
     from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(src.path, gguf_file=src.gguf_file, revision=src.revision,
-                                                 dtype=dtype, **kwargs)
+    from qcls.backends import partial
+    config = load_config(src)
+    layers = partial.plan_layers(config, layers)
+    # a GGUF file is dequantised whole by transformers' loader anyway: it is cut in CPU memory after loading
+    cut_after = layers is not None and src.gguf_file is not None
+    if layers is not None and not cut_after:
+        kwargs["config"] = partial.truncated_config(config, layers)
+        # the later layers are the loader's "unexpected" keys by design: its report is checked here instead
+        with partial.quiet_loader():
+            model, info = AutoModelForCausalLM.from_pretrained(src.path, gguf_file=src.gguf_file,
+                                                               revision=src.revision, dtype=dtype,
+                                                               output_loading_info=True, **kwargs)
+        partial.check_loading_info(info, layers)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(src.path, gguf_file=src.gguf_file, revision=src.revision,
+                                                     dtype=dtype, **kwargs)
+    if cut_after:
+        partial.cut(model, config, layers)
+    elif layers is not None:
+        partial.finish(model, config, layers, partial.safetensors_reader(src.path))
     return model.eval()

@@ -10,6 +10,8 @@ from typing import Any
 from qcls.backends import memory, sources
 from qcls.backends.registry import BACKENDS
 from qcls.config import QclsConfig
+from qcls.heads.depth import plan_depth
+from qcls.heads.fingerprint import num_layers
 from qcls.engine.bucket import token_buckets
 from qcls.engine.layout import Packer, PromptLayout
 from qcls.engine.prefix_cache import plan_prefixes
@@ -76,6 +78,8 @@ class CheckReport:
     backends: list[BackendFit] = field(default_factory=list)
     # the head file (calibration=FILE or the model's default): which prompts use it, method, what each reads
     head: dict[str, Any] | None = None
+    # how deep the forward runs (qcls/heads/depth.py): layers, of, label_scores, why; the estimates count those layers
+    depth: dict[str, Any] | None = None
     problems: list[str] = field(default_factory=list)  # what would stop `qcls classify` with this config
 
     def to_dict(self) -> dict[str, Any]:
@@ -106,13 +110,15 @@ def label_costs(layout: PromptLayout) -> list[LabelCost]:
     return out
 
 
-def prompt_checks(cfg: QclsConfig, tokenizer) -> tuple[list[PromptLayout], list[PromptCheck], list[str]]:
-    """Layouts and facts of every prompt that can be scored, and a message for each that cannot."""
+def prompt_checks(cfg: QclsConfig, tokenizer, scored: bool = True) -> tuple[list[PromptLayout], list[PromptCheck],
+                                                                             list[str]]:
+    """Layouts and facts of every prompt that can be scored, and a message for each that cannot; `scored=False`:
+    the rows of a forward that stops at the heads' layer (no trie tokens)."""
     strategy = get_strategy(cfg.strategy)
     layouts, problems = [], []
     for spec in cfg.prompts:
         try:
-            layouts.append(PromptLayout.from_spec(tokenizer, spec, strategy))
+            layouts.append(PromptLayout.from_spec(tokenizer, spec, strategy, scored))
         except LabelSetError as e:
             problems.append(str(e))
     pool = plan_prefixes([lay.tokens.prefix_ids for lay in layouts], cfg.engine.prefix_block_size)
@@ -137,15 +143,15 @@ def forward_tokens(cfg: QclsConfig, layouts: list[PromptLayout], query_tokens: i
     return pool.n_slots, out
 
 
-def backend_fits(cfg: QclsConfig, mc) -> tuple[list[BackendFit], str | None]:
+def backend_fits(cfg: QclsConfig, mc, layers: int | None = None) -> tuple[list[BackendFit], str | None]:
     """Every registered backend's estimate against the budget, and the refusal the configured backend
-    would meet at start-up (None when it fits or there is no budget)."""
+    would meet at start-up (None when it fits or there is no budget); `layers`: only that many are loaded."""
     budget = memory.budget_bytes(cfg)
     fits, refusal = [], None
     for name in BACKENDS:
         applies = memory.applies(name, mc)
         try:
-            e = memory.estimate(cfg, mc, backend=name, budget=budget)
+            e = memory.estimate(cfg, mc, backend=name, budget=budget, layers=layers)
         except ValueError as err:
             fits.append(BackendFit(name, applies, 0, 0, 0, 0, 0, 0, 0, None, str(err)))
             continue
@@ -176,11 +182,15 @@ def build(cfg: QclsConfig, query_tokens: int = 8) -> CheckReport:
     budget = memory.budget_bytes(cfg)
     rep = CheckReport(cfg.model.name, f"{cfg.model.source}: {where}", describe_config(mc), cfg.strategy,
                       cfg.engine.kind, cfg.backend.name, None if budget is None else _gib(budget))
-    layouts, rep.prompts, rep.problems = prompt_checks(cfg, tokenizer)
+    rep.head, head = head_check(cfg, mc, rep.problems)
+    depth = plan_depth(num_layers(mc), head, [p.name for p in cfg.prompts], enabled=cfg.engine.layer_exit,
+                       engine=cfg.engine.kind)
+    rep.depth = depth.as_dict()
+    layouts, rep.prompts, problems = prompt_checks(cfg, tokenizer, depth.scores)
+    rep.problems = problems + rep.problems
     if layouts:
         rep.prefix_pool_tokens, rep.forward = forward_tokens(cfg, layouts, query_tokens)
-    rep.head = head_check(cfg, mc, rep.problems)
-    rep.backends, refusal = backend_fits(cfg, mc)
+    rep.backends, refusal = backend_fits(cfg, mc, depth.layers if depth.stops_early else None)
     if refusal:
         rep.problems.append(refusal)
     if cfg.backend.name in BACKENDS and not memory.applies(cfg.backend.name, mc):
@@ -189,9 +199,10 @@ def build(cfg: QclsConfig, query_tokens: int = 8) -> CheckReport:
     return rep
 
 
-def head_check(cfg: QclsConfig, mc, problems: list[str]) -> dict[str, Any] | None:
-    """The start-up checks of `calibration=FILE` that need no weights (qcls/heads/startup.py); a refusal goes
-    into `problems`. Whether a head was fitted on these very weights is checked once they are loaded."""
+def head_check(cfg: QclsConfig, mc, problems: list[str]) -> tuple[dict[str, Any] | None, Any]:
+    """The start-up checks of `calibration=FILE` that need no weights (qcls/heads/startup.py), and the head that
+    would serve (None: none); a refusal goes into `problems`. Whether a head was fitted on these very weights is
+    checked once they are loaded."""
     from qcls.heads import startup
     from qcls.heads.files import CalibrationError
     try:
@@ -205,9 +216,9 @@ def head_check(cfg: QclsConfig, mc, problems: list[str]) -> dict[str, Any] | Non
             c.notes.append(f"the model's default head is not used: {e.what}")
     except CalibrationError as e:
         problems.append(str(e))
-        return None
+        return None, None
     if c.file is None:
-        return None
+        return None, None
     head = c.head
     return {"file": c.path or c.file, "default": c.default, "line": c.line(), "with_head": c.with_head(),
             "own_scores": dict(c.own), "method": head.method if head else None, "notes": c.notes,
@@ -215,7 +226,7 @@ def head_check(cfg: QclsConfig, mc, problems: list[str]) -> dict[str, Any] | Non
             "prompts": {n: ("raw scores (affine)" if ph.read is None else
                             f"{ph.read.kind} @ layer {ph.read.layer}" + (" + raw scores" if ph.score_weights is not None
                                                                            else ""))
-                        for n, ph in (head.prompts.items() if head else [])}}
+                        for n, ph in (head.prompts.items() if head else [])}}, head
 
 
 def verdict(rep: CheckReport) -> QclsError | None:

@@ -46,6 +46,10 @@ def format_report(rep: CheckReport) -> str:
                     + ("; fitted on these weights? checked at start-up" if rep.head["weights_checked_at_start_up"]
                        else "")]
         out += [*[f"  note: {n}" for n in rep.head["notes"]], ""]
+    if rep.depth:
+        d = rep.depth
+        out += [f"forward: {d['layers']} of {d['of']} decoder layers ({d['why']})"
+                + ("; only those layers are loaded, no label scores" if d["layers"] < d["of"] else ""), ""]
     budget = f"{rep.budget_gib:.2f} GiB" if rep.budget_gib is not None else \
         "none (no GPU here: set gpu=t4 or gpu_memory_gib=N)"
     out.append(f"GPU memory estimate per backend (from the model config; budget {budget}):")

@@ -49,7 +49,8 @@ class ClassifyRequest(_Body):
 class LabelOut(_Body):
     label: str
     score: float | None = Field(description="the LLM's score of the label under the scoring strategy (a "
-                                "log-probability), with or without a head")
+                                "log-probability), with or without a head; null where the forward stops at a head's layer "
+                                "(meta.layers: no label scores are computed there)")
     prob: float | None = Field(description="the label's probability: the head's softmax with a head or calibration "
                                "(calibration=FILE), else the softmax of the scores over this prompt's labels")
     tokens: int = Field(description="tokens of label_prefix + label")

@@ -301,7 +301,7 @@ class EngineWorker:
         r = self.clf.classify([WARMUP_QUERY])[0]
         if not r.ok:
             raise RuntimeError(r.error)
-        bad = [p.prompt for p in r.prompts if not all(math.isfinite(s.score) for s in p.labels)]
+        bad = [p.prompt for p in r.prompts if not all(math.isfinite(s.prob) for s in p.labels)]
         if bad:
             raise RuntimeError(f"non-finite scores for prompts {bad}")
 

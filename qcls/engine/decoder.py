@@ -24,16 +24,22 @@ from qcls.engine.qkv_kernels import qkv_heads_per_program, qkv_into
 
 class Decoder:
     def __init__(self, model, max_keys: int, reach: int | None = None, qkv_heads: int = 0,
-                 fuse_post_norms: bool = True, fuse_qkv_attention: bool = True):
+                 fuse_post_norms: bool = True, fuse_qkv_attention: bool = True, stop_after: int | None = None):
         """`reach`: the highest position + 1 any token of this engine can have. A sliding window at least
         that wide hides nothing (pos(q) - pos(k) < reach ≤ window), so such a layer is global here; None keeps
         every window. `qkv_heads`: engine.qkv_heads_per_program; `fuse_post_norms`: engine.fuse_post_norms;
-        `fuse_qkv_attention`: engine.fuse_qkv_attention (with an attention that takes RawQKV)."""
+        `fuse_qkv_attention`: engine.fuse_qkv_attention (with an attention that takes RawQKV). `stop_after`: run
+        only the first this many layers and end with the residual stream after them, handed to the taps (no
+        final norm, no final state: the forward stops at a head's layer); None: every layer and the final norm."""
         cfg = model.config
         self.family = describe(model)
         base = model.model
         self.embed = base.embed_tokens
-        self.layers = list(base.layers)
+        n_loaded = len(base.layers)
+        if stop_after is not None and not 1 <= stop_after <= n_loaded:
+            raise ValueError(f"cannot stop after layer {stop_after}: {n_loaded} decoder layers are loaded")
+        self.stop_after = stop_after
+        self.layers = list(base.layers)[:stop_after]
         self.norm = base.norm
         self.n_heads = cfg.num_attention_heads
         self.n_kv = cfg.num_key_value_heads
@@ -117,13 +123,14 @@ class Decoder:
         return self._norm(delta, res if rows is None else res[rows], norm, out_dtype)
 
     def forward(self, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, attend,
-                read: torch.Tensor, embeds: torch.Tensor | None = None, taps=None) -> torch.Tensor:
+                read: torch.Tensor, embeds: torch.Tensor | None = None, taps=None) -> torch.Tensor | None:
         """ids/pos [N]; K/V of these tokens go to buffer `slots` [N]; `attend(q [N, heads, d], k, v, window=,
         scale=)` with one layer's K/V buffers, its sliding window (None: global) and softmax scale (None:
-        d^-1/2) returns [N, heads·d]; returns final-normed hidden states of tokens `read`. `embeds` [N, H],
-        when given, replaces the embedding module's output (backends that keep the table off the device
-        gather it, scaled as the module scales it). `taps` (engine/taps.py TapSink), when given, records the
-        residual stream after the layers it names (the state a learned head reads)."""
+        d^-1/2) returns [N, heads·d]; returns final-normed hidden states of tokens `read` (None when the forward
+        stops at a head's layer: `stop_after`). `embeds` [N, H], when given, replaces the embedding module's
+        output (backends that keep the table off the device gather it, scaled as the module scales it). `taps`
+        (engine/taps.py TapSink), when given, records the residual stream after the layers it names (the state a
+        learned head reads)."""
         n, nh, nkv, d = ids.shape[0], self.n_heads, self.n_kv, self.head_dim
         table = embeds is None and self.embed_table
         delta = embeds if embeds is not None else self.embed.weight if table else self.embed(ids)
@@ -132,6 +139,10 @@ class Decoder:
         rows = gather_rows(self.rope, pos)  # [2·kinds, N, d]
         rope = {key: (rows[2 * i], rows[2 * i + 1]) for i, key in enumerate(self.rope_kinds)}
         q = torch.empty(n, nh, d, dtype=self.dtype, device=self.device)
+        last = len(self.layers) - 1
+        # the last layer's MLP runs for the rows that are read only: the final norm's rows, or, where the forward
+        # stops at a head's layer and every head there reads the read position, those rows (`read` = the roots)
+        narrow = self.stop_after is None or (taps is not None and taps.reads_position_only(self.stop_after))
         for i, (layer, lp) in enumerate(zip(self.layers, self.family.layers)):
             a = layer.self_attn
             if table and i == 0:  # the tokens' rows of the table, gathered (and scaled) by the first norm
@@ -158,8 +169,7 @@ class Decoder:
                          offset=self.family.norm_offset, heads_per_program=self.qkv_heads)
                 att = attend(q, self.k[i], self.v[i], window=self.windows[i], scale=self.scale)
             delta = a.o_proj(att)
-            # the last MLP and the final norm only for rows that are read (the norm gathers them)
-            rows = read if i == len(self.layers) - 1 else None
+            rows = read if i == last and narrow else None  # gathered by the norm
             # Gemma3's norms after attention and MLP (attn_out, mlp_out) run with the next norm (_norm_after)
             x, res = self._norm_after(delta, lp.attn_out, res, lp.mlp_in, rows=rows)
             if self.gate_up[i] is not None:
@@ -169,6 +179,13 @@ class Decoder:
                 m = layer.mlp
                 delta = m.down_proj(act_mul(m.gate_proj(x), m.up_proj(x), self.gelu))
             post = lp.mlp_out
+        if self.stop_after is not None:  # the residual stream after the last layer run is what the heads read
+            if taps is not None:
+                # the fused kernel adds the residual (and Gemma3's post-norm) as it would before a next layer;
+                # the final norm's weights only fill its normed output, which nothing reads
+                _, res = self._norm_after(delta, post, res, self.norm)
+                taps.record(self.stop_after, res, rows_read=narrow)
+            return None
         # the read rows' final states stay float32: the tail multiplies them by float32 label rows
         out, _ = self._norm_after(delta, post, res, self.norm, torch.float32)
         return out

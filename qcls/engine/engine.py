@@ -55,11 +55,13 @@ class FastEngine:
                  full_head: torch.Tensor | None, *, max_batch: int, query_buckets: list[int], block_size: int,
                  vocab_chunk: int, use_graphs: bool, embed_fn=None, attention: str = "auto",
                  heads: list[PromptHead | None] | None = None, taps: list[Tap] = (), qkv_heads: int = 0,
-                 fuse_post_norms: bool = True, fuse_qkv_attention: bool = True, fuse_tail: bool = True):
+                 fuse_post_norms: bool = True, fuse_qkv_attention: bool = True, fuse_tail: bool = True,
+                 stop_after: int | None = None):
         """`heads`: per prompt its head (a calibration or a learned head) or None, built into the tail's
         tables; `taps`: hidden states to keep from every forward besides those the heads read (`states`,
         for fitting heads); `qkv_heads`, `fuse_post_norms`, `fuse_qkv_attention`, `fuse_tail`: engine.qkv_heads_per_program,
-        engine.fuse_post_norms, engine.fuse_qkv_attention, engine.fuse_tail."""
+        engine.fuse_post_norms, engine.fuse_qkv_attention, engine.fuse_tail; `stop_after`: the forward runs this
+        many layers and ends with the heads' read (no final norm, no label scores: qcls/heads/depth.py)."""
         self.prompts = prompts
         self.embed_fn = embed_fn
         self.pool = plan_prefixes([p.tokens.prefix_ids for p in prompts], block_size)
@@ -71,7 +73,7 @@ class FastEngine:
         # the highest position + 1 a token can reach: a prompt's prefix, the longest query, its row constants
         self.reach = max(len(p.tokens.prefix_ids) + self.query_buckets[-1] + p.const_len for p in prompts)
         self.dec = Decoder(model, self.pool_len + biggest + 16, self.reach, qkv_heads, fuse_post_norms,
-                           fuse_qkv_attention)
+                           fuse_qkv_attention, stop_after)
         self.device = self.dec.device
         self.attention, self.notes = self._pick_attention(attention)
         self._check_positions()
@@ -128,7 +130,15 @@ class FastEngine:
                              f"{self.dec.max_positions}: shorten the prompt or the largest query bucket")
 
     def _check_taps(self) -> None:
-        n = len(self.dec.layers)
+        n, stop = len(self.dec.layers), self.dec.stop_after
+        if stop is not None:  # the forward ends after `stop` layers: nothing deeper, no final state
+            bad = [t.name for t in self.taps if t.layer == FINAL or t.layer > stop]
+            if bad:
+                raise ValueError(f"hidden-state taps {bad}: the forward stops after layer {stop}, a head here reads "
+                                 f"the residual stream after 1…{stop} layers")
+            if not self.taps or max(t.layer for t in self.taps) != stop:
+                raise ValueError(f"the forward stops after layer {stop}, but no head reads that layer")
+            return
         bad = [t.name for t in self.taps if t.layer != FINAL and not 1 <= t.layer < n]
         if bad:
             raise ValueError(f"hidden-state taps {bad}: this model has {n} layers, a head reads the residual stream "

@@ -35,7 +35,7 @@ from qcls.engine.attention import TILE_FIELDS, TILES
 from qcls.config import PromptSpec
 from qcls.engine.prefix_cache import PrefixPlan
 from qcls.errors import LabelSetError
-from qcls.scoring.strategies import ScorePlan
+from qcls.scoring.strategies import ScorePlan, unscored
 from qcls.scoring.tokenization import PromptTokens, check_first_tokens, encode_prompt
 from qcls.scoring.trie import LabelTrie
 
@@ -60,9 +60,10 @@ class PromptLayout:
     label_token_counts: list[int] = field(init=False)  # per label: tokens of label_prefix + label (results)
 
     @classmethod
-    def from_spec(cls, tokenizer, spec: PromptSpec, strategy) -> "PromptLayout":
+    def from_spec(cls, tokenizer, spec: PromptSpec, strategy, scored: bool = True) -> "PromptLayout":
         """Encode a prompt, build its label trie and `strategy`'s plan; a label set the strategy cannot
-        score is a LabelSetError naming the prompt."""
+        score is a LabelSetError naming the prompt. `scored=False`: the labels are checked as `strategy` would
+        score them, but the row reads only its root and holds no trie token (a head answers: no label scores)."""
         pt = encode_prompt(tokenizer, spec)
         if strategy.name == "first_token":
             check_first_tokens(tokenizer, pt)
@@ -70,7 +71,8 @@ class PromptLayout:
             trie = LabelTrie.build(pt.label_ids, pt.end_id)
         except LabelSetError as e:
             raise LabelSetError(f"prompt '{spec.name}': {e.what}", e.way_out) from None
-        plan = strategy.plan(trie)
+        plan = strategy.plan(trie)  # built either way: a label set the strategy refuses is refused alike
+        plan = plan if scored else unscored(trie)
         return cls(pt, trie, plan, trie.row_nodes(plan.read_nodes))
 
     def __post_init__(self) -> None:

@@ -80,7 +80,8 @@ class Tail:
             gidx[i, :len(g)] = torch.tensor(g)
         self.normaliser = normaliser
         self.n_reads = read_off
-        self.rows = head_rows.to(device=device, dtype=torch.float32)  # tiny table: keep the label logits exact
+        # tiny table: keep the label logits exact. None: no label is scored (the forward stops at a head's layer)
+        self.rows = None if head_rows is None else head_rows.to(device=device, dtype=torch.float32)
         self.full_head = full_head
         self.vocab_chunk = vocab_chunk
         self.e_read = torch.tensor(e_read, dtype=torch.long, device=device)
@@ -100,7 +101,9 @@ class Tail:
         # last op writes x straight into it (out=), so the product reads it with no extra copy.
         self.x1 = torch.zeros(n_e + 1, dtype=torch.float32, device=device)
         self.x1[n_e] = 1.0
-        self.e_flat = self.e_read * self.rows.shape[0] + self.e_col  # into logits.view(-1)
+        self.e_flat = self.e_read * (0 if self.rows is None else self.rows.shape[0]) + self.e_col  # logits.view(-1)
+        if n_e and self.rows is None:
+            raise ValueError("the prompts' plans score label tokens, but no LM-head rows were given")
         self.n_g = n_g
         self.members = self.group_members() if fused and normaliser == "group" and use_triton(self.e_flat) else None
         self.features = _FeatureProduct(heads, list(taps), b, hidden, self.label_counts, device) \
@@ -147,7 +150,13 @@ class Tail:
 
     def __call__(self, h_read: torch.Tensor, taps: torch.Tensor | None = None) -> torch.Tensor:
         """[2 × labels × b] scores: every prompt's raw scores for each query, then the head logits. `taps` is
-        the forward's tap buffer when a head reads hidden states."""
+        the forward's tap buffer when a head reads hidden states. With no label token to score (the forward
+        stopped at a head's layer: `h_read` is None) the raw block is 0 and only the heads' block is computed."""
+        if self.n_e == 0:
+            scores = self.table @ self.x1
+            if self.features is not None:
+                scores[self.n:] += self.features(taps)
+            return scores
         logits = h_read.float() @ self.rows.T
         out = self.x1[:self.n_e]
         if self.normaliser == "none":

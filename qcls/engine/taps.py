@@ -59,12 +59,18 @@ class TapSink:
         self.plan, self.root_tokens, self.mean = plan, root_tokens, mean
         self.layers = plan.layers
 
-    def record(self, layer: int, residual: torch.Tensor) -> None:
+    def reads_position_only(self, layer: int) -> bool:
+        """Every tap of `layer` reads the read position (none averages the query's tokens)."""
+        return all(self.plan.taps[i].kind == "position" for i in self.layers.get(layer, []))
+
+    def record(self, layer: int, residual: torch.Tensor, rows_read: bool = False) -> None:
+        """`residual`: every token's [N, H], or with `rows_read` the read rows' only (in read order)."""
         p = self.plan
         res = residual.float()  # the residual stream is float32 already (kernels.py); a no-op then
+        where = p.root_reads if rows_read else self.root_tokens
         for i in p.layers[layer]:
             if p.taps[i].kind == "position":
-                torch.index_select(res, 0, self.root_tokens, out=p.buf[i, :p.rows])
+                torch.index_select(res, 0, where, out=p.buf[i, :p.rows])
             else:
                 torch.mm(self.mean, res, out=p.buf[i, :p.rows])
 

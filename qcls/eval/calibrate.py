@@ -116,7 +116,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
         res = fit_head(args, cfg, data, out)
         res["baseline"] = baseline.block(cfg.prompts, data, None, args.cv_folds)  # the head's folds
         return res
-    clf = Classifier(cfg)
+    clf = Classifier(cfg.model_copy(update={"calibration": None}))  # fitted on the LLM's own label scores
     results, _ = classify_set(clf, data)
     per = by_prompt(results, data)
     if args.method == "contextual":

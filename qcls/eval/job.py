@@ -57,6 +57,10 @@ def evaluate(spec: EvalSpec, cfg: QclsConfig, out_dir: Path) -> tuple[dict[str, 
     from qcls.classifier import Classifier  # torch and the engine load only when a job runs
 
     timing.reset_peak()
+    # a job scores the LLM's own labels beside any head's, so its forward runs every layer (the exit would leave
+    # no label scores); the notes say so, and the head's cost at its own depth is in the heads' block
+    exit_off = cfg.engine.layer_exit
+    cfg = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"layer_exit": False})})
     data = load_eval_set(resolve_path(spec.path), cfg.prompts, spec.limit)
     fit_data = load_eval_set(resolve_path(spec.fit_on, "eval.fit_on"), cfg.prompts, spec.limit) \
         if spec.fit_on else None
@@ -77,7 +81,9 @@ def evaluate(spec: EvalSpec, cfg: QclsConfig, out_dir: Path) -> tuple[dict[str, 
     body: dict[str, Any] = {
         "model_reused": reused, "startup_s": round(startup, 3), "startup_phases_s": dict(clf.startup_s),
         "load_s": None if reused else clf.startup_s.get("load"), "device": timing.device_name(loaded.device),
-        "strategy": cfg.strategy, "engine_notes": list(clf.notes), "heads": clf.heads_meta,
+        "strategy": cfg.strategy, "heads": clf.heads_meta,
+        "engine_notes": list(clf.notes) + (["every layer runs: the job scores the LLM's labels beside the heads' "
+                                            "(engine.layer_exit is off in evaluation jobs)"] if exit_off else []),
         "eval": {"path": str(data.path), "n_queries": len(data.examples), "ignored_prompts": data.ignored_prompts,
                  "unlabelled_lines": len(data.unlabelled_lines), "limit": spec.limit},
         "latency_ms": {"batch1": timing.latency(b1, 1),

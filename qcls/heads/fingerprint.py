@@ -41,11 +41,16 @@ def weights_fingerprint(model) -> str:
     v = emb.shape[0]
     for row in sorted({0, v // 3, 2 * v // 3, v - 1}):
         h.update(emb[row].detach().to("cpu", torch.float16).numpy().tobytes())
-    for name, mod in sorted(model.named_modules(), key=lambda x: x[0]):
-        w = getattr(mod, "weight", None)
-        if "norm" in type(mod).__name__.lower() and isinstance(w, torch.Tensor) and w.dim() == 1:
-            h.update(name.encode())
-            h.update(w.detach().to("cpu", torch.float16).numpy().tobytes())
+    norms = {name: mod.weight for name, mod in model.named_modules()
+             if "norm" in type(mod).__name__.lower() and isinstance(getattr(mod, "weight", None), torch.Tensor)
+             and mod.weight.dim() == 1}
+    # a model loaded with its first layers only (qcls/backends/partial.py) keeps the later layers' norms aside,
+    # so its fingerprint is the whole checkpoint's
+    cut = getattr(model, "qcls_truncation", None)
+    norms.update(cut.dropped_norms if cut is not None else {})
+    for name in sorted(norms):
+        h.update(name.encode())
+        h.update(norms[name].detach().to("cpu", torch.float16).numpy().tobytes())
     return h.hexdigest()[:16]
 
 

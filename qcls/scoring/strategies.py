@@ -43,6 +43,11 @@ def _plan(trie: LabelTrie, read_nodes: list[int], entries: list[tuple[int, int]]
     return ScorePlan(read_nodes, [pos[n] for n, _ in entries], [t for _, t in entries], groups, w, normaliser)
 
 
+def unscored(trie: LabelTrie) -> ScorePlan:
+    """No label scored: only the row's root is read, for the heads (the forward stops at a head's layer)."""
+    return _plan(trie, [0], [], [], [[] for _ in trie.label_paths], "none")
+
+
 class FirstToken:
     name = "first_token"
 

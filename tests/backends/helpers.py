@@ -17,7 +17,9 @@ def cfg(model_dir: str, backend: str = "fp16", options: dict | None = None, devi
 
 
 def scores(clf, queries: list[str] = QUERIES) -> torch.Tensor:
-    """[queries × every prompt's labels] scores, float64."""
+    """[queries × every prompt's labels] scores, float64: the label scores, or the heads' logits where the forward
+    stops at the heads' layer and computes none (a demo model with its default head)."""
     res = clf.classify(queries)
     assert all(r.error is None for r in res), [r.error for r in res]
-    return torch.tensor([[lab.score for p in r.prompts for lab in p.labels] for r in res], dtype=torch.float64)
+    return torch.tensor([[lab.head_score if lab.score is None else lab.score for p in r.prompts for lab in p.labels]
+                         for r in res], dtype=torch.float64)

@@ -1,0 +1,69 @@
+"""How deep the forward runs (docs/design.md §11): the layers an answer reads, and why.
+
+A prompt whose answer comes from a head that reads the residual stream after layer L needs layers 1…L and
+nothing after them: not the later layers, not the final norm, not the LM head's label rows. When every prompt
+is answered so, the forward stops after the deepest layer any of them reads, only those layers are loaded, and
+no label scores are computed (results carry no raw scores). Anything that needs the LLM's own label scores or
+the final state (a prompt without a head, a head that reads scores or the final norm's output, a calibration,
+the reference engine, engine.layer_exit=false) keeps the whole depth, and the plan says which prompt forced it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from qcls.heads.head import FINAL, Head, Tap
+
+
+@dataclass(frozen=True)
+class Depth:
+    layers: int  # decoder layers the forward runs (and the backend loads)
+    total: int  # the model's decoder layers
+    reason: str  # one line: why this depth
+
+    @property
+    def stops_early(self) -> bool:
+        """The forward ends at a head's layer: no final norm, no label scores."""
+        return self.layers < self.total
+
+    @property
+    def scores(self) -> bool:
+        return not self.stops_early
+
+    def line(self) -> str:
+        return f"forward: {self.layers} of {self.total} decoder layers ({self.reason})"
+
+    def as_dict(self) -> dict:
+        return {"layers": self.layers, "of": self.total, "label_scores": self.scores, "why": self.reason}
+
+
+def plan_depth(total: int, head: Head | None, prompts: list[str], *, enabled: bool = True, engine: str = "fast",
+               taps: list[Tap] = ()) -> Depth:
+    """The depth for these prompts (in config order) under `head` (None: raw scores everywhere); `taps`: hidden
+    states kept besides the heads' (fitting), which the forward must reach too."""
+    def full(why: str) -> Depth:
+        return Depth(total, total, why)
+
+    if not enabled:
+        return full("engine.layer_exit=false")
+    if engine != "fast":
+        return full(f"the {engine} engine runs every layer")
+    deepest, by = 0, ""
+    for name in prompts:
+        ph = head.prompts.get(name) if head is not None else None
+        if ph is None:
+            return full(f"prompt '{name}' has no head: its answer is the LLM's label scores")
+        if ph.score_weights is not None:
+            return full(f"prompt '{name}''s head reads the label scores")
+        if ph.read is None or ph.read.layer == FINAL:
+            return full(f"prompt '{name}''s head reads the final state")
+        if ph.read.layer > deepest:
+            deepest, by = ph.read.layer, name
+    extra = [t.layer for t in taps]
+    if FINAL in extra:
+        return full("the final state is kept for fitting")
+    if extra and max(extra) > deepest:
+        deepest, by = max(extra), ""
+    if deepest >= total:  # a head for a deeper model: refused by the head checks with the numbers
+        return full(f"a head reads layer {deepest} of {total}")
+    return Depth(deepest, total, f"every prompt's answer comes from a head; the deepest reads layer {deepest}"
+                 + (f" (prompt '{by}')" if by else " (hidden states kept for fitting)"))
