@@ -36,15 +36,18 @@ MODELS = sorted(SHAPES) + sorted(GEMMA3_SHAPES)
 T4_BW, T4_FLOPS, T4_BW_EFF, T4_FLOP_EFF = 320e9, 65e12, 0.75, 0.5
 
 
-def random_qwen3(name: str, device: str, dtype: torch.dtype, seed: int = 0):
-    """A Qwen3 (or, for a GEMMA3_SHAPES name, Gemma3) model of real shape with N(0, 0.02) weights (norms at
-    their identity: 1 for Qwen, 0 for Gemma's 1 + w): latency does not depend on values, but zeros would
-    flatter the hardware."""
-    from transformers import AutoModelForCausalLM, Gemma3TextConfig, Qwen3Config
+def model_config(name: str):
+    """The transformers config of a shape in SHAPES or GEMMA3_SHAPES."""
+    from transformers import Gemma3TextConfig, Qwen3Config
     if name in GEMMA3_SHAPES:
-        cfg = Gemma3TextConfig(**GEMMA3_SHAPES[name], rms_norm_eps=1e-6, max_position_embeddings=4096)
-    else:
-        cfg = Qwen3Config(**SHAPES[name], rope_theta=1e6, rms_norm_eps=1e-6, max_position_embeddings=4096)
+        return Gemma3TextConfig(**GEMMA3_SHAPES[name], rms_norm_eps=1e-6, max_position_embeddings=4096)
+    return Qwen3Config(**SHAPES[name], rope_theta=1e6, rms_norm_eps=1e-6, max_position_embeddings=4096)
+
+
+def random_model(cfg, device: str, dtype: torch.dtype, seed: int = 0):
+    """A model of this config with N(0, 0.02) weights (norms at their identity: 1 for Qwen, 0 for Gemma's 1 + w):
+    latency does not depend on values, but zeros would flatter the hardware."""
+    from transformers import AutoModelForCausalLM
     torch.manual_seed(seed)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
@@ -53,6 +56,16 @@ def random_qwen3(name: str, device: str, dtype: torch.dtype, seed: int = 0):
             if "norm" not in n:
                 p.normal_(0, 0.02)
     return model.eval()
+
+
+def random_qwen3(name: str, device: str, dtype: torch.dtype, seed: int = 0):
+    """A Qwen3 (or, for a GEMMA3_SHAPES name, Gemma3) model of real shape with random weights."""
+    return random_model(model_config(name), device, dtype, seed)
+
+
+def t4_projection(lbytes: int, lparams: int, tokens: int) -> float:
+    """ms on a T4: weight read at 75% of 320 GB/s plus GEMM FLOPs at 50% of 65 TFLOP/s (docs/design.md §8)."""
+    return (lbytes / (T4_BW * T4_BW_EFF) + 2 * lparams * tokens / (T4_FLOPS * T4_FLOP_EFF)) * 1e3
 
 
 def layer_bytes(model) -> int:

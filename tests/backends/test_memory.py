@@ -146,3 +146,21 @@ def test_gemma3_4b_fp16_fits_a_t4():
     c, e = est(Gemma3TextConfig(**GEMMA3_4B), "fp16")
     assert 7.7e9 < e.weights_gpu < 8.0e9 and e.total <= 15 * M.GIB  # 3.21e9 layer + 0.67e9 embedding params
     M.check_budget(c, e)
+
+
+def test_qwen3_8b_fp16_fits_a_t4_when_the_forward_stops_at_layer_20():
+    """Only the layers a head reads are loaded (and no untied LM head): Qwen3-8B in fp16 fits a 16 GB T4 with a head
+    at layer 20 of 36, not at every layer; the estimate says how many layers it counts."""
+    c, whole = est(QWEN3_8B, "fp16")
+    cut = M.estimate(c, QWEN3_8B, layers=20)
+    assert whole.total > 15 * M.GIB >= cut.total
+    pc = M.param_counts(QWEN3_8B)
+    layer = (pc.layer_linear + pc.layer_other) * 2
+    # 16 layers and the [V, H] head fewer, with the estimate's fragmentation margin
+    assert whole.weights_gpu - cut.weights_gpu == pytest.approx((16 * layer + pc.head * 2) * (1 + M.FRAGMENTATION),
+                                                                rel=1e-6)
+    assert cut.kv_buffer * 36 == whole.kv_buffer * 20
+    assert "the first 20 of 36 decoder layers" in cut.summary()
+    M.check_budget(c, cut)  # no refusal
+    with pytest.raises(M.MemoryBudgetError):
+        M.check_budget(c, whole)

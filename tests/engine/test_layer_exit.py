@@ -145,3 +145,22 @@ def test_gpu_exit_keeps_graphs_and_allocates_nothing_per_request(tiny_dirs, tmp_
     for i in range(8):
         on.classify(QUERIES[: 1 + i % 4])
     assert torch.cuda.memory_stats()["allocation.all.allocated"] == before
+
+
+@pytest.mark.parametrize("model", ["gemma3_demo", "smollm2_demo"])
+def test_demo_models_with_their_heads_stop_at_the_heads_layer(model, demo_cfg_overrides):
+    """Real weights and the shipped heads (fitted with the whole depth): the same probabilities with the exit on as
+    off (fp32, ≤ 1e-5), from a model of which only the read layers were loaded."""
+    from qcls.compose import compose
+    if model == "gemma3_demo":
+        from tests.conftest import skip_without_gemma3_demo
+        skip_without_gemma3_demo()
+    over = [o for o in demo_cfg_overrides if not o.startswith("model=")] + [f"model={model}"]
+    on = Classifier(compose(over))
+    off = Classifier(compose(over + ["engine.layer_exit=false"]))
+    reads = {ph.read.layer for ph in on.head.prompts.values()}
+    assert on.depth.layers == max(reads) < on.depth.total == off.depth.layers
+    assert len(on.loaded.model.model.layers) == on.depth.layers
+    assert n_params(on.loaded.model) < n_params(off.loaded.model)
+    assert weights_fingerprint(on.loaded.model) == weights_fingerprint(off.loaded.model)
+    assert_same_probs(on, off, ["mens slim fit jeans", "夏季女士碎花连衣裙", "boys hoodie", "red knit dress"])
