@@ -164,3 +164,20 @@ def test_demo_models_with_their_heads_stop_at_the_heads_layer(model, demo_cfg_ov
     assert n_params(on.loaded.model) < n_params(off.loaded.model)
     assert weights_fingerprint(on.loaded.model) == weights_fingerprint(off.loaded.model)
     assert_same_probs(on, off, ["mens slim fit jeans", "夏季女士碎花连衣裙", "boys hoodie", "red knit dress"])
+
+
+@pytest.mark.parametrize("backend,options", [("fp16-offload", {"offload_layers": "true", "gpu_layers": 0}),
+                                             ("bnb-int8", {"threshold": 0.0}), ("bnb-nf4", {})])
+def test_every_backend_loads_only_the_heads_layers(tiny_dirs, tmp_path, backend, options):
+    """The same head through each backend: only the read layers are loaded (and quantized, or kept on the host),
+    and the probabilities are that backend's own with the exit off."""
+    if backend.startswith("bnb"):
+        pytest.importorskip("bitsandbytes")
+    d = tiny_dirs["qwen2"]  # untied LM head: dropped too
+    _, path = headed(d, Read(1, "position"), tmp_path)
+    b = {"name": backend, "options": options}
+    on = Classifier(tiny_cfg(d, PROMPTS, calibration=str(path), backend=b))
+    off = Classifier(tiny_cfg(d, PROMPTS, calibration=str(path), backend=b, engine={"layer_exit": False}))
+    assert len(on.loaded.model.model.layers) == 1 and len(off.loaded.model.model.layers) == 2
+    assert on.loaded.model.get_output_embeddings().weight is None  # the untied head was never kept
+    assert_same_probs(on, off, QUERIES[:3])
