@@ -2,6 +2,7 @@
 
     python bench/layer_exit.py --models qwen3_4b gemma3_4b            # GPU: Qwen3-4B at 9/18/27/36, Gemma3-4B at 17/34
     python bench/layer_exit.py --models tiny --depths 1 2 --iters 3 --no-append   # CPU smoke
+    python bench/layer_exit.py --demo gemma3_demo smollm2_demo --iters 20             # CPU: the demos' speed-up
 
 Per model and depth L: a random-weight model of real shape built with its first L layers only (what a backend
 loads for a head at layer L: qcls/backends/partial.py), the real Qwen tokenizer, prompts=ecommerce8 and a head
@@ -134,6 +135,30 @@ def report(name: str, res: dict, iters: int, dtype: torch.dtype) -> str:
             + "\n".join(lines) + "\n\nT4 projection: the layers run only (bench/common.py's model).\n")
 
 
+def demo(name: str, iters: int) -> str:
+    """A demo model with its shipped head, the exit on against off, timed in alternation (the CPU demo's speed-up)."""
+    on = Classifier(compose([f"model={name}"]))
+    off = Classifier(compose([f"model={name}", "engine.layer_exit=false"]))
+    rows = []
+    for b in (1, 4):
+        t = {"on": [], "off": []}
+        for clf in (on, off):
+            clf.classify(QUERIES[:b])
+        for _ in range(iters):
+            for key, clf in (("on", on), ("off", off)):
+                t[key].append(clf.classify(QUERIES[:b])[0].timings_ms)
+        med = {k: {s: C.median([x[s] for x in v]) for s in ("forward", "total")} for k, v in t.items()}
+        rows.append(f"| {b} | {med['off']['forward']:.1f} / {med['on']['forward']:.1f} | "
+                    f"{med['off']['forward'] / med['on']['forward']:.2f}× | {med['off']['total']:.1f} / "
+                    f"{med['on']['total']:.1f} | {med['off']['total'] / med['on']['total']:.2f}× |")
+    d = on.depth
+    return (C.header(f"Layer exit on the {name} demo with its head: every layer against {d.layers} of {d.total}",
+                     f"model={name}, its default head and prompts, {iters} requests per batch size in alternation; "
+                     f"{d.reason}")
+            + "| batch | forward p50, every layer / the exit (ms) | speed-up | request p50 (ms) | speed-up |\n"
+            + "|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=["qwen3_4b", "gemma3_4b"], choices=sorted(DEPTHS))
@@ -141,7 +166,13 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--buckets", type=int, nargs="+", default=[4, 8, 12, 16, 24, 32, 48, 64])
     ap.add_argument("--no-append", action="store_true", help="print only; do not append to bench/RESULTS.md")
+    ap.add_argument("--demo", nargs="+", default=None, metavar="MODEL",
+                    help="instead: demo models (gemma3_demo, smollm2_demo) with their heads, the exit on against off")
     args = ap.parse_args()
+    if args.demo:
+        for name in args.demo:
+            C.report(demo(name, args.iters), args.no_append)
+        return
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.float16 if dev == "cuda" else torch.float32
     tok = build_qwen_tokenizer()
