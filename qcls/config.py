@@ -125,6 +125,9 @@ class EngineSpec(_Strict):
     # the tail's sibling-group normaliser (scoring=trie) as one kernel on a GPU; false: the torch ops (gathers,
     # log-sum-exps, subtraction: eight launches, before issue 27)
     fuse_tail: bool = True
+    # answers kept per Classifier, keyed by (configuration fingerprint, query): a server answers a repeated
+    # query from them without a forward (Classifier.classify(cache=True) from Python); 0 turns it off
+    result_cache_entries: int = Field(default=10_000, ge=0)
 
     @field_validator("query_buckets")
     @classmethod
@@ -179,6 +182,10 @@ class ServeSpec(_Strict):
     # check_health runs a real forward after this long without a successful one (or after any engine error)
     health_probe_idle_s: float = Field(default=60, gt=0)
     fault_injection: bool = False  # tests only: lets a handle call break the engine on purpose
+    # every route but /healthz needs `Authorization: Bearer <key>` (qcls/deployments/api_key.py): the key itself,
+    # or a file whose first line is the key; neither: the environment variable QCLS_API_KEY; none: open
+    api_key: str | None = Field(default=None, repr=False)
+    api_key_file: str | None = None
 
 
 class QclsConfig(_Strict):
