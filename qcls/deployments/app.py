@@ -29,7 +29,7 @@ from qcls.heads.startup import portable
 from qcls.deployments.http import build_http_app
 from qcls.deployments.ingress import replica_env_vars
 from qcls.deployments.metrics import ReplicaMetrics, memory_now
-from qcls.deployments.reload import Reloader
+from qcls.deployments.reload import Reloader, deployment_version
 from qcls.deployments.worker import EngineWorker, Pending, refused
 from qcls.errors import QclsError, format_error
 from qcls.results import QueryResult
@@ -104,7 +104,8 @@ class QclsDeployment:
         clf = self.clf
         hits = iter(clf.cache.lookup(clf.fingerprint, [q for q, why in zip(queries, refusals) if why is None]))
         hits = [next(hits) if why is None else None for why in refusals]
-        good = [Pending(q, arrived, clf) for q, why, hit in zip(queries, refusals, hits) if why is None and hit is None]
+        good = [Pending(q, arrived, clf) for q, why, hit in zip(queries, refusals, hits)
+                if why is None and hit is None]
         if self._gather:
             futures = await asyncio.gather(*(self._batched(it) for it in good))
         else:
@@ -263,19 +264,6 @@ def autoscaling_config(given: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"serve.autoscaling={dict(given)} is not a valid Ray Serve autoscaling_config: {why}",
                           "e.g. serve.autoscaling={min_replicas:1,max_replicas:4,target_ongoing_requests:8}") from None
     return dict(given)
-
-
-def deployment_version(cfg: QclsConfig) -> str:
-    """What a reload cannot change (reload.NEEDS_NEW_DEPLOYMENT), hashed: deploying the app again with the same
-    version (`qcls reload`) reconfigures the running replicas in place instead of replacing them."""
-    import hashlib
-    import json
-
-    from qcls.deployments.reload import NEEDS_NEW_DEPLOYMENT
-    dump = cfg.model_dump(mode="json", exclude={"serve": {"api_key"}})
-    parts = {k: (dump["engine"]["max_batch_size"] if k == "engine.max_batch_size" else dump[k])
-             for k in NEEDS_NEW_DEPLOYMENT}
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def app_for(cfg: QclsConfig, overrides: list[str] | tuple[str, ...] = (), config_dir: Any = None,

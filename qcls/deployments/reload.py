@@ -57,6 +57,18 @@ class ReloadState:
         return asdict(self)
 
 
+def deployment_version(cfg: QclsConfig) -> str:
+    """The NEEDS_NEW_DEPLOYMENT settings, hashed: the app's Serve version, so that deploying it again with only
+    another user_config (`qcls reload`) reconfigures the running replicas in place instead of replacing them."""
+    import hashlib
+    import json
+
+    dump = cfg.model_dump(mode="json", exclude={"serve": {"api_key"}})
+    parts = {k: (dump["engine"]["max_batch_size"] if k == "engine.max_batch_size" else dump[k])
+             for k in NEEDS_NEW_DEPLOYMENT}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def changed_keys(old: QclsConfig, new: QclsConfig) -> list[str]:
     """The NEEDS_NEW_DEPLOYMENT settings that differ between the two configurations."""
     out = []

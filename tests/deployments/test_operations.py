@@ -79,6 +79,25 @@ def test_a_repeated_query_is_a_cache_hit_with_the_same_probabilities(ops):
     assert stats["hits"] >= 1 and stats["entries"] >= 1
 
 
+def test_cache_and_reload_counters_are_exported(ops, metrics_port):
+    from tests.deployments.test_metrics import scrape
+
+    def key(name: str, **tags: str) -> str:
+        return f"ray_qcls_{name}{{" + ",".join(f"{k}={v}" for k, v in {"application": APP, **tags}.items()) + "}"
+
+    before = scrape(metrics_port)
+    query = f"slim jeans {uuid.uuid4().hex[:6]}"
+    classify(ops["url"], query), classify(ops["url"], query)
+    wanted = {key("result_cache_hits_total"): 1, key("result_cache_misses_total"): 1}
+    grew = lambda m, k: m.get(k, 0) - before.get(k, 0)  # noqa: E731
+
+    def exported():
+        m = scrape(metrics_port)
+        return m if all(grew(m, k) >= v for k, v in wanted.items()) else None
+    now = until(exported, "the cache counters' export", every_s=1)  # Ray exports every few seconds
+    assert now[key("result_cache_entries")] >= 1
+
+
 def test_a_reload_under_load_changes_the_prompt_set_without_a_failed_request(ops):
     from qcls.deployments.reload_cli import reload_main
 

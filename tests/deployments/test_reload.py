@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from qcls.compose import ConfigError, compose
-from qcls.deployments.reload import Reloader, changed_keys, target_config
+from qcls.deployments.reload import Reloader, changed_keys, deployment_version, target_config
 
 
 def test_what_a_reload_cannot_change():
@@ -17,6 +17,13 @@ def test_what_a_reload_cannot_change():
     assert changed_keys(base, compose(["model=smollm2_demo"])) == ["model"]
     assert changed_keys(base, compose(["backend.dtype=float16", "serve.port=9000", "engine.max_batch_size=8"])) == [
         "backend", "serve", "engine.max_batch_size"]
+
+
+def test_the_serve_version_stays_while_only_reloadable_settings_change():
+    v = deployment_version(compose([]))
+    assert deployment_version(compose(["prompts=default_fewshot", "calibration=null", "serve.api_key=k"])) == v
+    assert deployment_version(compose(["model=smollm2_demo"])) != v
+    assert deployment_version(compose(["serve.num_replicas=2"])) != v
 
 
 def test_a_user_config_is_overrides_on_the_apps_own_or_a_whole_config():
