@@ -52,6 +52,14 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def open_to_the_network(serve) -> str | None:
+    """The start-up warning for an address other than loopback without a key, or None."""
+    if is_loopback(serve.host) or resolve_api_key(serve) is not None:
+        return None
+    return (f"serving on {serve.host} without an API key: anyone who can reach this address can use it; set "
+            f"{ENV_API_KEY}, serve.api_key_file=FILE or serve.api_key=KEY")
+
+
 class RequireKey:
     """ASGI middleware: 401 (with `WWW-Authenticate: Bearer`) for any request without the key, but OPEN_PATHS."""
 

@@ -25,14 +25,14 @@ def serve_main(overrides: list[str], blocking: bool = True, log_to_driver: bool 
     from qcls.deployments.app import app_for
     from qcls.deployments.ingress import direct_urls, export_serve_env
 
-    from qcls.deployments.api_key import ENV_API_KEY, is_loopback, resolve_api_key
+    from qcls.deployments.api_key import open_to_the_network
 
     cfg = compose(overrides)
     s = cfg.serve
     app = app_for(cfg, overrides)  # refuses a config that cannot deploy (e.g. serve.autoscaling) before Ray starts
-    if resolve_api_key(s) is None and not is_loopback(s.host):
-        print(f"[qcls] warning: serving on {s.host} without an API key: anyone who can reach this address can "
-              f"use it; set {ENV_API_KEY}, serve.api_key_file=FILE or serve.api_key=KEY", file=sys.stderr, flush=True)
+    warning = open_to_the_network(s)  # (a bad key file is refused here, before Ray starts)
+    if warning:
+        print(f"[qcls] warning: {warning}", file=sys.stderr, flush=True)
     connected_here = not ray.is_initialized()
     # a cluster named by RAY_ADDRESS is joined, and left running (with its Serve) when this stops
     started_ray = connected_here and not os.environ.get("RAY_ADDRESS")
