@@ -29,7 +29,7 @@ from qcls.heads.startup import portable
 from qcls.deployments.http import build_http_app
 from qcls.deployments.ingress import replica_env_vars
 from qcls.deployments.metrics import ReplicaMetrics, memory_now
-from qcls.deployments.reload import Reloader, deployment_version
+from qcls.deployments.reload import Reloader, deployment_version, redacted
 from qcls.deployments.worker import EngineWorker, Pending, refused
 from qcls.errors import QclsError, format_error
 from qcls.results import QueryResult
@@ -135,8 +135,8 @@ class QclsDeployment:
         return self.reloader.state.as_dict()
 
     def active_config(self) -> dict[str, Any]:
-        """The active configuration, as JSON (without the API key): `qcls reload` compares against it."""
-        return self.cfg.model_dump(mode="json", exclude={"serve": {"api_key"}})
+        """The active configuration, as JSON (the API key as its hash): `qcls reload` compares against it."""
+        return redacted(self.cfg).model_dump(mode="json")
 
     def metadata(self) -> dict[str, Any]:
         return self.clf.metadata()

@@ -57,6 +57,17 @@ class ReloadState:
         return asdict(self)
 
 
+def redacted(cfg: QclsConfig) -> QclsConfig:
+    """The config with serve.api_key replaced by its hash: comparable (a reload that drops or changes the key is a
+    serve change) without the key leaving the replica."""
+    import hashlib
+
+    if cfg.serve.api_key is None:
+        return cfg
+    digest = "sha256:" + hashlib.sha256(cfg.serve.api_key.encode("utf-8")).hexdigest()
+    return cfg.model_copy(update={"serve": cfg.serve.model_copy(update={"api_key": digest})})
+
+
 def deployment_version(cfg: QclsConfig) -> str:
     """The NEEDS_NEW_DEPLOYMENT settings, hashed: the app's Serve version, so that deploying it again with only
     another user_config (`qcls reload`) reconfigures the running replicas in place instead of replacing them."""
@@ -163,10 +174,12 @@ class Reloader:
                 from qcls.classifier import Classifier
                 log.warning("reload: building the new configuration beside the serving one (%d prompts: %s)",
                             len(cfg.prompts), ", ".join(p.name for p in cfg.prompts))
-                new = Classifier(cfg, loaded=old.loaded)
+                new, why = Classifier(cfg, loaded=old.loaded), None
             except BaseException as e:  # noqa: BLE001 - any failure is a refusal; the old one keeps serving
+                new, why = None, refusal_text(e)
+            if new is None:  # (out of the except clause: its traceback no longer holds the failed build's tensors)
                 _free_device_memory(old)
-                return self._settle(gen, "refused", old, refusal_text(e))
+                return self._settle(gen, "refused", old, why)
             if gen != self._generation:
                 return
             self._swap(new)

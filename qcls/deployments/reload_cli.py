@@ -30,8 +30,8 @@ def reload_main(overrides: list[str], wait_s: float = 900.0) -> int:
     from ray import serve
 
     from qcls.deployments.app import app_for
-    from qcls.deployments.reload import RefusedReload, changed_keys
-    from qcls.heads.startup import choose
+    from qcls.deployments.reload import RefusedReload, changed_keys, redacted
+    from qcls.heads.startup import choose, portable
 
     cfg = compose(overrides)
     choose(cfg)  # a head file that does not fit these prompts: refused before anything is sent
@@ -47,8 +47,7 @@ def reload_main(overrides: list[str], wait_s: float = 900.0) -> int:
         raise ConfigError(f"no running qcls app {s.app_name!r} answered on this Ray cluster ({type(e).__name__}: "
                           f"{e})", "start it with `qcls serve …` (or name it: serve.app_name=NAME; another "
                           "cluster: RAY_ADDRESS)") from None
-    mine = cfg.model_copy(update={"serve": cfg.serve.model_copy(update={"api_key": None})})
-    keys = changed_keys(running, mine)
+    keys = changed_keys(running, redacted(portable(cfg)))  # head paths and the key as the replicas hold them
     if keys:
         raise RefusedReload(f"the new configuration changes {', '.join(keys)}, which a reload cannot: they need "
                             "other weights or another deployment shape",
@@ -58,8 +57,8 @@ def reload_main(overrides: list[str], wait_s: float = 900.0) -> int:
                      request_id, wait_s)
     refused = [st for st in states if st["status"] == "refused"]
     if refused:  # the deployment's target goes back to what still serves, so a replacement replica starts on it
-        _deploy(serve, app_for(running, user_config=_user_config(running, uuid.uuid4().hex[:12])), s, handle,
-                None, wait_s)
+        back = running.model_copy(update={"serve": cfg.serve})  # the same serve part, with the key itself
+        _deploy(serve, app_for(back, user_config=_user_config(back, uuid.uuid4().hex[:12])), s, handle, None, wait_s)
         raise RefusedReload(f"reload refused by replica {refused[0]['replica']}: {refused[0]['detail']}",
                             f"every replica still serves configuration {refused[0]['fingerprint']} (prompts "
                             f"{', '.join(refused[0]['prompts'])})")
@@ -70,8 +69,10 @@ def reload_main(overrides: list[str], wait_s: float = 900.0) -> int:
 
 
 def _user_config(cfg: QclsConfig, request_id: str) -> dict:
-    # without `serve`: the replicas keep theirs, and no API key travels in the deployment's (visible) config
-    return {"config": cfg.model_dump(mode="json", exclude={"serve"}), "id": request_id}
+    """Without `serve`: the replicas keep theirs, and no API key travels in the deployment's (visible) config.
+    Head files found relative to this directory are made absolute (replicas run in a directory of Ray's)."""
+    from qcls.heads.startup import portable
+    return {"config": portable(cfg).model_dump(mode="json", exclude={"serve"}), "id": request_id}
 
 
 def _deploy(serve, app, s, handle, request_id: str | None, wait_s: float) -> list[dict]:

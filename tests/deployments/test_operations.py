@@ -148,6 +148,9 @@ def test_invalid_reloads_are_refused_and_the_old_configuration_keeps_serving(ops
         reload_main([*ops["overrides"], "prompts=no_such_prompt_set"])
     with pytest.raises(RefusedReload, match=r"changes model(.|\n)*deploy it anew"):  # other weights: a new deployment
         reload_main([*ops["overrides"], "model=gemma3_demo"])
+    keyless = [o for o in ops["overrides"] if not o.startswith("serve.api_key")]
+    with pytest.raises(RefusedReload, match="changes serve"):  # dropping the key is a serving change, not a reload
+        reload_main([*keyless, f"prompts={ops['colour']}"])
     with pytest.raises(RefusedReload, match="one token") as e:  # refused by the replica's build
         reload_main([*ops["overrides"], f"prompts={ops['clash']}"])
     assert serving in str(e.value)

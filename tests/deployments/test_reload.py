@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from qcls.compose import ConfigError, compose
-from qcls.deployments.reload import Reloader, changed_keys, deployment_version, target_config
+from qcls.deployments.reload import Reloader, changed_keys, deployment_version, redacted, target_config
 
 
 def test_what_a_reload_cannot_change():
@@ -17,6 +17,14 @@ def test_what_a_reload_cannot_change():
     assert changed_keys(base, compose(["model=smollm2_demo"])) == ["model"]
     assert changed_keys(base, compose(["backend.dtype=float16", "serve.port=9000", "engine.max_batch_size=8"])) == [
         "backend", "serve", "engine.max_batch_size"]
+
+
+def test_a_redacted_config_compares_keys_without_holding_them():
+    keyed = redacted(compose(["serve.api_key=s3cret"]))
+    assert "s3cret" not in keyed.model_dump_json() and keyed.serve.api_key.startswith("sha256:")
+    assert keyed == redacted(compose(["serve.api_key=s3cret"])) and redacted(compose([])) == compose([])
+    assert changed_keys(keyed, redacted(compose(["serve.api_key=other"]))) == ["serve"]
+    assert changed_keys(keyed, redacted(compose([]))) == ["serve"]
 
 
 def test_the_serve_version_stays_while_only_reloadable_settings_change():
