@@ -256,6 +256,14 @@ def parse_args(argv=None):
     return ap.parse_args(argv)
 
 
+def no_result_cache(overrides: list[str]) -> list[str]:
+    """The clients repeat a few queries: with the replica's result cache on they would time cache hits, not the
+    engine. Off unless the overrides set it."""
+    if any(o.lstrip("+").startswith("engine.result_cache_entries=") for o in overrides):
+        return list(overrides)
+    return ["engine.result_cache_entries=0", *overrides]
+
+
 def main(argv=None) -> int:
     a = parse_args(argv)
     if a.url:
@@ -265,7 +273,8 @@ def main(argv=None) -> int:
         info, cfg, overrides = {}, None, a.overrides
     else:
         model = random_checkpoint(a.random_qwen3, a.random_dir / a.random_qwen3) if a.random_qwen3 else []
-        overrides = [*model, *a.overrides, "serve.host=127.0.0.1", f"serve.port={free_port()}", "serve.route_prefix=/"]
+        overrides = [*model, *no_result_cache(a.overrides), "serve.host=127.0.0.1", f"serve.port={free_port()}",
+                     "serve.route_prefix=/"]
         from qcls.compose import compose
         cfg = compose(overrides)
         stats, info = measure(a, overrides)

@@ -251,7 +251,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-append", action="store_true")
     a = ap.parse_args(argv)
     model = load.random_checkpoint(a.random_qwen3, a.random_dir / a.random_qwen3) if a.random_qwen3 else []
-    overrides = [*model, *a.overrides, "serve.host=127.0.0.1", f"serve.port={load.free_port()}", "serve.route_prefix=/"]
+    overrides = [*model, *load.no_result_cache(a.overrides), "serve.host=127.0.0.1", f"serve.port={load.free_port()}",
+                 "serve.route_prefix=/"]
     from qcls.compose import compose
     cfg = compose(overrides)
     a.replicas = cfg.serve.num_replicas

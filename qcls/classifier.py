@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from qcls.answer_fingerprint import answer_fingerprint
 from qcls.backends import sources
 from qcls.backends.base import LoadedModel
 from qcls.backends.memory import measured
@@ -22,6 +23,7 @@ from qcls.heads.depth import Depth, plan_depth
 from qcls.heads.fingerprint import num_layers
 from qcls.heads.head import Tap
 from qcls.progress import step, step_note, warn
+from qcls.result_cache import ResultCache
 from qcls.results import STAGES, LabelScore, PromptResult, QueryResult
 from qcls.scoring.reference import ReferenceEngine
 from qcls.scoring.strategies import get_strategy
@@ -83,6 +85,9 @@ class Classifier:
         self.heads_meta = self.heads.meta()
         self._layers_meta = self.depth.as_dict()
         self.loaded = loaded
+        # names the configuration in every result; keys the result cache (classify(cache=True), the server)
+        self.fingerprint = answer_fingerprint(cfg, self.head_path)
+        self.cache = ResultCache(cfg.engine.result_cache_entries)
         torch.manual_seed(cfg.seed)
         self._headed = [self.head is not None and n in self.head.prompts for n in self.prompt_names]
         # what _build reads per prompt, looked up once here rather than per prompt of every result
@@ -205,7 +210,8 @@ class Classifier:
                 "dtype": str(ld.dtype).replace("torch.", ""), "engine": cfg.engine.kind, "strategy": cfg.strategy,
                 "prompts": self.prompt_names, "startup_s": self.startup_s, "memory": dict(ld.memory),
                 "calibration": self.head_path, "head": self._head_meta(), "heads": self.heads_meta,
-                "layers": self.depth.as_dict(), "notes": self.notes}
+                "layers": self.depth.as_dict(), "notes": self.notes, "fingerprint": self.fingerprint,
+                "result_cache": self.cache.stats()}
         if isinstance(self.engine, FastEngine):
             st = self.engine.stats()
             meta.update(graphs=st.graphs, attention=st.attention, prefix_cache=st.prefix, buckets=st.buckets)
@@ -213,13 +219,19 @@ class Classifier:
         meta["memory"].update(self.measured_memory)
         return meta
 
-    def classify(self, queries: list[str]) -> list[QueryResult]:
-        """Classify queries under every prompt; a bad query gets an error result and the rest proceed."""
-        results, good = self._tokenize(queries)
+    def classify(self, queries: list[str], cache: bool = False) -> list[QueryResult]:
+        """Classify queries under every prompt; a bad query gets an error result and the rest proceed. With
+        cache=True a query this Classifier has answered before is answered from `self.cache` (no forward; its
+        meta["cache"] says "hit") and the new answers are kept there (engine.result_cache_entries of them)."""
+        hits = self.cache.lookup(self.fingerprint, queries) if cache else [None] * len(queries)
+        results, good = self._tokenize([q for q, h in zip(queries, hits) if h is None])
         step_ = self.cfg.engine.max_batch_size
         for c in range(0, len(good), step_):
             self.finish(self._launch(results, good[c:c + step_]))
-        return results
+        if cache:
+            self.cache.remember(self.fingerprint, results)
+        fresh = iter(results)
+        return [h if h is not None else next(fresh) for h in hits]
 
     def start(self, queries: list[str]) -> Batch:
         """The first half of `classify` for at most engine.max_batch_size queries: tokenize and queue their
@@ -254,7 +266,8 @@ class Classifier:
         shared["postprocess"] = round(post, 4)
         meta = {"engine": self.cfg.engine.kind, "strategy": self.cfg.strategy, "tokens_per_forward": n_tokens,
                 "graphs": getattr(self.engine, "graphs", False), "calibration": self.head_path,
-                "heads": self.heads_meta, "layers": self._layers_meta, "notes": self.notes}
+                "heads": self.heads_meta, "layers": self._layers_meta, "notes": self.notes,
+                "fingerprint": self.fingerprint}
         n_good, dw = len(batch.good), round(wait, 4)
         for (i, _, tok_ms), prompts in zip(batch.good, built):
             r = batch.results[i]

@@ -1,4 +1,4 @@
-"""qcls command line: classify, repl, serve, check (and sweep, calibrate: Hydra apps of their own, routed
+"""qcls command line: classify, repl, serve, reload, check (and sweep, calibrate: Hydra apps of their own, routed
 before argparse). A thin layer over Classifier.
 
 Hydra overrides (`model=qwen3_4b scoring=exact engine.max_batch_size=2`) may be mixed with queries: an
@@ -28,6 +28,7 @@ EPILOG = """examples:
   echo "summer dress" | qcls repl
   qcls bulk queries.csv labels.parquet prompts=ecommerce8 --all-labels   # a file in, a file out
   qcls serve model=qwen3_4b serve.num_gpus=1
+  qcls reload model=qwen3_4b serve.num_gpus=1 prompts=ecommerce8_fewshot   # the running app, no restart
   qcls check model=qwen3_8b model.source=local model.path=/models/Qwen3-8B gpu=t4   # no weights, no GPU
   qcls sweep -m scoring=trie,first_token,exact eval=dev          # qcls sweep --help
   qcls calibrate prompts=ecommerce8                               # qcls calibrate --help
@@ -104,6 +105,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return serve_main(overrides) or 0
 
 
+def cmd_reload(args: argparse.Namespace) -> int:
+    _, overrides = split_args(args.items)
+    from qcls.deployments.reload_cli import reload_main
+    return reload_main(overrides)
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     stray, overrides = split_args(args.items, args.literal)
     if stray:
@@ -172,6 +179,12 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Start the Ray Serve app on this machine with the given overrides.")
     s.add_argument("items", nargs="*", metavar="OVERRIDE")
     s.set_defaults(fn=cmd_serve)
+    rl = sub.add_parser("reload", help="give a running `qcls serve` new prompts, a head or limits without a restart",
+                        description="The whole configuration, as for `qcls serve` (the same overrides and "
+                        "--config-dir, with the changes); every replica builds it beside the serving one and swaps. "
+                        "Exit 2 with the reason when refused (the old configuration keeps serving).")
+    rl.add_argument("items", nargs="*", metavar="OVERRIDE")
+    rl.set_defaults(fn=cmd_reload)
     k = sub.add_parser("check", help="labels' token costs, tokens per forward, every backend's memory fit "
                        "(no weights, no GPU)", description="Validate the config and label sets and estimate what "
                        "it costs, reading only the model's config and tokenizer.")

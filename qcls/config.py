@@ -129,6 +129,9 @@ class EngineSpec(_Strict):
     # reads a hidden state (no label scores, no final norm, later layers and an untied LM head never loaded:
     # qcls/heads/depth.py); false runs every layer and keeps the raw scores beside the heads'
     layer_exit: bool = True
+    # answers kept per Classifier, keyed by (configuration fingerprint, query): a server answers a repeated
+    # query from them without a forward (Classifier.classify(cache=True) from Python); 0 turns it off
+    result_cache_entries: int = Field(default=10_000, ge=0)
 
     @field_validator("query_buckets")
     @classmethod
@@ -183,6 +186,10 @@ class ServeSpec(_Strict):
     # check_health runs a real forward after this long without a successful one (or after any engine error)
     health_probe_idle_s: float = Field(default=60, gt=0)
     fault_injection: bool = False  # tests only: lets a handle call break the engine on purpose
+    # every route but /healthz needs `Authorization: Bearer <key>` (qcls/deployments/api_key.py): the key itself,
+    # or a file whose first line is the key; neither: the environment variable QCLS_API_KEY; none: open
+    api_key: str | None = Field(default=None, repr=False)
+    api_key_file: str | None = None
 
 
 class QclsConfig(_Strict):

@@ -37,7 +37,7 @@ import time
 import zlib
 from pathlib import Path
 
-from qcls.bulk.cache import ResultCache
+from qcls.result_cache import ResultCache
 from qcls.bulk.options import BulkOptions
 from qcls.bulk.outputs import Columns, Format
 from qcls.bulk.progress import Progress, Tally, format_summary, summary

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
 
-from qcls.bulk.cache import ResultCache
+from qcls.result_cache import ResultCache
 from qcls.bulk.options import BulkOptions
 from qcls.bulk.outputs import Columns, Format, output_format
 from qcls.bulk.pipeline import SLICE_ROWS, Feed, count, process_chunk

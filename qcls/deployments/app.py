@@ -29,6 +29,7 @@ from qcls.heads.startup import portable
 from qcls.deployments.http import build_http_app
 from qcls.deployments.ingress import replica_env_vars
 from qcls.deployments.metrics import ReplicaMetrics, memory_now
+from qcls.deployments.reload import Reloader, deployment_version, redacted
 from qcls.deployments.worker import EngineWorker, Pending, refused
 from qcls.errors import QclsError, format_error
 from qcls.results import QueryResult
@@ -39,9 +40,9 @@ INJECTED_CUDA_ERROR = "CUDA error: an illegal memory access was encountered (inj
 @serve.deployment(name="QclsClassifier")
 @serve.ingress()
 class QclsDeployment:
-    def __init__(self, cfg: QclsConfig):
+    def __init__(self, cfg: QclsConfig, base: dict[str, Any] | None = None):
+        """`base`: the app's own {"overrides", "config_dir"}, under a user_config's overrides (reload.py)."""
         # Everything loads, captures and warms here: Serve marks the replica ready only once this returns.
-        self.cfg = cfg
         if cfg.serve.gil_switch_interval_ms:  # the device threads' Python stages wait less on a busy event loop
             sys.setswitchinterval(cfg.serve.gil_switch_interval_ms / 1e3)
         try:
@@ -59,6 +60,22 @@ class QclsDeployment:
         self._gather = cfg.serve.batch_wait_timeout_s > 0
         self._batched.set_max_batch_size(cfg.engine.max_batch_size)
         self._batched.set_batch_wait_timeout_s(cfg.serve.batch_wait_timeout_s)
+        self.reloader = Reloader(lambda: self.clf, self._swap, base or {}, self.metrics.reload_outcome)
+
+    @property
+    def cfg(self) -> QclsConfig:
+        """The active configuration (a reload changes its prompts, head and limits, never its serve part)."""
+        return self.clf.cfg
+
+    def reconfigure(self, user_config: dict[str, Any] | None) -> None:
+        """Serve calls this with the deployment's user_config at start-up and whenever it changes: the new
+        configuration is built in a thread beside the serving one, which keeps answering (reload.py)."""
+        self.reloader.request(user_config)
+
+    def _swap(self, clf: Classifier) -> None:
+        self.worker.swap(clf)
+        self.clf = clf
+        self.metrics.cache_size(0)
 
     def __serve_build_asgi_app__(self):
         return build_http_app(self)
@@ -83,24 +100,43 @@ class QclsDeployment:
             raise ValueError(f"{len(queries)} queries, over max_queries_per_request="
                              f"{self.cfg.max_queries_per_request}: split them over several calls")
         refusals = await self.worker.refusals(list(queries))
-        good = [Pending(q, arrived) for q, why in zip(queries, refusals) if why is None]
+        # one configuration answers the whole request, even if a reload swaps the active one meanwhile
+        clf = self.clf
+        hits = iter(clf.cache.lookup(clf.fingerprint, [q for q, why in zip(queries, refusals) if why is None]))
+        hits = [next(hits) if why is None else None for why in refusals]
+        good = [Pending(q, arrived, clf) for q, why, hit in zip(queries, refusals, hits)
+                if why is None and hit is None]
         if self._gather:
             futures = await asyncio.gather(*(self._batched(it) for it in good))
         else:
             futures = self.worker.submit(good)
         answers = iter([await futures[0]] if len(futures) == 1 else await asyncio.gather(*futures))
         out = []
-        for q, why in zip(queries, refusals):
+        for q, why, hit in zip(queries, refusals, hits):
             if why is None:
-                out.append(next(answers))
+                out.append(next(answers) if hit is None else hit)
+                if hit is not None:
+                    out[-1].timings_ms["queue_wait"] = 0.0
                 out[-1].timings_ms["in_replica"] = round((time.perf_counter() - arrived) * 1e3, 4)
             else:
                 self.metrics.refused_query(why)
                 out.append(refused(q, why))
+        if clf.cache.size:
+            n_hits = sum(h is not None for h in hits)
+            evicted = clf.cache.remember(clf.fingerprint, (r for r, h in zip(out, hits) if h is None))
+            self.metrics.cache_use(n_hits, len(good), evicted, len(clf.cache) if clf is self.clf else None)
         return out
 
     def prompts(self) -> list[dict[str, Any]]:
         return [{"name": p.name, "labels": list(p.labels)} for p in self.cfg.prompts]
+
+    def reload_state(self) -> dict[str, Any]:
+        """The active configuration's fingerprint and prompts, and how the last reload went (reload.py)."""
+        return self.reloader.state.as_dict()
+
+    def active_config(self) -> dict[str, Any]:
+        """The active configuration, as JSON (the API key as its hash): `qcls reload` compares against it."""
+        return redacted(self.cfg).model_dump(mode="json")
 
     def metadata(self) -> dict[str, Any]:
         return self.clf.metadata()
@@ -230,12 +266,21 @@ def autoscaling_config(given: dict[str, Any]) -> dict[str, Any]:
     return dict(given)
 
 
-def app_for(cfg: QclsConfig) -> Application:
-    """The Serve application for a validated config."""
+def app_for(cfg: QclsConfig, overrides: list[str] | tuple[str, ...] = (), config_dir: Any = None,
+            user_config: dict[str, Any] | None = None) -> Application:
+    """The Serve application for a validated config. `overrides`/`config_dir`: what it was composed from, under a
+    user_config's overrides (reload.py); `user_config`: the deployment's (None: the app's own config)."""
     if cfg.backend.device == "cuda" and cfg.serve.num_gpus == 0:
         raise ConfigError("backend.device=cuda but serve.num_gpus=0: a replica without a GPU sees none; set "
                           "serve.num_gpus=1 (one card per replica)")
-    return QclsDeployment.options(**deployment_options(cfg)).bind(portable(cfg))
+    opts = deployment_options(cfg)
+    if user_config is not None:
+        opts["user_config"] = user_config
+    base = {"overrides": list(overrides), "config_dir": config_dir}
+    # Ray 2.60 keeps `version` for itself (`serve.run` draws a random one, which replaces every replica): set
+    # through its internal flag, so that deploying again with a new user_config only reconfigures them
+    deployment = QclsDeployment.options(**opts).options(_internal=True, version=deployment_version(cfg))
+    return deployment.bind(portable(cfg), base)
 
 
 def build_app(args: dict[str, Any]) -> Application:
@@ -248,4 +293,5 @@ def build_app(args: dict[str, Any]) -> Application:
     config_dir = args.pop("config_dir", None)
     if isinstance(overrides, str):
         overrides = overrides.split()
-    return app_for(compose([*overrides, *(f"{k}={v}" for k, v in args.items())], config_dir=config_dir))
+    overrides = [*overrides, *(f"{k}={v}" for k, v in args.items())]
+    return app_for(compose(overrides, config_dir=config_dir), overrides, config_dir)

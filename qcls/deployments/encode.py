@@ -35,5 +35,9 @@ def compact_query_body(r: QueryResult) -> dict[str, Any]:
 
 
 def classify_body(model: str, results: list[QueryResult], compact: bool = False) -> bytes:
+    """`fingerprint`: the configuration that answered (one per request: qcls/deployments/app.py), None when no
+    query was classified."""
     one = compact_query_body if compact else query_body
-    return orjson.dumps({"model": model, "results": [one(r) for r in results]}, default=str)
+    fingerprint = next((r.meta.get("fingerprint") for r in results if r.error is None), None)
+    return orjson.dumps({"model": model, "fingerprint": fingerprint, "results": [one(r) for r in results]},
+                        default=str)

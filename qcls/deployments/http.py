@@ -22,10 +22,11 @@ from typing import TYPE_CHECKING
 from fastapi import FastAPI, Request, Response
 from pydantic import BaseModel, ValidationError
 
+from qcls.deployments.api_key import protect, resolve_api_key
 from qcls.deployments.encode import classify_body
 from qcls.deployments.schemas import (ClassifyRequest, ClassifyResponse, CompactClassifyResponse, ErrorResponse,
-                                      HealthResponse, PromptInfo, PromptsResponse, QueryOut, is_json_error,
-                                      validation_messages)
+                                      HealthResponse, PromptInfo, PromptsResponse, QueryOut, ReloadInfo,
+                                      is_json_error, validation_messages)
 from qcls.deployments.worker import QUERY_ERROR, error_kind
 from qcls.results import QueryResult
 
@@ -96,7 +97,8 @@ def check_results(results: list[QueryResult], broken: str | None) -> None:
 
 
 def build_http_app(svc: "QclsDeployment") -> FastAPI:
-    cfg, clf = svc.cfg, svc.clf
+    # serve.* never changes in a replica's life; the rest of svc.cfg does with a reload, so routes read it per request
+    cfg = svc.cfg
     app = FastAPI(title="qcls", version="1", description=(
         f"Query classification with {cfg.model.name}: every prompt's label scores for each query in one "
         "forward. Concurrent requests are batched together."))
@@ -111,7 +113,7 @@ def build_http_app(svc: "QclsDeployment") -> FastAPI:
         try:
             try:
                 body = await read_body(request, cfg.serve.max_body_bytes)
-                req = parse_request(body, cfg.max_queries_per_request)
+                req = parse_request(body, svc.cfg.max_queries_per_request)
             except ApiError as e:
                 svc.metrics.refused_query(e.body.detail)
                 raise
@@ -125,17 +127,21 @@ def build_http_app(svc: "QclsDeployment") -> FastAPI:
             return json_response(ErrorResponse(detail=f"internal error ({type(e).__name__}); see the replica "
                                                "log"), 500)
 
-    @app.get("/v1/prompts", response_model=PromptsResponse, summary="The loaded prompts and their labels")
+    @app.get("/v1/prompts", response_model=PromptsResponse, summary="The active prompts and their labels, the "
+             "configuration's fingerprint and how the last reload went")
     async def prompts() -> PromptsResponse:
-        return PromptsResponse(model=cfg.model.name, strategy=cfg.strategy,
-                               prompts=[PromptInfo(name=p.name, labels=list(p.labels)) for p in cfg.prompts])
+        active = svc.cfg
+        return PromptsResponse(model=active.model.name, strategy=active.strategy, fingerprint=svc.clf.fingerprint,
+                               prompts=[PromptInfo(name=p.name, labels=list(p.labels)) for p in active.prompts],
+                               reload=ReloadInfo(**svc.reload_state()))
 
     @app.get("/healthz", response_model=HealthResponse, responses={503: {"model": HealthResponse}},
              summary="200 while the engine answers, 503 once it is unusable")
     async def healthz() -> Response:
         broken = svc.worker.broken
         body = HealthResponse(status="unhealthy" if broken else "ok", model=cfg.model.name,
-                              device=str(clf.loaded.device), detail=broken)
+                              device=str(svc.clf.loaded.device), detail=broken)
         return json_response(body, 503 if broken else 200, retry_after)
 
+    protect(app, resolve_api_key(cfg.serve))
     return app

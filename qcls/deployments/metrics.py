@@ -12,6 +12,10 @@ replica). Ray exports them on each node's metrics port with a `ray_` prefix:
                                                          failed on its own), unusable (the health probe failed)
     ray_qcls_engine_healthy                              gauge, 1 while the engine answers, 0 once unusable
     ray_qcls_gc_pause_ms{generation}                     histogram, the replica's garbage-collector pauses
+    ray_qcls_result_cache_hits_total / _misses_total     counters, queries answered from the result cache / not
+    ray_qcls_result_cache_evictions_total                counter, entries dropped to stay within the bound
+    ray_qcls_result_cache_entries                        gauge, entries held (0 after a reload)
+    ray_qcls_reloads_total{outcome}                      counter: serving (a new configuration answers), refused
 
 Recording runs on the replica's event loop after the batch's answers are handed back (`EngineWorker` calls
 `after_batch` through loop.call_soon), so it does not delay them.
@@ -105,6 +109,16 @@ class ReplicaMetrics:
         self.healthy.set(1)
         self.gc_pause_ms = Histogram("qcls_gc_pause_ms", description="garbage-collector pauses of the replica "
                                      "process, ms", boundaries=MS_BOUNDARIES, tag_keys=("generation",))
+        self.cache_hits = Counter("qcls_result_cache_hits_total", description="queries answered from the "
+                                  "result cache (no forward)")
+        self.cache_misses = Counter("qcls_result_cache_misses_total", description="queries the result cache did "
+                                    "not hold (sent to the device)")
+        self.cache_evictions = Counter("qcls_result_cache_evictions_total", description="result cache entries "
+                                       "dropped to stay within engine.result_cache_entries")
+        self.cache_entries = Gauge("qcls_result_cache_entries", description="entries in the result cache")
+        self.cache_entries.set(0)
+        self.reloads = Counter("qcls_reloads_total", description="reloads by outcome: serving (the new "
+                               "configuration answers) or refused (the old one still does)", tag_keys=("outcome",))
         self.gc = GcPauses()
         self._gc_seen = 0  # pauses already exported (not from inside the collector's callback)
 
@@ -131,6 +145,23 @@ class ReplicaMetrics:
         self._gc_seen = n
         for _start, ms, g in fresh:
             self.gc_pause_ms.observe(ms, tags={"generation": str(g)})
+
+    def cache_use(self, hits: int, misses: int, evicted: int, entries: int | None) -> None:
+        """One request's lookups; `entries` None when its configuration is no longer the active one."""
+        if hits:
+            self.cache_hits.inc(hits)
+        if misses:
+            self.cache_misses.inc(misses)
+        if evicted:
+            self.cache_evictions.inc(evicted)
+        if entries is not None:
+            self.cache_entries.set(entries)
+
+    def cache_size(self, entries: int) -> None:
+        self.cache_entries.set(entries)
+
+    def reload_outcome(self, outcome: str) -> None:
+        self.reloads.inc(tags={"outcome": outcome})
 
     def refused_query(self, message: str) -> None:
         self.refused.inc(tags={"reason": refusal_reason(message)})

@@ -86,8 +86,14 @@ class QueryOut(_Body):
         return cls.model_validate(r.to_dict())
 
 
+def fingerprint_field():
+    return Field(default=None, description="the configuration that answered: a short hash of the model, backend, "
+                 "prompts, strategy and head file (it changes with a reload; results' meta.fingerprint)")
+
+
 class ClassifyResponse(_Body):
     model: str
+    fingerprint: str | None = fingerprint_field()
     results: list[QueryOut] = Field(description="one per query, in request order")
 
 
@@ -111,6 +117,7 @@ class CompactQueryOut(_Body):
 
 class CompactClassifyResponse(_Body):
     model: str
+    fingerprint: str | None = fingerprint_field()
     results: list[CompactQueryOut] = Field(description="one per query, in request order")
 
 
@@ -126,10 +133,29 @@ class PromptInfo(_Body):
     labels: list[str]
 
 
+class ReloadInfo(_Body):
+    """How the replica that answered stands with reloads (qcls/deployments/reload.py)."""
+
+    status: Literal["serving", "building", "refused"] = Field(description="serving: the last reload (if any) "
+                                                               "answers; building: it is being built and the old "
+                                                               "configuration answers; refused: `detail` says why, "
+                                                               "the old configuration answers")
+    fingerprint: str = Field(description="the configuration answering now")
+    prompts: list[str]
+    request_id: str | None = Field(default=None, description="the last reload request's id (`qcls reload` sets one)")
+    detail: str | None = Field(default=None, description="why the last reload was refused")
+    last_refusal: str | None = Field(default=None, description="the latest refusal and its Unix time, kept until a "
+                                     "new configuration serves")
+    since: float = Field(description="when this state began (Unix time)")
+    replica: str = Field(description="host:pid of the replica")
+
+
 class PromptsResponse(_Body):
     model: str
     strategy: str
+    fingerprint: str = Field(description="the active configuration (results' meta.fingerprint)")
     prompts: list[PromptInfo]
+    reload: ReloadInfo
 
 
 class HealthResponse(_Body):

@@ -25,9 +25,14 @@ def serve_main(overrides: list[str], blocking: bool = True, log_to_driver: bool 
     from qcls.deployments.app import app_for
     from qcls.deployments.ingress import direct_urls, export_serve_env
 
+    from qcls.deployments.api_key import open_to_the_network
+
     cfg = compose(overrides)
     s = cfg.serve
-    app = app_for(cfg)  # refuses a config that cannot deploy (e.g. serve.autoscaling) before Ray starts
+    app = app_for(cfg, overrides)  # refuses a config that cannot deploy (e.g. serve.autoscaling) before Ray starts
+    warning = open_to_the_network(s)  # (a bad key file is refused here, before Ray starts)
+    if warning:
+        print(f"[qcls] warning: {warning}", file=sys.stderr, flush=True)
     connected_here = not ray.is_initialized()
     # a cluster named by RAY_ADDRESS is joined, and left running (with its Serve) when this stops
     started_ray = connected_here and not os.environ.get("RAY_ADDRESS")

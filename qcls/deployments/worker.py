@@ -42,10 +42,13 @@ class Observer(Protocol):
 
 @dataclass
 class Pending:
-    """One query waiting for a batch; `arrived` (perf_counter) is when its request reached the replica."""
+    """One query waiting for a batch; `arrived` (perf_counter) is when its request reached the replica; `clf`
+    the Classifier active when it was queued (set by `submit`): a reload swaps the active one, and the queries
+    queued before the swap still run on theirs."""
 
     query: str
     arrived: float
+    clf: Classifier | None = None
 
 
 class EngineWorker:
@@ -111,6 +114,8 @@ class EngineWorker:
         loop = asyncio.get_running_loop()
         futures = [loop.create_future() for _ in items]
         with self._lock:
+            for it in items:
+                it.clf = it.clf or self.clf
             self._waiting.extend((it, fut, loop) for it, fut in zip(items, futures))
             self._work.notify()
         return futures
@@ -140,7 +145,7 @@ class EngineWorker:
                 self._settled()
             elif chunk:
                 started = time.perf_counter()
-                batch = self._start([it.query for it, _, _ in chunk])
+                batch = self._start([it.query for it, _, _ in chunk], chunk[0][0].clf)
                 with self._lock:
                     self._launched.append((chunk, batch, started))
                     self._ready.notify()
@@ -190,12 +195,23 @@ class EngineWorker:
             self._work.notify()
 
     def _take(self) -> list:
+        """The next batch: up to max_batch waiting queries of one Classifier (those queued before a reload
+        form the last batches of the old one)."""
         chunk = []
         while self._waiting and len(chunk) < self.max_batch:
+            if chunk and self._waiting[0][0].clf is not chunk[0][0].clf:
+                break
             item = self._waiting.popleft()
             if not item[1].done():  # a cancelled request gives up its slot
                 chunk.append(item)
         return chunk
+
+    def swap(self, clf: Classifier) -> None:
+        """Make `clf` (built beside the active one on the same weights) answer the queries queued from now on;
+        batches launched or queued before finish on the old one, which is dropped once they are answered."""
+        with self._lock:
+            self.clf = clf
+            self._device_s = {b: ms / 1e3 for b, ms in clf.device_ms.items()}
 
     def _deliver(self, mine: list[tuple[int, asyncio.Future]], answer) -> None:
         for i, fut in mine:
@@ -213,34 +229,37 @@ class EngineWorker:
         """One batch in one forward, started and finished here (tests, probes and callers that batch
         themselves; served queries take the same two steps on the launcher and collector threads)."""
         started = time.perf_counter()
-        return self._finish(items, self._start([it.query for it in items]), started)
+        clf = items[0].clf if items and items[0].clf is not None else self.clf
+        return self._finish(items, self._start([it.query for it in items], clf), started)
 
-    def _start(self, queries: list[str]):
-        """The started batch, the answers already known (engine unusable), or the exception starting raised."""
+    def _start(self, queries: list[str], clf: Classifier):
+        """(clf, the started batch | the answers already known (engine unusable) | the exception starting
+        raised)."""
         if self.broken:
-            return [failed(q, f"engine unusable: {self.broken}") for q in queries]
+            return clf, [failed(q, f"engine unusable: {self.broken}") for q in queries]
         try:
-            return self.clf.start(queries)
+            return clf, clf.start(queries)
         except Exception as e:  # noqa: BLE001 - the queries are retried one by one in _finish
-            return e
+            return clf, e
 
     def _finish(self, items: list[Pending], batch, started: float) -> list[QueryResult]:
         """Results of a started batch; a query that makes the engine raise fails alone. queue_wait = arrival at
         the replica to the batch's launch, plus the time its forward waited for the device."""
         queries = [it.query for it in items]
+        clf, batch = batch
         if isinstance(batch, list):
             results = batch
         else:
             try:
                 if isinstance(batch, BaseException):
                     raise batch
-                results = self.clf.finish(batch, wait_is_queue=True)
+                results = clf.finish(batch, wait_is_queue=True)
                 self._ok()
             except Exception as e:
                 log.exception("batch of %d failed; retrying its queries one by one", len(queries))
                 self.suspect = f"{type(e).__name__}: {e}"
                 self._report("batch")
-                results = self._one_by_one(queries)
+                results = self._one_by_one(queries, clf)
         for it, r in zip(items, results):
             waited = r.timings_ms.pop("device_wait", 0.0)
             r.timings_ms["queue_wait"] = round((started - it.arrived) * 1e3 + waited, 4)
@@ -251,11 +270,11 @@ class EngineWorker:
         batch themselves)."""
         return await self._on_device(self.classify_batch, items)
 
-    def _one_by_one(self, queries: list[str]) -> list[QueryResult]:
+    def _one_by_one(self, queries: list[str], clf: Classifier) -> list[QueryResult]:
         out = []
         for q in queries:
             try:
-                out.extend(self.clf.classify([q]))
+                out.extend(clf.classify([q]))
                 self._ok()
             except Exception as e:
                 log.exception("query failed on its own")

@@ -85,9 +85,11 @@ class Bucket:
                 self.score()
         torch.cuda.current_stream(dev).wait_stream(side)
         g_fwd, g_tail = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g_fwd, pool=pool):
+        # thread_local: a hot reload captures a new engine's graphs while the serving threads keep running forwards,
+        # copies and syncs on their own stream; the default ("global") mode would make those calls fail meanwhile
+        with torch.cuda.graph(g_fwd, pool=pool, capture_error_mode="thread_local"):
             self.forward()
-        with torch.cuda.graph(g_tail, pool=pool):
+        with torch.cuda.graph(g_tail, pool=pool, capture_error_mode="thread_local"):
             self.score()
         self.graphs = (g_fwd, g_tail)
 

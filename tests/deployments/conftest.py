@@ -12,8 +12,11 @@ import pytest
 from qcls.compose import compose
 from tests.deployments.helpers import free_port
 
-# engine.max_batch_size=4 is what one forward takes and what @serve.batch gathers.
-SERVE_OVERRIDES = ["engine.max_batch_size=4", "serve.fault_injection=true"]
+# engine.max_batch_size=4 is what one forward takes and what @serve.batch gathers. The tests of these apps compare
+# served forwards (batching, faults, metrics) with Classifier runs and repeat queries: the result cache off (its
+# own tests: test_operations.py).
+NO_CACHE = "engine.result_cache_entries=0"
+SERVE_OVERRIDES = ["engine.max_batch_size=4", "serve.fault_injection=true", NO_CACHE]
 
 
 @pytest.fixture(scope="session")

@@ -128,8 +128,8 @@ def main() -> None:
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        cfg = compose([*overrides, "engine.query_buckets=[16]", "serve.num_replicas=2", "serve.num_cpus=0.25",
-                       "serve.fault_injection=true", "serve.health_check_period_s=1"])
+        cfg = compose([*overrides, "engine.query_buckets=[16]", "engine.result_cache_entries=0", "serve.num_replicas=2",
+                       "serve.num_cpus=0.25", "serve.fault_injection=true", "serve.health_check_period_s=1"])
         handle = serve.run(app_for(cfg), name=APP, route_prefix=f"/{APP}")
         url, deadline = f"http://127.0.0.1:{port}/{APP}", time.monotonic() + HANG_GUARD_S
         with httpx.Client(base_url=url, timeout=HANG_GUARD_S) as c:  # both replicas behind HAProxy

@@ -45,7 +45,8 @@ def test_broken_engine_fails_health_and_serve_replaces_the_replica(serve_port, h
     from qcls.deployments.app import app_for
 
     cfg = compose([*demo_cfg_overrides, "engine.max_batch_size=1", "engine.query_buckets=[16]",
-                   "serve.fault_injection=true", "serve.health_check_period_s=1", "serve.health_check_timeout_s=10"])
+                   "engine.result_cache_entries=0", "serve.fault_injection=true", "serve.health_check_period_s=1",
+                   "serve.health_check_timeout_s=10"])
     h = serve.run(app_for(cfg), name="faulty", route_prefix="/faulty")
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{serve_port}/faulty", timeout=60) as c:

@@ -24,6 +24,8 @@ def test_http_round_trip_equals_classifier(http, demo_classifier):
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["model"] == "smollm2_demo"
+    # the configuration that answered: the same hash the Classifier computes for these prompts and model
+    assert body["fingerprint"] == demo_classifier.fingerprint == body["results"][0]["meta"]["fingerprint"]
     local = demo_classifier.classify(QUERIES)
     assert [x["query"] for x in body["results"]] == QUERIES
     for served, ref in zip(body["results"], local):

@@ -254,3 +254,25 @@ def test_device_times_are_learnt_from_served_batches():
     assert w._device_s == {1: 0.01}
     run(scenario())
     assert w._device_s[1] == pytest.approx(0.8 * 0.01 + 0.2 * 0.05)
+
+
+def test_a_swap_lets_the_queued_queries_finish_on_the_old_classifier():
+    """A reload swaps the active Classifier between two batches: the queries queued before it run on the old one
+    (never in a batch with later ones), those queued after on the new one, and none fails."""
+    old, new = FakeClassifier(), FakeClassifier()
+    old.gate = threading.Event()  # the old one's first batch holds the device while the test queues and swaps
+    w = EngineWorker(old, depth=1)
+
+    async def scenario():
+        before = w.submit([Pending(q, time.perf_counter()) for q in "abcdef"])
+        await until_async(lambda: old.started(*"abcd"), "the first batch on the device")
+        w.swap(new)
+        after = w.submit([Pending(q, time.perf_counter()) for q in "xy"])
+        old.gate.set()
+        return await asyncio.gather(*before, *after)
+
+    out = run(scenario())
+    assert [r.query for r in out] == list("abcdefxy") and all(r.ok for r in out)
+    assert [q for kind, q in old.log if kind == "start"] == [tuple("abcd"), tuple("ef")]
+    assert [q for kind, q in new.log if kind == "start"] == [tuple("xy")]
+    assert w.clf is new

@@ -1,0 +1,217 @@
+"""Hot reload of a replica's configuration: prompts, head file, scoring and limits, on the weights it holds.
+
+Serve hands a replica its deployment's `user_config` through `reconfigure()` at start-up and whenever it
+changes (`serve deploy` with an edited user_config, `qcls reload`). Two forms:
+
+    {"overrides": ["prompts=ecommerce8_fewshot", "calibration=null"]}   # Hydra overrides on top of the app's own
+    {"config": {...}, "id": "..."}                                      # a composed config (what `qcls reload` sends)
+
+The new configuration's Classifier is built beside the serving one on the same loaded weights (prompts, prefix
+cache, engine, graphs, warm-up), in a thread, because Serve blocks the replica while reconfigure() runs: the
+replica keeps answering on the old configuration meanwhile. Then the worker swaps between two batches (queries
+queued before the swap finish on the old one) and the result cache starts empty with the new fingerprint. A
+configuration that cannot be built (a typo, labels that cannot be told apart, a head for other prompts or that
+reads layers not loaded, no GPU memory left for the build) or that needs other weights or another deployment
+shape is refused: the old one keeps serving and `state()` (GET /v1/prompts, `qcls reload`) says why.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+from qcls.config import QclsConfig
+from qcls.errors import QclsError
+
+if TYPE_CHECKING:
+    from qcls.classifier import Classifier
+
+log = logging.getLogger("qcls.serve")
+
+# What a reload cannot change: the weights (model, backend, memory budget, conversion cache) and the deployment's
+# shape (serve.*: replicas, GPUs, ports; engine.max_batch_size: the batcher's size)
+NEEDS_NEW_DEPLOYMENT = ("model", "backend", "gpu_memory_gib", "cache_dir", "serve", "engine.max_batch_size")
+
+
+@dataclass
+class ReloadState:
+    """What a replica serves and how its last reload went: status "serving" (the last request, if any, is
+    active), "building" (the new configuration is being built; the old one answers) or "refused" (`detail`
+    says why; the old one answers)."""
+
+    status: str
+    fingerprint: str  # the configuration answering now
+    prompts: list[str]
+    request_id: str | None = None  # the last reload request (`qcls reload` sets one)
+    detail: str | None = None  # why the last request was refused
+    # the latest refusal ("why (at Unix time)"), kept until a new configuration serves: a request that changes
+    # nothing (a roll-back to what serves) leaves it visible
+    last_refusal: str | None = None
+    since: float = field(default_factory=time.time)
+    replica: str = field(default_factory=lambda: f"{os.uname().nodename}:{os.getpid()}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def redacted(cfg: QclsConfig) -> QclsConfig:
+    """The config with serve.api_key replaced by its hash: comparable (a reload that drops or changes the key is a
+    serve change) without the key leaving the replica."""
+    import hashlib
+
+    if cfg.serve.api_key is None:
+        return cfg
+    digest = "sha256:" + hashlib.sha256(cfg.serve.api_key.encode("utf-8")).hexdigest()
+    return cfg.model_copy(update={"serve": cfg.serve.model_copy(update={"api_key": digest})})
+
+
+def deployment_version(cfg: QclsConfig) -> str:
+    """The NEEDS_NEW_DEPLOYMENT settings, hashed: the app's Serve version, so that deploying it again with only
+    another user_config (`qcls reload`) reconfigures the running replicas in place instead of replacing them."""
+    import hashlib
+    import json
+
+    dump = cfg.model_dump(mode="json", exclude={"serve": {"api_key"}})
+    parts = {k: (dump["engine"]["max_batch_size"] if k == "engine.max_batch_size" else dump[k])
+             for k in NEEDS_NEW_DEPLOYMENT}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def changed_keys(old: QclsConfig, new: QclsConfig) -> list[str]:
+    """The NEEDS_NEW_DEPLOYMENT settings that differ between the two configurations."""
+    out = []
+    for key in NEEDS_NEW_DEPLOYMENT:
+        a, b = old, new
+        for part in key.split("."):
+            a, b = getattr(a, part), getattr(b, part)
+        if a != b:
+            out.append(key)
+    return out
+
+
+def target_config(user_config: dict | None, base: dict, current: QclsConfig) -> QclsConfig:
+    """The configuration a user_config asks for. `base`: the app's own {"overrides", "config_dir"}; a config
+    without `serve` keeps the replica's serving settings."""
+    from qcls.compose import ConfigError, compose
+
+    uc = dict(user_config or {})
+    uc.pop("id", None)
+    unknown = sorted(set(uc) - {"overrides", "config", "config_dir"})
+    if unknown or ("config" in uc and "overrides" in uc):
+        raise ConfigError(f"user_config keys {sorted(user_config or {})}: give either `overrides` (a list of Hydra "
+                          "overrides on top of the app's own, and optionally `config_dir`) or `config`",
+                          'e.g. user_config: {overrides: ["prompts=ecommerce8_fewshot"]}')
+    if "config" in uc:
+        from pydantic import ValidationError
+        given = dict(uc["config"])
+        given.setdefault("serve", current.serve.model_dump(mode="json"))
+        try:
+            return QclsConfig.model_validate(given)
+        except ValidationError as e:
+            raise ConfigError(f"the configuration in user_config is invalid: {e}",
+                              "compose it with `qcls reload` (the same overrides as `qcls serve`)") from None
+    overrides = uc.get("overrides") or []
+    if isinstance(overrides, str):
+        overrides = overrides.split()
+    return compose([*base.get("overrides", []), *overrides],
+                   config_dir=uc.get("config_dir") or base.get("config_dir"))
+
+
+def refusal_text(e: BaseException) -> str:
+    """A QclsError says what and the way out; anything else (out of memory, a library's error) by its type."""
+    return " ".join(str(e).split("\n")) if isinstance(e, QclsError) else f"{type(e).__name__}: {e}"
+
+
+class Reloader:
+    """Builds requested configurations beside the active Classifier and hands each finished one to `swap`.
+
+    `active()` returns the serving Classifier; `swap(clf)` makes a new one serve. One build at a time; a request
+    that arrives during a build supersedes it (the older build is dropped when it ends)."""
+
+    def __init__(self, active: Callable[[], "Classifier"], swap: Callable[["Classifier"], None], base: dict,
+                 on_outcome: Callable[[str], None] | None = None):
+        self.active, self._swap, self.base, self.on_outcome = active, swap, base, on_outcome
+        clf = active()
+        self.state = ReloadState("serving", clf.fingerprint, clf.prompt_names)
+        self._generation = 0
+        self._lock = threading.Lock()  # state and generation
+        self._build_lock = threading.Lock()  # one build at a time: two would need twice the memory
+        self._started = False
+
+    def request(self, user_config: dict | None) -> None:
+        """Start building the configuration `user_config` asks for and return. The first request (Serve's
+        reconfigure() right after __init__, before the replica takes traffic) is built here, at once."""
+        first, self._started = not self._started, True
+        with self._lock:
+            self._generation += 1
+            gen = self._generation
+            rid = (user_config or {}).get("id")
+            self.state = ReloadState("building", self.state.fingerprint, self.state.prompts, rid,
+                                     last_refusal=self.state.last_refusal)
+        if first:
+            self._build(gen, user_config)
+        else:
+            threading.Thread(target=self._build, args=(gen, user_config), name="qcls-reload", daemon=True).start()
+
+    def _build(self, gen: int, user_config: dict | None) -> None:
+        with self._build_lock:
+            if gen != self._generation:
+                return  # a newer request came in while the previous build ran
+            old = self.active()
+            try:
+                cfg = target_config(user_config, self.base, old.cfg)
+                if cfg == old.cfg:
+                    return self._settle(gen, "serving", old, None, changed=False)
+                keys = changed_keys(old.cfg, cfg)
+                if keys:
+                    raise RefusedReload(f"the new configuration changes {', '.join(keys)}, which a reload cannot: "
+                                        "they need other weights or another deployment shape; deploy it anew "
+                                        "(stop `qcls serve` and start it with the new overrides, or change the "
+                                        "app's args and `serve deploy`)")
+                from qcls.classifier import Classifier
+                log.warning("reload: building the new configuration beside the serving one (%d prompts: %s)",
+                            len(cfg.prompts), ", ".join(p.name for p in cfg.prompts))
+                new, why = Classifier(cfg, loaded=old.loaded), None
+            except BaseException as e:  # noqa: BLE001 - any failure is a refusal; the old one keeps serving
+                new, why = None, refusal_text(e)
+            if new is None:  # (out of the except clause: its traceback no longer holds the failed build's tensors)
+                _free_device_memory(old)
+                return self._settle(gen, "refused", old, why)
+            if gen != self._generation:
+                return
+            self._swap(new)
+            self._settle(gen, "serving", new, None)
+
+    def _settle(self, gen: int, status: str, clf: "Classifier", detail: str | None, changed: bool = True) -> None:
+        with self._lock:
+            if gen != self._generation:
+                return
+            last = (f"{detail} (at {time.time():.0f})" if status == "refused"
+                    else None if changed else self.state.last_refusal)
+            self.state = ReloadState(status, clf.fingerprint, clf.prompt_names, self.state.request_id, detail, last)
+        if not changed:
+            return
+        if status == "refused":
+            log.warning("reload refused, still serving %s: %s", clf.fingerprint, detail)
+        else:
+            log.warning("reload: serving configuration %s (prompts %s)", clf.fingerprint, ", ".join(clf.prompt_names))
+        if self.on_outcome is not None:
+            self.on_outcome(status)
+
+
+class RefusedReload(QclsError):
+    """A reload that a running deployment cannot apply."""
+
+
+def _free_device_memory(clf: "Classifier") -> None:
+    """A failed build's tensors are garbage now: give their cached blocks back (an out-of-memory build, above all)."""
+    device = getattr(clf.loaded, "device", None)
+    if getattr(device, "type", None) == "cuda":
+        import gc
+
+        import torch
+        gc.collect()
+        torch.cuda.empty_cache()

@@ -1,0 +1,120 @@
+"""Hot reload without Ray: which configuration a user_config asks for, what a reload cannot change, and the
+Reloader's build-beside-then-swap with refusals (the real Serve round trip: test_operations.py)."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from qcls.compose import ConfigError, compose
+from qcls.deployments.reload import Reloader, changed_keys, deployment_version, redacted, target_config
+
+
+def test_what_a_reload_cannot_change():
+    base = compose([])
+    assert changed_keys(base, compose(["prompts=default_fewshot", "calibration=null", "scoring=exact",
+                                       "max_query_tokens=32", "engine.result_cache_entries=5"])) == []
+    assert changed_keys(base, compose(["model=smollm2_demo"])) == ["model"]
+    assert changed_keys(base, compose(["backend.dtype=float16", "serve.port=9000", "engine.max_batch_size=8"])) == [
+        "backend", "serve", "engine.max_batch_size"]
+
+
+def test_a_redacted_config_compares_keys_without_holding_them():
+    keyed = redacted(compose(["serve.api_key=s3cret"]))
+    assert "s3cret" not in keyed.model_dump_json() and keyed.serve.api_key.startswith("sha256:")
+    assert keyed == redacted(compose(["serve.api_key=s3cret"])) and redacted(compose([])) == compose([])
+    assert changed_keys(keyed, redacted(compose(["serve.api_key=other"]))) == ["serve"]
+    assert changed_keys(keyed, redacted(compose([]))) == ["serve"]
+
+
+def test_the_serve_version_stays_while_only_reloadable_settings_change():
+    v = deployment_version(compose([]))
+    assert deployment_version(compose(["prompts=default_fewshot", "calibration=null", "serve.api_key=k"])) == v
+    assert deployment_version(compose(["model=smollm2_demo"])) != v
+    assert deployment_version(compose(["serve.num_replicas=2"])) != v
+
+
+def test_a_user_config_is_overrides_on_the_apps_own_or_a_whole_config():
+    current = compose(["serve.port=9001", "max_query_tokens=32"])
+    base = {"overrides": ["serve.port=9001", "max_query_tokens=32"]}
+    got = target_config({"overrides": ["prompts=default_fewshot"]}, base, current)
+    assert got == compose(["serve.port=9001", "max_query_tokens=32", "prompts=default_fewshot"])
+    assert target_config(None, base, current) == current  # no user_config: the app's own
+    whole = compose(["prompts=default_fewshot"]).model_dump(mode="json", exclude={"serve"})
+    assert target_config({"config": whole, "id": "x"}, base, current).serve == current.serve  # keeps its serve
+    with pytest.raises(ConfigError, match="give either `overrides`"):
+        target_config({"prompt": ["x"]}, base, current)
+    with pytest.raises(ConfigError, match="invalid"):
+        target_config({"config": {**whole, "max_query_tokens": -1}}, base, current)
+    with pytest.raises(ConfigError):
+        target_config({"overrides": ["prompts=no_such_set"]}, base, current)
+
+
+class FakeClassifier:
+    built: list = []
+    fail: Exception | None = None
+    gate = threading.Event()
+
+    def __init__(self, cfg, loaded=None):
+        FakeClassifier.gate.wait(30)
+        if FakeClassifier.fail is not None:
+            raise FakeClassifier.fail
+        self.cfg, self.loaded = cfg, loaded
+        self.fingerprint = "+".join(p.name for p in cfg.prompts)
+        FakeClassifier.built.append(self)
+
+    @property
+    def prompt_names(self):
+        return [p.name for p in self.cfg.prompts]
+
+
+def _reloader(monkeypatch, cfg):
+    import qcls.classifier
+    monkeypatch.setattr(qcls.classifier, "Classifier", FakeClassifier)
+    FakeClassifier.built, FakeClassifier.fail = [], None
+    FakeClassifier.gate.set()
+    active = [FakeClassifier(cfg, loaded="weights")]
+    outcomes = []
+    r = Reloader(lambda: active[0], lambda clf: active.__setitem__(0, clf), {"overrides": []}, outcomes.append)
+    return r, active, outcomes
+
+
+def _wait(r, status="building"):
+    for _ in range(600):
+        if r.state.status != status:
+            return r.state
+        threading.Event().wait(0.05)
+    pytest.fail("the reload never finished")
+
+
+def test_a_reload_builds_beside_the_serving_one_on_its_weights_then_swaps(monkeypatch):
+    r, active, outcomes = _reloader(monkeypatch, compose([]))
+    old = active[0]
+    r.request(None)  # Serve's call at start-up: the app's own config, nothing to build
+    assert active[0] is old and r.state.status == "serving" and outcomes == []
+    FakeClassifier.gate.clear()  # the build waits: the old one must still be active meanwhile
+    fewshot = compose(["prompts=default_fewshot"]).model_dump(mode="json", exclude={"serve"})
+    r.request({"config": {**fewshot, "prompts": [{**p, "name": p["name"] + "_v2"} for p in fewshot["prompts"]]},
+               "id": "r1"})
+    assert r.state.status == "building" and r.state.request_id == "r1" and active[0] is old
+    FakeClassifier.gate.set()
+    st = _wait(r)
+    assert st.status == "serving" and st.prompts == ["category_v2", "audience_v2"] and st.request_id == "r1"
+    assert active[0] is not old and active[0].loaded == "weights" and outcomes == ["serving"]
+
+
+def test_a_bad_or_weight_changing_reload_is_refused_and_the_old_one_keeps_serving(monkeypatch):
+    r, active, outcomes = _reloader(monkeypatch, compose([]))
+    r.request(None)
+    old = active[0]
+    r.request({"overrides": ["model=smollm2_demo"], "id": "w"})
+    st = _wait(r)
+    assert st.status == "refused" and "model" in st.detail and "deploy it anew" in st.detail and active[0] is old
+    FakeClassifier.fail = ConfigError("prompt 'category' reads layer 20, only 12 are loaded", "load more layers")
+    r.request({"overrides": ["prompts=default_fewshot"], "id": "b"})
+    st = _wait(r)
+    assert st.status == "refused" and "layer 20" in st.detail and "load more layers" in st.detail
+    assert active[0] is old and outcomes == ["refused", "refused"]
+    r.request({"overrides": [], "id": "back"})  # a roll-back to what serves: nothing built, the refusal still shown
+    st = _wait(r)
+    assert st.status == "serving" and st.request_id == "back" and "layer 20" in st.last_refusal
