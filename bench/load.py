@@ -76,7 +76,7 @@ def measure(a, overrides: list[str]) -> tuple[list[dict], dict]:
     if "handle" in a.paths:
         paths.append(("handle", handle_caller(handle)))
     # the replicas' own ports wherever this cluster's controller runs direct ingress (also when the flag came
-    # from the environment, as `bench/serve.py levers`'s RAY_SERVE_ENABLE_DIRECT_INGRESS-only lever does); with
+    # from the environment: RAY_SERVE_ENABLE_DIRECT_INGRESS=1 with serve.ingress=proxy); with
     # several replicas the clients spread over all their ports (client i → replica i mod N)
     n = s.num_replicas if not s.autoscaling else 1
     direct = direct_urls(s.app_name, "127.0.0.1", wait_s=10 if s.ingress == "direct" else 2, n=n)
