@@ -14,7 +14,7 @@ the pool is full: the output must hold every input row exactly once with the cle
 restart and the seconds lost against the clean run are reported.
 
     QCLS_BENCH_COMMIT=<sha> PYTHONPATH=. python bench/bulk_ray.py --actors 1 2 4 --kill 4   # GPU host
-    PYTHONPATH=. python bench/bulk_ray.py --model tiny --rows 2000 --actors 2 --kill 2 --no-append  # CPU smoke
+    python bench/bulk_ray.py --model tiny --rows 20000 --actors 2 --kill 2 --kill-after-s 0.5 --no-append  # CPU smoke
 """
 from __future__ import annotations
 

@@ -97,7 +97,7 @@ def main() -> None:
     build_s = time.perf_counter() - t0
     rows = {name: case_numbers(clf, model, bw) for name, clf in clfs.items()}
     for name, clf in clfs.items():
-        for b, iters in ((1, args.iters), (4, max(10, args.iters // 2))):
+        for b, iters in ((1, args.iters), (4, max(2, args.iters // 2))):
             if name == BASE:
                 continue
             ta, tb = C.paired_samples(clfs[BASE], clf, (QUERIES * b)[:b], iters)

@@ -28,12 +28,16 @@ def smokes() -> list[str]:
 def test_the_index_lists_a_smoke_for_every_script():
     scripts = {p.stem for p in (ROOT / "bench").glob("*.py")} - {"__init__", "common", "paths", "http_client",
                                                                   "prefix_cases", "querylog", "compare"}
-    named = {re.search(r"bench[./](\w+)", c).group(1) for c in smokes()}
+    named = {script(c) for c in smokes()}
     assert named == scripts
 
 
-@pytest.mark.parametrize("command", [pytest.param(c, marks=[pytest.mark.slow] if c.split()[1] in STARTS_RAY
-                                                  else []) for c in smokes()])
+def script(command: str) -> str:
+    return re.search(r"bench[./](\w+)", command).group(1)
+
+
+@pytest.mark.parametrize("command", [pytest.param(c, marks=[pytest.mark.slow] if c.split()[1] in STARTS_RAY else [],
+                                                  id=script(c)) for c in smokes()])
 def test_smoke_runs(command: str, tmp_path: Path):
     argv = shlex.split(command)
     if argv[1] in STARTS_RAY:
