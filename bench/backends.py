@@ -10,14 +10,12 @@ written by round-to-nearest from the same fp16 weights) and dotted keys, which a
 (`gptq:bits=4,kernel=torch,engine.cuda_graphs=false`). fp16 always runs first as the reference (no
 memory budget: it is the baseline even where it would not fit a T4); the others run under
 `--budget-gib` (the T4 profile), so a refusal by the start-up memory check is a result too. One backend
-failing is recorded and the rest go on. Results are appended to bench/RESULTS.md and, when $OUT is set,
-written there as well (RESULTS-backends.md + backends.json).
+failing is recorded and the rest go on. Appends to bench/RESULTS.md; backends.json to $OUT when set.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 import traceback
@@ -26,58 +24,13 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.common import SHAPES, append, free, header, median, pct  # noqa: E402
+from bench.common import free, header, median, pct, random_checkpoint, report, score_diff  # noqa: E402
 
 DEFAULT = ["fp16", "fp16-offload", "bnb-int8", "bnb-int8:threshold=0", "bnb-nf4"]
 QUERIES = ["red summer dress for women", "boys winter hoodie", "cheap black jeans", "vintage trench coat",
            "孕妇连衣裙 夏季", "男童 卫衣 加厚", "premium knit sweater grey", "pink skirt girl",
            "formal white shirt men", "discount sport tee", "女士 风衣 春秋", "street style oversized hoodie",
            "blue denim jacket", "autumn cardigan for pregnant women", "牛仔裤 男士 黑色", "green linen shirt"]
-
-
-def write_checkpoint(out: Path, shape: str, device: str) -> Path:
-    """Random N(0, 0.02) fp16 weights (norms at 1) of a Qwen3 shape, real Qwen tokenizer; reused if present."""
-    if (out / "qcls_bench.json").is_file():
-        return out
-    from safetensors.torch import save_file
-    from transformers import Qwen3Config
-
-    from qcls.qwen_tokenizer import save_qwen_tokenizer
-    out.mkdir(parents=True, exist_ok=True)
-    tok = save_qwen_tokenizer(out)
-    del tok
-    s = SHAPES[shape]
-    cfg = Qwen3Config(**s, rope_theta=1e6, rms_norm_eps=1e-6, max_position_embeddings=40960, eos_token_id=151645,
-                      pad_token_id=151643, bos_token_id=None, dtype="float16", use_sliding_window=False)
-    cfg.save_pretrained(out)
-    g = torch.Generator(device).manual_seed(0)
-    h, i, d = s["hidden_size"], s["intermediate_size"], s["head_dim"]
-    q, kv = s["num_attention_heads"] * d, s["num_key_value_heads"] * d
-
-    def rnd(*shape):
-        return (torch.randn(*shape, generator=g, device=device, dtype=torch.float32) * 0.02).half().cpu()
-
-    embed = {"model.embed_tokens.weight": rnd(s["vocab_size"], h), "model.norm.weight": torch.ones(h, dtype=torch.half)}
-    shards: dict[str, dict[str, torch.Tensor]] = {"embed.safetensors": embed}
-    if not s["tie_word_embeddings"]:
-        shards["head.safetensors"] = {"lm_head.weight": rnd(s["vocab_size"], h)}
-    for n in range(s["num_hidden_layers"]):
-        p = f"model.layers.{n}."
-        t = {p + "self_attn.q_proj.weight": rnd(q, h), p + "self_attn.k_proj.weight": rnd(kv, h),
-             p + "self_attn.v_proj.weight": rnd(kv, h), p + "self_attn.o_proj.weight": rnd(h, q),
-             p + "mlp.gate_proj.weight": rnd(i, h), p + "mlp.up_proj.weight": rnd(i, h),
-             p + "mlp.down_proj.weight": rnd(h, i)}
-        for norm, size in (("input_layernorm", h), ("post_attention_layernorm", h), ("self_attn.q_norm", d),
-                           ("self_attn.k_norm", d)):
-            t[p + norm + ".weight"] = torch.ones(size, dtype=torch.half)
-        shards.setdefault(f"layers-{n // 4:02d}.safetensors", {}).update(t)
-    weight_map = {}
-    for name, tensors in shards.items():
-        save_file(tensors, str(out / name), metadata={"format": "pt"})
-        weight_map.update(dict.fromkeys(tensors, name))
-    (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    (out / "qcls_bench.json").write_text(json.dumps({"shape": shape}))
-    return out
 
 
 PCRE_SHIM = '''"""Stand-in for pypcre (GPTQModel imports it as a faster `re`; it is a C extension that
@@ -119,17 +72,6 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
 
 def scores_of(results) -> list[list[list[float]]]:
     return [[[lab.score for lab in p.labels] for p in r.prompts] for r in results]
-
-
-def compare(ref, got) -> tuple[float, float]:
-    """max |Δ score| over every (query, prompt, label), and the fraction of (query, prompt) winners kept."""
-    delta, same, n = 0.0, 0, 0
-    for rq, gq in zip(ref, got):
-        for rp, gp in zip(rq, gq):
-            delta = max(delta, max(abs(a - b) for a, b in zip(rp, gp)))
-            same += max(range(len(rp)), key=rp.__getitem__) == max(range(len(gp)), key=gp.__getitem__)
-            n += 1
-    return delta, same / max(n, 1)
 
 
 def run_one(spec: str, model_dir: Path, args, ref) -> dict:
@@ -191,7 +133,7 @@ def run_one(spec: str, model_dir: Path, args, ref) -> dict:
             row[f"p50_b{b}"], row[f"p90_b{b}"], row[f"fwd_p50_b{b}"] = median(lat), pct(lat, 0.9), median(fwd)
         row["measured_peak"] = memory.measured(clf.loaded.device)
         if ref is not None:
-            row["max_delta"], row["winner_agree"] = compare(ref, row["scores"])
+            row["max_delta"], row["winner_agree"], _ = score_diff(row["scores"], ref)
         del clf, res
     except Exception as e:  # noqa: BLE001 — one backend failing must not stop the others
         row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:400]}"
@@ -235,11 +177,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("backends", nargs="*", default=DEFAULT)
     ap.add_argument("--shape", default="qwen3_8b", choices=["qwen3_8b", "qwen3_4b"])
     ap.add_argument("--tiny", action="store_true", help="CPU, tiny random model: tests the script")
-    ap.add_argument("--dir", default="/tmp/qcls-bench", help="where the random checkpoints are written")
+    ap.add_argument("--dir", default="/tmp/qcls-bench", help="where the tiny and GPTQ checkpoints are written")
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--budget-gib", type=float, default=15.0, help="gpu_memory_gib for the non-reference rows")
     ap.add_argument("--override", nargs="*", default=[], help="extra Hydra overrides for every backend")
-    ap.add_argument("--no-results", action="store_true", help="do not append to bench/RESULTS.md")
+    ap.add_argument("--no-append", action="store_true", help="print, do not append to RESULTS.md")
     args = ap.parse_args(argv)
     from qcls.progress import set_quiet
     set_quiet(True)
@@ -251,8 +193,7 @@ def main(argv: list[str] | None = None) -> None:
         args.override += ["engine.query_buckets=[16,32]", "max_query_tokens=32", "engine.warmup_requests=1"]
         args.iters = min(args.iters, 5)
     else:
-        model_dir = write_checkpoint(root / f"{args.shape}-random", args.shape,
-                                     "cuda" if torch.cuda.is_available() else "cpu")
+        model_dir = random_checkpoint(args.shape)
     write_s = time.perf_counter() - t0
     specs = list(dict.fromkeys(["fp16"] + [b for b in args.backends if b != "fp16"]))
     rows, ref = [], None
@@ -277,16 +218,7 @@ def main(argv: list[str] | None = None) -> None:
     text += ("\nmax |Δ score| and winners are against the fp16 backend on the same weights and queries "
              f"({len(QUERIES)} queries × 8 prompts); latency is the whole classify() call; random weights give "
              "near-tied labels, so winner agreement understates real-model agreement.\n")
-    if not args.no_results:
-        append(text)
-    else:
-        print(text)
-    if os.environ.get("OUT"):
-        out = Path(os.environ["OUT"])
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "RESULTS-backends.md").write_text(text)
-        (out / "backends.json").write_text(json.dumps(rows, default=str, indent=1))
-
+    report(text, args.no_append, "backends", rows)
 
 if __name__ == "__main__":
     main()

@@ -1,4 +1,4 @@
-"""The file command's throughput against the engine's own (issue 31): a 200k-row synthetic e-commerce log
+"""The file command's throughput against the engine's own: a 200k-row synthetic e-commerce log
 (bench/querylog.py: Zipf-like repeats, English and Chinese) through random-weight Qwen3-4B × prompts=ecommerce8
 with the real Qwen tokenizer, at engine.max_batch_size 4, 8 and 16.
 
@@ -6,13 +6,12 @@ Per batch size, one Classifier (start-up, graphs and GPU memory reported apart),
   engine   the engine alone: the log's distinct queries (first --engine-queries of them), tokenized up front,
            launched and collected with two batches in flight (FastEngine.launch / collect): its distinct/s;
   file     `qcls bulk` single-process on the whole log (CSV in, Parquet out) with that Classifier: distinct
-           queries classified per second after start-up (goal ≥ 0.9 × engine), rows/s;
-then, with --ray, the same file through Ray Data with one actor (one GPU) at the best batch size: distinct/s
-counted from the moment the pool is full (goal ≥ 0.85 × single process), the pool's start-up apart.
-A T4 projection per batch size from the measured tokens per forward (bench/latency.py's model).
+           queries classified per second after start-up (goal ≥ 0.9 × engine), rows/s.
+A T4 projection per batch size from the measured tokens per forward (bench/common.py). Ray Data over one or
+several actors: bench/bulk_ray.py.
 
-    QCLS_BENCH_COMMIT=<sha> PYTHONPATH=. python bench/bulk.py --ray                     # GPU: appends to RESULTS.md
-    PYTHONPATH=. python bench/bulk.py --model tiny --rows 2000 --batch-sizes 4 8 --ray --no-append   # CPU smoke
+    QCLS_BENCH_COMMIT=<sha> PYTHONPATH=. python bench/bulk.py                     # GPU: appends to RESULTS.md
+    PYTHONPATH=. python bench/bulk.py --model tiny --rows 2000 --batch-sizes 4 --no-append   # CPU smoke
 """
 from __future__ import annotations
 
@@ -23,14 +22,9 @@ import signal
 import sys
 import time
 from collections import deque
-from pathlib import Path
-
-import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench import common as C  # noqa: E402
-from bench.backends import write_checkpoint  # noqa: E402
-from bench.latency import t4_projection  # noqa: E402
 from bench.querylog import log_in  # noqa: E402
 from qcls.bulk import runner  # noqa: E402
 from qcls.bulk.options import BulkOptions  # noqa: E402
@@ -70,15 +64,12 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=200_000)
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[4, 8, 16])
     ap.add_argument("--engine-queries", type=int, default=4096, help="distinct queries timed on the engine alone")
-    ap.add_argument("--ray", action="store_true", help="also run the file through Ray Data with one actor")
-    ap.add_argument("--ckpt", default=None, help="random-weight checkpoint folder (written once; default in /tmp)")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--no-append", action="store_true", help="print the section, do not append to RESULTS.md")
     args = ap.parse_args()
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
     work, queries, log = log_in(args.workdir, args.rows, "qcls_bulk_bench_")
     t0 = time.perf_counter()
-    overrides = random_overrides(args.model, dev, args.ckpt)
+    overrides = random_overrides(args.model)
     ckpt_s = time.perf_counter() - t0
     from qcls.progress import set_quiet
     set_quiet(True)
@@ -92,22 +83,12 @@ def main() -> None:
     if not rows:
         sys.exit("no batch size measured")
     best = max(rows, key=lambda b: rows[b]["file"]["distinct_per_s"])
-    ray = None
-    if args.ray and not getattr(args, "stopped", None):
-        del loaded
-        C.free()
-        try:
-            ray = run_ray(log, work, overrides, best)
-        except Stopped:
-            ray = {"error": "stopped by SIGTERM (time limit) during the Ray run"}
-    report(args, rows, best, ray, len(queries), len(set(queries)), ckpt_s)
+    report(args, rows, best, len(queries), len(set(queries)), ckpt_s)
 
 
-def random_overrides(model: str, dev: str, ckpt: str | None = None) -> list[str]:
+def random_overrides(model: str) -> list[str]:
     """The benches' Classifier: a random-weight checkpoint of a real shape (written once) × ecommerce8."""
-    path = write_checkpoint(Path(ckpt or f"/tmp/qcls_random_{model}"), model, dev)
-    return [f"model.path={path}", "model.source=local", f"model.name=random_{model}", "model.head=null",
-            "prompts=ecommerce8", "scoring=trie"]
+    return C.checkpoint_overrides(model) + ["prompts=ecommerce8", "scoring=trie"]
 
 
 class Stopped(Exception):
@@ -134,7 +115,7 @@ def measure(b, log, work, overrides, queries, loaded, rows, args):
     mem = {k: round(v / 2**30, 2) for k, v in clf.measured_memory.items()}
     rows[b] = {"startup_s": round(startup, 1), "phases": clf.startup_s, "buckets": len(clf.engine.buckets),
                "graphs": clf.engine.graphs, "memory_gib": mem, "engine": eng_rate, "tokens": tokens,
-               "file": summary, "t4": b / t4_projection(lbytes, lparams, round(tokens)) * 1e3}
+               "file": summary, "t4": b / C.t4_projection(lbytes, lparams, round(tokens)) * 1e3}
     print(json.dumps({b: {k: v for k, v in rows[b].items() if k != "file"}}, default=str), flush=True)
     print(json.dumps({f"file b{b}": {k: v for k, v in summary.items() if not isinstance(v, (dict, list))}},
                      default=str), flush=True)  # what a time limit would otherwise lose before the report
@@ -143,25 +124,10 @@ def measure(b, log, work, overrides, queries, loaded, rows, args):
     return loaded
 
 
-def run_ray(log: Path, work: Path, overrides: list[str], b: int) -> dict:
-    try:
-        import ray  # noqa: F401
-        import ray.data  # noqa: F401
-    except ImportError as e:
-        return {"error": f"not run: {e}"}
-    from qcls.bulk import ray_runner
-    opts = BulkOptions(str(log), str(work / "out_ray.parquet"), overrides, batch_size=b, quiet=True, ray=True,
-                       actors=1)
-    t0 = time.perf_counter()
-    out = ray_runner.run(opts)
-    out["wall_s"] = round(time.perf_counter() - t0, 1)
-    return out
-
-
-def report(args, rows: dict, best: int, ray: dict | None, n_rows: int, n_distinct: int, ckpt_s: float) -> None:
+def report(args, rows: dict, best: int, n_rows: int, n_distinct: int, ckpt_s: float) -> None:
     text = C.header(f"bulk: a {n_rows:,}-row query log through `qcls bulk` ({args.model} random weights, ecommerce8)",
                     f"bench/bulk.py --model {args.model} --rows {args.rows} --batch-sizes "
-                    f"{' '.join(map(str, args.batch_sizes))}{' --ray' if args.ray else ''}; scoring=trie; CSV in, "
+                    f"{' '.join(map(str, args.batch_sizes))}; scoring=trie; CSV in, "
                     f"Parquet out; bench/querylog.py (Zipf s=1.05 over 120k templated EN/ZH queries, seed 0)")
     text += (f"Log: {n_rows:,} rows, {n_distinct:,} distinct (rows / distinct {n_rows / n_distinct:.2f}). "
              f"Checkpoint written/reused in {ckpt_s:.0f} s.\n\n"
@@ -174,17 +140,6 @@ def report(args, rows: dict, best: int, ray: dict | None, n_rows: int, n_distinc
                  f"{f['rows_per_s']:.0f} | {r['tokens']:.0f} | {r['startup_s']} ({ph.get('engine', 0)} + "
                  f"{ph.get('warmup', 0)}) | {r['buckets']} | {r['memory_gib'] or '-'} | {r['t4']:.0f} |\n")
     text += f"\nMost distinct/s through the file command: batch {best}.\n"
-    if ray is not None:
-        if "error" in ray:
-            text += f"\nRay Data, one actor: {ray['error']}\n"
-        else:
-            single = rows[best]["file"]["distinct_per_s"]
-            text += (f"\nRay Data, one actor (num_gpus={ray['gpus_per_actor']:g}), batch {best}: "
-                     f"{ray['distinct_per_s']:.0f} distinct/s after the pool was full, {ray['distinct_per_s'] / single:.3f}"
-                     f" × single process (goal ≥ 0.85); {ray['rows_per_s']:.0f} rows/s; {ray['classified']:,} "
-                     f"classified (the actor's cache; single process {rows[best]['file']['classified']:,}); "
-                     f"pool full {ray['startup_s']:.1f} s after the command started (Ray start + model load + "
-                     f"warm-up); wall {ray['wall_s']} s; errors {ray['errors']}.\n")
     if getattr(args, "stopped", None):
         text += f"\nIncomplete: {args.stopped}.\n"
     f = rows[best]["file"]

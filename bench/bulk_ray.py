@@ -3,23 +3,18 @@
 bench/bulk.py's 200k-row log (bench/querylog.py) through Ray Data with random-weight Qwen3-4B × ecommerce8 and
 the real Qwen tokenizer, at batch 8 (the file command's GPU default), for each N in --actors (one GPU each):
 
-  rate      the log's distinct queries per second from the moment the first actor is ready (its distinct count
-            / seconds: when the user's job is done; the other actors' start-up stagger counts against it), and
-            the actors' classifications per second (a query classified by two actors counts twice);
+  rate      the log's distinct queries per second from the first actor ready, and with the pool full;
             scaling = rate / (N × the one-actor rate of this lease)
-  start-up  seconds from the command's start until the first actor's Classifier was built and warm, and until
-            all N were (the pool full)
-  per actor the GPU's utilisation (nvidia-smi every 0.5 s over the timed seconds), and the share of those
-            seconds the actor spent inside its calls
+  start-up  seconds until the first actor was built and warm, and until all N were (the pool full)
+  per actor the GPU's utilisation (nvidia-smi every 0.5 s) and the share of the seconds inside its calls
 
 Defaults as the user gets them: one actor streams the rows; several get them sorted by query hash (each distinct
-query on one actor). --streamed N… adds runs of several actors with the rows streamed (`--no-shuffle`).
---kill N runs N actors again and SIGKILLs one actor's process --kill-after-s seconds after the pool is full:
-the output must hold every input row exactly once with the clean N-actor run's labels; the restart and the
-seconds lost against the clean run are reported.
+query on one actor). --kill N runs N actors again and SIGKILLs one actor's process --kill-after-s seconds after
+the pool is full: the output must hold every input row exactly once with the clean N-actor run's labels; the
+restart and the seconds lost against the clean run are reported.
 
     QCLS_BENCH_COMMIT=<sha> PYTHONPATH=. python bench/bulk_ray.py --actors 1 2 4 --kill 4   # GPU host
-    PYTHONPATH=. python bench/bulk_ray.py --model tiny --rows 3000 --actors 1 2 --kill 2 --no-append  # CPU smoke
+    python bench/bulk_ray.py --model tiny --rows 20000 --actors 2 --kill 2 --kill-after-s 0.5 --no-append  # CPU smoke
 """
 from __future__ import annotations
 
@@ -72,13 +67,13 @@ class GpuSampler:
         return sum(xs) / len(xs) if xs else None
 
 
-def one_run(log: Path, work: Path, overrides: list[str], n: int, shuffle: bool | None, kill_after: float | None,
+def one_run(log: Path, work: Path, overrides: list[str], n: int, kill_after: float | None,
             batch: int) -> dict:
     """One `qcls bulk --ray` run of n actors; with kill_after, one actor is SIGKILLed that long after the pool
     is full. The summary, with the GPU utilisation per actor and the kill's times."""
-    out = work / f"out_n{n}_{'streamed' if shuffle is False else 'default'}{'_kill' if kill_after else ''}.parquet"
+    out = work / f"out_n{n}{'_kill' if kill_after else ''}.parquet"
     opts = BulkOptions(str(log), str(out), overrides, batch_size=batch, quiet=True, ray=True, actors=n,
-                       shuffle=shuffle, log_every_s=0.5)
+                       log_every_s=0.5)
     kill: dict = {}
 
     def observe(tally, ready_at, last, actors):
@@ -142,7 +137,6 @@ def main() -> None:
     ap.add_argument("--model", default="qwen3_4b", choices=["qwen3_4b", "qwen3_8b", "tiny"])
     ap.add_argument("--rows", type=int, default=200_000)
     ap.add_argument("--actors", type=int, nargs="+", default=[1, 2, 4])
-    ap.add_argument("--streamed", type=int, nargs="*", default=[], help="also these N with the rows streamed")
     ap.add_argument("--kill", type=int, default=None, metavar="N", help="a run of N actors with one killed")
     ap.add_argument("--kill-after-s", type=float, default=5.0)
     ap.add_argument("--batch-size", type=int, default=8)
@@ -150,22 +144,17 @@ def main() -> None:
     ap.add_argument("--no-append", action="store_true")
     args = ap.parse_args()
     import ray
-    import torch
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
     work, queries, log = log_in(args.workdir, args.rows, "qcls_bulk_ray_")
     distinct = len(set(q for q in queries if q.strip()))
-    overrides, prompts = model_overrides(args.model, dev, work)
-    most = max(args.actors + args.streamed + [args.kill or 1])
+    overrides, prompts = model_overrides(args.model, work)
+    most = max(args.actors + [args.kill or 1])
     ray.init(num_cpus=max(os.cpu_count() or 1, most + 2), include_dashboard=False, log_to_driver=False)
     runs: list[tuple[str, dict]] = []
     for n in args.actors:
-        runs.append((f"{n}", one_run(log, work, overrides, n, None, None, args.batch_size)))
+        runs.append((f"{n}", one_run(log, work, overrides, n, None, args.batch_size)))
         print(json.dumps({n: brief(runs[-1][1])}), flush=True)
-    for n in args.streamed:
-        runs.append((f"{n}, streamed", one_run(log, work, overrides, n, False, None, args.batch_size)))
-        print(json.dumps({f"{n} streamed": brief(runs[-1][1])}), flush=True)
     if args.kill:
-        killed = one_run(log, work, overrides, args.kill, None, args.kill_after_s, args.batch_size)
+        killed = one_run(log, work, overrides, args.kill, args.kill_after_s, args.batch_size)
         clean = next((r for k, r in runs if k == str(args.kill)), None)
         killed["vs_clean"] = same_labels(killed["out"], clean["out"], prompts) if clean else None
         runs.append((f"{args.kill}, one killed", killed))
@@ -174,7 +163,7 @@ def main() -> None:
     report(args, runs, len(queries), distinct)
 
 
-def model_overrides(model: str, dev: str, work: Path) -> tuple[list[str], list[str]]:
+def model_overrides(model: str, work: Path) -> tuple[list[str], list[str]]:
     """The run's overrides and its prompts: a random-weight checkpoint of a real shape, or (CPU smoke) the
     tests' tiny Qwen3 with the default prompts."""
     if model == "tiny":
@@ -184,7 +173,7 @@ def model_overrides(model: str, dev: str, work: Path) -> tuple[list[str], list[s
               "engine.query_buckets=[16,64]", "max_query_tokens=64", "engine.warmup_requests=1"]
     else:
         from bench.bulk import random_overrides
-        ov = random_overrides(model, dev)
+        ov = random_overrides(model)
     from qcls.compose import compose
     return ov, [p.name for p in compose(ov).prompts]
 
@@ -208,7 +197,6 @@ def report(args, runs: list[tuple[str, dict]], n_rows: int, distinct: int) -> No
     text = C.header(f"bulk over several GPUs: {n_rows:,} rows through `qcls bulk --ray` ({args.model} random weights, "
                     "ecommerce8)",
                     f"bench/bulk_ray.py --model {args.model} --rows {args.rows} --actors {' '.join(map(str, args.actors))}"
-                    f"{' --streamed ' + ' '.join(map(str, args.streamed)) if args.streamed else ''}"
                     f"{f' --kill {args.kill} --kill-after-s {args.kill_after_s:g}' if args.kill else ''}; batch "
                     f"{args.batch_size}; CSV in, Parquet out; one GPU per actor; bench/querylog.py's log")
     text += (f"Log: {n_rows:,} rows, {distinct:,} distinct queries. \"From the first ready\": the rate over the seconds "

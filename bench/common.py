@@ -1,15 +1,22 @@
-"""Shared benchmark helpers: random-weight Qwen3 shapes, timing, copy bandwidth, RESULTS.md records."""
+"""Shared benchmark helpers: random-weight models and checkpoints of real shapes, random head files, timing,
+kernel profiles, score comparisons, the T4 projection, RESULTS.md records."""
 from __future__ import annotations
 
 import datetime as dt
 import gc
+import json
+import os
+import re
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
-RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+# QCLS_BENCH_RESULTS: another file to append to (the smoke tests write there, never into the log)
+RESULTS = Path(os.environ.get("QCLS_BENCH_RESULTS") or Path(__file__).resolve().parent / "RESULTS.md")
 SHAPES = {
     "qwen3_4b": dict(hidden_size=2560, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
                      head_dim=128, intermediate_size=9728, vocab_size=151936, tie_word_embeddings=True),
@@ -18,7 +25,7 @@ SHAPES = {
     "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                  head_dim=16, intermediate_size=128, vocab_size=151936, tie_word_embeddings=True),
 }
-# Gemma3-4B's text model (google/gemma-3-4b-pt config.json, text_config; issue 20): 5 sliding-window layers
+# Gemma3-4B's text model (google/gemma-3-4b-pt config.json, text_config): 5 sliding-window layers
 # (1024) per global one, RoPE bases 1e4 local / 1e6 global, query_pre_attn_scalar 256; transformers'
 # Gemma3TextConfig defaults give the pattern, bases and GELU-tanh. The global layers' linear RoPE scaling (×8)
 # is left out: it changes values, not time.
@@ -26,9 +33,6 @@ GEMMA3_SHAPES = {
     "gemma3_4b": dict(hidden_size=2560, num_hidden_layers=34, num_attention_heads=8, num_key_value_heads=4,
                       head_dim=256, intermediate_size=10240, vocab_size=262208, sliding_window=1024,
                       query_pre_attn_scalar=256),
-    "gemma3_tiny": dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=1,
-                        head_dim=32, intermediate_size=128, vocab_size=262208, sliding_window=8,
-                        query_pre_attn_scalar=32, sliding_window_pattern=3),
 }
 MODELS = sorted(SHAPES) + sorted(GEMMA3_SHAPES)
 # T4 (sm_75): ~320 GB/s, 65 TFLOP/s fp16 tensor-core peak. The projection assumes fractions of peak that
@@ -63,9 +67,94 @@ def random_qwen3(name: str, device: str, dtype: torch.dtype, seed: int = 0):
     return random_model(model_config(name), device, dtype, seed)
 
 
+def random_checkpoint(shape: str, out: Path | None = None) -> Path:
+    """random_qwen3's weights saved as a local checkpoint with the real Qwen tokenizer (written once, reused), so
+    that a replica, an actor or a backend loads it like any local model: timings depend on shapes, not values."""
+    out = Path(out or f"/tmp/qcls_random_{shape}")
+    if (out / "qcls_bench.json").is_file():
+        return out
+    from qcls.qwen_tokenizer import save_qwen_tokenizer
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    t0 = time.perf_counter()
+    model = random_qwen3(shape, dev, torch.float16)
+    model.save_pretrained(str(out))
+    save_qwen_tokenizer(out)
+    del model
+    free()
+    (out / "qcls_bench.json").write_text(f'{{"shape": "{shape}"}}')
+    print(f"[bench] random {shape} checkpoint written to {out} in {time.perf_counter() - t0:.0f}s", flush=True)
+    return out
+
+
+def checkpoint_overrides(shape: str, out: Path | None = None) -> list[str]:
+    """Hydra overrides that load random_checkpoint(shape) (the family's config for everything but the weights)."""
+    family = "qwen3_8b" if shape == "qwen3_8b" else "qwen3_4b"
+    return [f"model={family}", "model.source=local", f"model.path={random_checkpoint(shape, out)}",
+            f"model.name=random_{shape}", "model.head=null"]
+
+
+def random_head_file(model, cfg, read, with_scores: bool, seed: int, scale: float, bias_sd: float = 1.0,
+                     scores_sd: float = 0.3) -> Path:
+    """A learned-head file with random weights (N(0, scale) on the hidden state) that fits `model` (its
+    fingerprints) and the prompts of `cfg`: the request path's cost and fidelity do not depend on the values."""
+    from qcls.heads import fingerprint as fp
+    from qcls.heads.files import template_sha256
+    from qcls.heads.head import Head, PromptHead
+    hidden = fp.hidden_size(model.config)
+    rng = np.random.default_rng(seed)
+    prompts = {p.name: PromptHead(list(p.labels), rng.normal(0, bias_sd, len(p.labels)),
+                                  rng.normal(0, scores_sd, (len(p.labels),) * 2) if with_scores else None,
+                                  rng.normal(0, scale, (len(p.labels), hidden * len(read.taps))), read,
+                                  {"template_sha256": template_sha256(p.template, p.label_prefix)})
+               for p in cfg.prompts}
+    cut = getattr(model, "qcls_truncation", None)  # a model built with its first layers: the whole one's config
+    whole = model.config if cut is None else cut.source_config
+    meta = {"model": cfg.model.name, "hidden_size": hidden, "num_layers": fp.num_layers(whole),
+            "fingerprint": {"config": fp.config_fingerprint(whole), "weights": fp.weights_fingerprint(model)},
+            "strategy": cfg.strategy, "fitted_on": "random values (bench)"}
+    path = Path(tempfile.mkdtemp(prefix="qcls_bench_")) / f"head_{read.kind}_{read.layer}.yaml"
+    Head(prompts, "head", meta).save(path)
+    return path
+
+
+def score_diff(got, want) -> tuple[float, float, int]:
+    """(max |Δ score|, share of winners equal, prompts compared) of `got` against `want`, [query][prompt][label]."""
+    d, same = 0.0, []
+    for gq, wq in zip(got, want):
+        for gp, wp in zip(gq, wq):
+            d = max(d, max(abs(a - b) for a, b in zip(gp, wp)))
+            same.append(int(np.argmax(gp) == np.argmax(wp)))
+    return d, float(np.mean(same)) if same else 1.0, len(same)
+
+
+def paired_samples(a, b, queries, iters: int) -> tuple[list[float], list[float]]:
+    """ms of each request of Classifier a and of b, timed in alternation (a, b, a, b, …: drift of a shared machine
+    hits both alike) after 3 warm requests each."""
+    ta, tb = [], []
+    for clf in (a, b):
+        for _ in range(3):
+            clf.classify(queries)
+    for _ in range(iters):
+        for clf, out in ((a, ta), (b, tb)):
+            sync()
+            t0 = time.perf_counter()
+            clf.classify(queries)
+            sync()
+            out.append((time.perf_counter() - t0) * 1e3)
+    return ta, tb
+
+
 def t4_projection(lbytes: int, lparams: int, tokens: int) -> float:
     """ms on a T4: weight read at 75% of 320 GB/s plus GEMM FLOPs at 50% of 65 TFLOP/s (docs/design.md §8)."""
     return (lbytes / (T4_BW * T4_BW_EFF) + 2 * lparams * tokens / (T4_FLOPS * T4_FLOP_EFF)) * 1e3
+
+
+KINDS = [("attention", r"fmha|attention|attn|prefix_kernel|row_kernel"), ("gemm", r"gemm|cutlass|xmma|sm\d+_|cublas|matmul"),
+         ("norm/reduce", r"reduce|norm|mean|sum"), ("copy/index", r"copy|index|gather|scatter|cat")]
+
+
+def kernel_kind(name: str) -> str:
+    return next((k for k, rx in KINDS if re.search(rx, name, re.I)), "elementwise/other")
 
 
 def layer_bytes(model) -> int:
@@ -94,19 +183,6 @@ def timed(fn, iters: int, warm: int = 3) -> list[float]:
     return out
 
 
-def graph_ms(fn, iters: int = 30) -> float:
-    """Median replay time (CUDA events) of `fn` captured in one CUDA graph: no Python launch overhead."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return replay_ms(g, iters)
-
-
 def bucket_forward(bucket):
     """One forward of an engine bucket: its captured graph's replay, or the eager forward without graphs."""
     return bucket.graphs[0].replay if bucket.graphs else bucket.forward
@@ -128,19 +204,6 @@ def kernel_times(run, n: int = 20) -> list[tuple[str, float, float]]:
     return out
 
 
-def replay_ms(graph: "torch.cuda.CUDAGraph", iters: int = 30) -> float:
-    """Median time of one replay of a captured CUDA graph (CUDA events)."""
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return median(times)
-
-
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
@@ -151,7 +214,7 @@ def median(xs: list[float]) -> float:
 
 
 def copy_bandwidth_gbs() -> float:
-    """Device copy bandwidth in GB/s counting bytes read + written (how facts.md measured the floor)."""
+    """Device copy bandwidth in GB/s counting bytes read + written (the weight-read floor's convention)."""
     x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     y = torch.empty_like(x)
     ms = median(timed(lambda: y.copy_(x), 20))
@@ -191,12 +254,16 @@ def append(text: str) -> None:
     print(text, flush=True)
 
 
-def report(text: str, no_append: bool) -> None:
-    """A bench's section: appended to RESULTS.md (and printed), or with --no-append only printed."""
+def report(text: str, no_append: bool = False, name: str | None = None, data=None) -> None:
+    """A bench's section: appended to RESULTS.md (and printed), or with --no-append only printed; `data` also
+    goes to $OUT/NAME.json when $OUT is set (bench/device.sh brings $OUT back)."""
     if no_append:
         print(text, flush=True)
     else:
-        append(text)
+        append(text if text.startswith("\n") else "\n" + text)
+    if name and os.environ.get("OUT"):
+        Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)
+        Path(os.environ["OUT"], f"{name}.json").write_text(json.dumps(data, indent=1, default=str))
 
 
 def free() -> None:

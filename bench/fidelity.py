@@ -10,25 +10,16 @@ the shipped dev split. Measured, per strategy (trie, exact, mean_logprob):
 
 - max |Δ score| against the fp32 reference of the fast fp16 engine and of transformers' own fp16 forward (the
   reference scorer run on the fp16 model), and whether each picks the fp32 winner;
-- layer by layer: the relative error of the residual stream at the read position and of the query mean after
-  every layer (the engine's hidden-state taps against plain forwards), fast fp16 and transformers fp16, each
-  against fp32, so a gap shows the layer where it opens;
 - a learned head (random weights, on the final state and on layer L/2 both reads + the raw scores): the fast
   fp16 engine's probabilities against the fp32 reference engine with the same head file;
-(The pre-issue-18 kernels' column, --legacy, went with bench/legacy_kernels.py in issue 27: its numbers stay in
-RESULTS.md; a comparison with an older commit runs that commit's checkout.)
-
-Each part is appended to bench/RESULTS.md as soon as it is measured (a run cut short keeps what it has) and
-$OUT/fidelity_<parts>.json is rewritten after each.
+Each part is appended to bench/RESULTS.md as soon as it is measured (a run cut short keeps what it has).
 """
 from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -42,10 +33,9 @@ from qcls.classifier import Classifier  # noqa: E402
 from qcls.compose import compose  # noqa: E402
 from qcls.eval.dataset import load_eval_set  # noqa: E402
 from qcls.heads import fingerprint as fp  # noqa: E402
-from qcls.heads.files import template_sha256  # noqa: E402
-from qcls.heads.head import Head, PromptHead, Read, Tap  # noqa: E402
+from qcls.heads.head import Read  # noqa: E402
 from qcls.qwen_tokenizer import build_qwen_tokenizer  # noqa: E402
-from qcls.scoring.reference import label_logits, reference_states, score_label  # noqa: E402
+from qcls.scoring.reference import label_logits, score_label  # noqa: E402
 from qcls.scoring.tokenization import encode_query  # noqa: E402
 
 STRATEGIES = ("trie", "exact", "mean_logprob")
@@ -89,13 +79,8 @@ def fast_all(loaded, queries, model: str) -> dict[str, list]:
 
 
 def compare(got, want) -> dict:
-    """Max |Δ score| and winner agreement of `got` against `want` ([query][prompt][label])."""
-    d, same = 0.0, []
-    for gq, wq in zip(got, want):
-        for gp, wp in zip(gq, wq):
-            d = max(d, max(abs(a - b) for a, b in zip(gp, wp)))
-            same.append(int(np.argmax(gp) == np.argmax(wp)))
-    return {"max_abs_diff": d, "winners_equal": float(np.mean(same)), "n": len(same)}
+    d, same, n = C.score_diff(got, want)
+    return {"max_abs_diff": d, "winners_equal": same, "n": n}
 
 
 def disagreements(fast, hf, truth) -> list[dict]:
@@ -115,40 +100,6 @@ def disagreements(fast, hf, truth) -> list[dict]:
     return out
 
 
-def layers(loaded16, model32, model16, queries, n_layers, model: str) -> list[dict]:
-    """Per layer: max relative error of the read position's and the query mean's residual stream."""
-    taps = [Tap(k, kind) for k in range(1, n_layers) for kind in ("position", "query_mean")] + [Tap("final", "position")]
-    clf = Classifier(compose(overrides(model)), loaded=loaded16, taps=taps)
-    _, states = clf.read_states(queries)
-    rows = {t: {"fast": 0.0, "hf": 0.0} for t in taps}
-    for q, st in zip(queries, states):
-        ids = encode_query(clf.tokenizer, q, clf.cfg.max_query_tokens)
-        for j, lay in enumerate(clf.layouts):
-            truth = reference_states(model32, lay.tokens, ids, taps).numpy()
-            hf = reference_states(model16, lay.tokens, ids, taps).numpy()
-            scale = np.abs(truth).max(axis=1) + 1e-6
-            for i, t in enumerate(taps):
-                rows[t]["fast"] = max(rows[t]["fast"], float(np.abs(st[i, j].numpy() - truth[i]).max() / scale[i]))
-                rows[t]["hf"] = max(rows[t]["hf"], float(np.abs(hf[i] - truth[i]).max() / scale[i]))
-    return [{"tap": t.name, **v} for t, v in rows.items()]
-
-
-def random_head_file(model, cfg, read: Read, with_scores: bool, seed: int, scale: float) -> Path:
-    hidden = fp.hidden_size(model.config)
-    rng = np.random.default_rng(seed)
-    prompts = {p.name: PromptHead(list(p.labels), rng.normal(0, 1.0, len(p.labels)),
-                                  rng.normal(0, 0.3, (len(p.labels),) * 2) if with_scores else None,
-                                  rng.normal(0, scale, (len(p.labels), hidden * len(read.taps))), read,
-                                  {"template_sha256": template_sha256(p.template, p.label_prefix)})
-               for p in cfg.prompts}
-    meta = {"model": cfg.model.name, "hidden_size": hidden, "num_layers": fp.num_layers(model.config),
-            "fingerprint": {"config": fp.config_fingerprint(model.config), "weights": fp.weights_fingerprint(model)},
-            "strategy": cfg.strategy}
-    path = Path(tempfile.mkdtemp(prefix="qcls_fidelity_")) / f"head_{read.kind}_{read.layer}.yaml"
-    Head(prompts, "head", meta).save(path)
-    return path
-
-
 def heads(loaded16, loaded32, queries, n_layers, model: str) -> list[dict]:
     cfg = compose(overrides(model))
     out = []
@@ -160,7 +111,7 @@ def heads(loaded16, loaded32, queries, n_layers, model: str) -> list[dict]:
         rms = float(torch.stack(st).float().pow(2).mean().sqrt())
         del probe
         width = fp.hidden_size(loaded16.model.config) * len(read.taps)
-        path = random_head_file(loaded16.model, cfg, read, with_scores, 0, 2.0 / (width ** 0.5 * rms))
+        path = C.random_head_file(loaded16.model, cfg, read, with_scores, 0, 2.0 / (width ** 0.5 * rms))
         fast = Classifier(compose(overrides(model, [f"calibration={path}"])), loaded=loaded16)
         ref_cfg = compose(overrides(model, [f"calibration={path}", "engine=reference"]))
         ref, hf = Classifier(ref_cfg, loaded=loaded32), Classifier(ref_cfg, loaded=loaded16)
@@ -186,10 +137,10 @@ def main() -> None:
     ap.add_argument("--model", default="qwen3_4b", choices=sorted(C.SHAPES))
     ap.add_argument("--queries", type=int, default=16)
     ap.add_argument("--head-queries", type=int, default=6)
-    ap.add_argument("--layer-queries", type=int, default=2)
     ap.add_argument("--sharpen", type=float, default=20.0, help="final norm weight factor")
-    ap.add_argument("--parts", nargs="+", choices=["strategies", "layers", "heads"],
-                    default=["strategies", "layers", "heads"], help="which comparisons to run, in this order (each appends its table)")
+    ap.add_argument("--no-append", action="store_true", help="print, do not append to RESULTS.md")
+    ap.add_argument("--parts", nargs="+", choices=["strategies", "heads"], default=["strategies", "heads"],
+                    help="which comparisons to run, in this order (each appends its table)")
     args = ap.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     t0 = time.perf_counter()
@@ -200,7 +151,7 @@ def main() -> None:
     tok = build_qwen_tokenizer()
     loaded16 = LoadedModel(model16, tok, torch.device(dev), model16.dtype, "fp16", memory=module_bytes(model16))
     loaded32 = LoadedModel(model32, tok, torch.device(dev), torch.float32, "fp16", memory=module_bytes(model32))
-    data = load_eval_set(ROOT / "data/eval/ecommerce_dev.jsonl", compose(overrides(args.model)).prompts, None)
+    data = load_eval_set(ROOT / "qcls/data/eval/ecommerce_dev.jsonl", compose(overrides(args.model)).prompts, None)
     queries = data.queries[:args.queries]
     layouts = Classifier(compose(overrides(args.model)), loaded=loaded16).layouts
     ids = [encode_query(tok, q, 32) for q in queries]
@@ -210,11 +161,9 @@ def main() -> None:
     for part in args.parts:  # in the order given: what a time limit cuts off is the last
         if part == "strategies":
             strategies(r, model32, model16, loaded16, layouts, ids, queries, args)
-        elif part == "layers":
-            r["layers"] = layers(loaded16, model32, model16, queries[:args.layer_queries], n_layers, args.model)
         else:
             r["heads"] = heads(loaded16, loaded32, queries[:args.head_queries], n_layers, args.model)
-        report(r, part, t0)
+        report(r, part, t0, args.no_append)
 
 
 def strategies(r, model32, model16, loaded16, layouts, ids, queries, args) -> None:
@@ -229,13 +178,13 @@ def strategies(r, model32, model16, loaded16, layouts, ids, queries, args) -> No
                               "disagreements": flips}
 
 
-def report(r: dict, part: str, t0: float) -> None:
+def report(r: dict, part: str, t0: float, no_append: bool) -> None:
     r["seconds"] = round(time.perf_counter() - t0, 1)
     text = "" if r.pop("_headed", False) else C.header(
         f"fidelity: fp16 against fp32 ({r['model']} random weights, final norm ×{r['sharpen']})",
         f"bench/fidelity.py --model {r['model']} --queries {r['queries']} --parts {' '.join(r['parts'])}; "
         "prompts=ecommerce8 (8 prompts, 2 with Chinese multi-token labels); first queries of "
-        "data/eval/ecommerce_dev.jsonl")
+        "qcls/data/eval/ecommerce_dev.jsonl")
     r["_headed"] = True
     if part == "strategies":
         text += ("| strategy | fast fp16 max \\|Δ score\\| | transformers fp16 max \\|Δ score\\| | fast / transformers | "
@@ -254,11 +203,6 @@ def report(r: dict, part: str, t0: float) -> None:
                          f"{'=' if f['fast_winner'] == f['fp32_winner'] else '≠'} (error {f['fast_error']:.4f}), "
                          f"transformers {'=' if f['hf_winner'] == f['fp32_winner'] else '≠'} (error "
                          f"{f['hf_error']:.4f})\n" for s, f in flips))
-    elif part == "layers":
-        text += ("\nResidual stream after each layer, max |Δ| / max |fp32| over the first queries × 8 prompts (read "
-                "position and query mean):\n\n| tap | fast fp16 | transformers fp16 |\n|---|---|---|\n")
-        for row in r["layers"]:
-            text += f"| {row['tap']} | {row['fast']:.2e} | {row['hf']:.2e} |\n"
     else:
         text += ("\nLearned head (random weights scaled to the state), the same head file on the fast fp16 engine and on "
                  "transformers fp16 (engine=reference), each against the fp32 reference engine:\n\n| read | + raw scores "
@@ -268,11 +212,7 @@ def report(r: dict, part: str, t0: float) -> None:
             text += (f"| {h['read']} | {h['scores']} | {h['max_abs_prob_diff']:.2e} | {h['hf_max_abs_prob_diff']:.2e} | "
                      f"{h['winners_equal']:.3f} / {h['hf_winners_equal']:.3f} | {h['mean_winner_prob']:.3f} |\n")
         text += f"\n{r['seconds']} s in all.\n"
-    C.append(text)
-    if os.environ.get("OUT"):
-        name = f"fidelity_{'_'.join(r['parts'])}.json"
-        Path(os.environ["OUT"], name).write_text(json.dumps({k: v for k, v in r.items() if k[0] != "_"}, indent=1))
-
+    C.report(text, no_append, f"fidelity_{'_'.join(r['parts'])}", {k: v for k, v in r.items() if k[0] != "_"})
 
 if __name__ == "__main__":
     main()

@@ -1,5 +1,5 @@
 """Host stages of the request path (tokenize, prepare, score, postprocess): their p50 per batch size, each
-host step timed on its own, and a cProfile of `classify` (issue 27). Random-weight Qwen3 shapes, real Qwen
+host step timed on its own, and a cProfile of `classify`. Random-weight Qwen3 shapes, real Qwen
 tokenizer, ecommerce8 (8 prompts, two with multi-token labels).
 
     PYTHONPATH=. python bench/host.py --model qwen3_4b              # on a GPU machine
@@ -27,8 +27,6 @@ from bench import common as C  # noqa: E402
 from bench.latency import QUERIES, make_cfg, prompt_sets  # noqa: E402
 from qcls.backends.base import LoadedModel, module_bytes  # noqa: E402
 from qcls.classifier import Classifier  # noqa: E402
-from qcls.engine import tree_plan as TP  # noqa: E402
-from qcls.engine.probs import split_blocks  # noqa: E402
 from qcls.qwen_tokenizer import build_qwen_tokenizer  # noqa: E402
 from qcls.scoring.tokenization import encode_query  # noqa: E402
 
@@ -76,10 +74,8 @@ def per_step(clf: Classifier, queries: list[str], iters: int) -> dict[str, float
         return round(C.median(out), 1)
 
     lengths = [len(q) for q in batch]
-    steps = {"encode through transformers (all queries)": us(lambda: [encode_query(tok, q, mq) for q in queries]),
-             "encode, QueryEncoder's fast path, not cached": us(
-                 lambda: [encode_query(tok, q, mq, clf.encoder._encode) for q in queries]),
-             "encode, QueryEncoder cached": us(lambda: [clf.encoder(q) for q in queries]),
+    steps = {"encode, not cached": us(lambda: [encode_query(tok, q, mq, clf.encoder._encode) for q in queries]),
+             "encode, cached": us(lambda: [clf.encoder(q) for q in queries]),
              "bucket_for": us(lambda: eng.bucket_for(batch)),
              "pack (kept layout)": us(lambda: bk.pack(batch, 0)),
              "pack's layout build (new length combination)": us(lambda: eng.packer.layout(lengths, bk.n_tokens, bk.tile))}
@@ -99,46 +95,6 @@ def per_step(clf: Classifier, queries: list[str], iters: int) -> dict[str, float
         clf.classify(queries)
     steps["classify, never-seen batch"] = us(new_request)
     return steps
-
-
-@torch.inference_mode()
-def request_timeline(clf: Classifier, queries: list[str], iters: int) -> dict[str, float]:
-    """µs p50 of each piece of `launch` + `collect` inside back-to-back requests (results built between them, as
-    classify does), where the host runs right after a wait for the device, not in a tight loop: where the
-    `prepare` stage's time goes. `host after device` = the host's time from the launch's start to the scores
-    read, less the device's own (event-timed) forward + tail."""
-    eng = clf.engine
-    batch = [encode_query(clf.tokenizer, q, clf.cfg.max_query_tokens) for q in queries]
-    rows = []
-    for _ in range(iters):
-        t = [time.perf_counter()]
-        bk = eng.bucket_for(batch)
-        bk.pack(batch, 0)
-        t.append(time.perf_counter())
-        ev = eng._events[0]
-        ev[0].record()
-        bk.load(0)
-        t.append(time.perf_counter())
-        bk.graphs[0].replay()
-        ev[1].record()
-        t.append(time.perf_counter())
-        bk.graphs[1].replay()
-        bk.out[0].copy_(bk.scores, non_blocking=True)
-        ev[2].record()
-        t.append(time.perf_counter())
-        ev[2].synchronize()
-        t.append(time.perf_counter())
-        flat = bk.out[0].tolist()
-        t.append(time.perf_counter())
-        dev = ev[0].elapsed_time(ev[2]) * 1e3
-        # results built as a request builds them, so the next launch starts as cold
-        for x in zip(*split_blocks(flat, len(queries), bk.tail.label_counts)):
-            clf._build(*x)
-        d = [(b - a) * 1e6 for a, b in zip(t, t[1:])]
-        rows.append({"bucket_for + pack": d[0], "event + load queued": d[1], "forward replay + event": d[2],
-                     "tail replay + copy + event queued": d[3], "wait for the device": d[4], "scores to the host": d[5],
-                     "device forward + tail (events)": dev, "host after device": (t[-1] - t[0]) * 1e6 - dev})
-    return {k: round(C.median([r[k] for r in rows]), 1) for k in rows[0]}
 
 
 class StubDevice:
@@ -163,7 +119,6 @@ class StubDevice:
 @torch.inference_mode()
 def kernels(clf: Classifier, queries: list[str], n: int = 20, top: int = 30) -> tuple[str, dict[str, float]]:
     """Per-kernel device time of one forward + tail (graph replays), top kernels and the totals by kind."""
-    from bench.latency import kernel_kind
     bk = clf.engine.bucket_for([encode_query(clf.tokenizer, q, clf.cfg.max_query_tokens) for q in queries])
 
     def run():
@@ -171,7 +126,7 @@ def kernels(clf: Classifier, queries: list[str], n: int = 20, top: int = 30) -> 
         bk.graphs[1].replay() if bk.graphs else bk.score()
     rows, kinds = [], {}
     for name, us, count in C.kernel_times(run, n):
-        kind = kernel_kind(name)
+        kind = C.kernel_kind(name)
         rows.append((us, count, kind, name[:90]))
         kinds[kind] = kinds.get(kind, 0.0) + us / 1e3
     rows.sort(reverse=True)
@@ -214,15 +169,8 @@ def main() -> None:
     ap.add_argument("--no-append", action="store_true", help="print, do not append to RESULTS.md")
     ap.add_argument("--engine", nargs="*", default=[], metavar="KEY=VALUE",
                     help="engine settings, e.g. fuse_qkv_attention=false fuse_tail=false (YAML values)")
-    ap.add_argument("--kernels-only", action="store_true", help="only the per-kernel profile (GPU)")
-    ap.add_argument("--row-tuning", nargs="*", default=[], metavar="KEY=VALUE",
-                    help="tree_plan.Tuning fields over the shipped ones for every head_dim, e.g. row_maxnreg=168")
     args = ap.parse_args()
-    over = {k: yaml.safe_load(v) for k, v in (x.split("=", 1) for x in args.row_tuning)}
-    if over:  # tuning_for reads TUNING when the buckets are built
-        TP.TUNING.update({d: t.with_(**over) for d, t in TP.TUNING.items()})
     engine = {k: yaml.safe_load(v) for k, v in (x.split("=", 1) for x in args.engine)}
-    named = args.engine + [f"tuning.{x}" for x in args.row_tuning]  # in the section's title
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.float16 if dev == "cuda" else torch.float32
     model = C.random_qwen3(args.model, dev, dtype)
@@ -230,15 +178,11 @@ def main() -> None:
     clf = Classifier(make_cfg(prompt_sets()[EIGHT], "trie", args.buckets, engine=engine), loaded=loaded)
     kind = "GPU" if dev == "cuda" else "CPU profile (the device is the host: forward/score are CPU compute)"
     text = C.header(f"host stages: {args.model} random weights, ecommerce8 ({kind})"
-                    + (f", engine {' '.join(named)}" if named else ""),
+                    + (f", engine {' '.join(args.engine)}" if args.engine else ""),
                     f"bench/host.py --model {args.model} --iters {args.iters} --profile-iters {args.profile_iters}"
                     f"{' --engine ' + ' '.join(args.engine) if args.engine else ''}"
-                    f"{' --row-tuning ' + ' '.join(args.row_tuning) if args.row_tuning else ''}; "
+                    "; "
                     f"graphs {clf.engine.graphs}; queries {QUERIES}")
-    if args.kernels_only:
-        text += kernel_tables(clf)
-        print(text) if args.no_append else C.append(text)
-        return
     text += "| batch | tokenize | prepare | forward | score | postprocess | host stages (tok+prep+score+post) |\n"
     text += "|---|---|---|---|---|---|---|\n"
     steps, profs = {}, {}
@@ -264,10 +208,6 @@ def main() -> None:
              "layouts emptied before each request). Each host step on its own, µs p50:\n\n")
     text += "| step | b1 | b4 |\n|---|---|---|\n"
     text += "".join(f"| {k} | {steps[1][k]} | {steps[4].get(k, '')} |\n" for k in steps[1])
-    if dev == "cuda" and clf.engine.graphs:
-        tl = {b: request_timeline(clf, QUERIES[:b], args.iters) for b in (1, 4)}
-        text += ("\nInside back-to-back requests (bench/host.py request_timeline), µs p50:\n\n| piece | b1 | b4 |\n"
-                 "|---|---|---|\n" + "".join(f"| {k} | {tl[1][k]} | {tl[4][k]} |\n" for k in tl[1]))
     if dev == "cuda":
         text += kernel_tables(clf)
     for b in (1, 4):

@@ -1,4 +1,4 @@
-"""Latency of the fast engine against HF baselines on random-weight Qwen3 shapes (GPU; not a test).
+"""Latency of the fast engine on random-weight Qwen3 and Gemma3 shapes (GPU; not a test).
 
     PYTHONPATH=. python bench/latency.py --models qwen3_4b qwen3_8b      # on a GPU machine
     PYTHONPATH=. python bench/latency.py --models tiny --iters 5         # smoke run anywhere
@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 import time
 
@@ -25,9 +24,7 @@ from bench import common as C  # noqa: E402
 from qcls.backends.base import LoadedModel, module_bytes  # noqa: E402
 from qcls.classifier import Classifier  # noqa: E402
 from qcls.compose import compose, validate  # noqa: E402
-from qcls.engine.attention import T4_SDPA  # noqa: E402
 from qcls.qwen_tokenizer import build_qwen_tokenizer  # noqa: E402
-from torch.nn.attention import sdpa_kernel  # noqa: E402
 
 QUERIES = ["women's summer floral midi dress", "mens slim fit jeans", "夏季女士碎花连衣裙", "boys hoodie size 140"]
 EN = {"category_zh": ["dress", "jeans", "shirt", "trench", "skirt", "tee", "hoodie", "knit", "other", "none"],
@@ -44,63 +41,19 @@ def prompt_sets() -> dict[str, list[dict]]:
     return {TWO: default, "8 prompts (2 Chinese multi-token)": eight, "8 prompts single-token": single}
 
 
-def make_cfg(prompts: list[dict], strategy: str, buckets: list[int], attention: str = "auto",
-             engine: dict | None = None):
+def make_cfg(prompts: list[dict], strategy: str, buckets: list[int], engine: dict | None = None):
     """`engine`: more engine settings (e.g. {"fuse_tail": False})."""
     return validate({"model": {"name": "random", "source": "local", "path": "/random-weights"}, "prompts": prompts,
                      "scoring": {"name": strategy}, "max_query_tokens": buckets[-1],
                      "engine": {"query_buckets": buckets, "max_batch_size": 4, "warmup_requests": 2,
-                                "attention": attention, **(engine or {})}})
-
-
-# ---- baselines: what a user writes with transformers -------------------------------------------------
-def naive(model, tok, prompts, query) -> None:
-    """One HF forward per prompt (+ one per label for multi-token label sets), full-vocab log_softmax."""
-    for p in prompts:
-        pre, suf = p["template"].split("{query}")
-        base = tok.encode(pre + query + suf, add_special_tokens=False)
-        labels = [tok.encode(p["label_prefix"] + lab, add_special_tokens=False) for lab in p["labels"]]
-        seqs = [base] if all(len(x) == 1 for x in labels) else [base + x for x in labels]
-        for ids in seqs:
-            logits = model(torch.tensor([ids], device=model.device)).logits
-            torch.log_softmax(logits[0].float(), -1)
-
-
-def hf_batched(model, tok, prompts, query) -> None:
-    """All prompts in one left-padded batch, no prefix cache, logits_to_keep=1 (first token only)."""
-    seqs = [tok.encode(p["template"].replace("{query}", query), add_special_tokens=False) for p in prompts]
-    n = max(map(len, seqs))
-    ids = torch.tensor([[0] * (n - len(s)) + s for s in seqs], device=model.device)
-    att = torch.tensor([[0] * (n - len(s)) + [1] * len(s) for s in seqs], device=model.device)
-    model(input_ids=ids, attention_mask=att, logits_to_keep=1).logits.float().log_softmax(-1)
-
-
-# ---- profile -----------------------------------------------------------------------------------------
-KINDS = [("attention", r"fmha|attention|attn|prefix_kernel|row_kernel"), ("gemm", r"gemm|cutlass|xmma|sm\d+_|cublas|matmul"),
-         ("norm/reduce", r"reduce|norm|mean|sum"), ("copy/index", r"copy|index|gather|scatter|cat")]
-
-
-def kernel_kind(name: str) -> str:
-    return next((k for k, rx in KINDS if re.search(rx, name, re.I)), "elementwise/other")
-
-
-def kernel_profile(bucket, n: int = 10) -> str:
-    totals: dict[str, list[float]] = {}
-    for name, us, count in C.kernel_times(C.bucket_forward(bucket), n):
-        t = totals.setdefault(kernel_kind(name), [0.0, 0])
-        t[0] += us / 1e3
-        t[1] += count
-    rows = sorted(totals.items(), key=lambda kv: -kv[1][0])
-    total = sum(v[0] for _, v in rows) or 1.0
-    return "| kernel type | ms / forward | share | kernels / forward |\n|---|---|---|---|\n" + "".join(
-        f"| {k} | {v[0]:.3f} | {100 * v[0] / total:.0f}% | {v[1]:.0f} |\n" for k, v in rows)
+                                **(engine or {})}})
 
 
 # ---- the run -----------------------------------------------------------------------------------------
-def bench_engine(loaded, prompts, strategy, buckets, iters, ref_clf_factory=None, attention="auto"):
+def bench_engine(loaded, prompts, strategy, buckets, iters, ref_clf_factory=None):
     """Numbers of one configuration, and its Classifier (kept for the paired comparisons)."""
     t0 = time.perf_counter()
-    clf = Classifier(make_cfg(prompts, strategy, buckets, attention), loaded=loaded)
+    clf = Classifier(make_cfg(prompts, strategy, buckets), loaded=loaded)
     startup = time.perf_counter() - t0
     t1 = time.perf_counter()
     first = clf.classify(QUERIES[:1])[0]
@@ -132,35 +85,14 @@ def bench_engine(loaded, prompts, strategy, buckets, iters, ref_clf_factory=None
                 total += 1
         out.update(ref_max_abs_diff=worst, ref_winners_same=f"{same}/{total}")
         del ref
-    if torch.cuda.is_available():  # the buckets the timed b1 / b4 requests ran in
-        out["profile"] = kernel_profile(clf.engine.bucket_for([[0] * first.query_tokens]))
-        out["profile_b4"] = kernel_profile(clf.engine.bucket_for([[0] * q.query_tokens for q in clf.classify(QUERIES[:4])]))
-    else:
-        out["profile"] = out["profile_b4"] = ""
     return out, clf
 
 
 def paired(a, b, queries, iters: int) -> tuple[float, float, float]:
     """p50 of a and b timed in alternation (a, b, a, b, …), so drift of a shared machine hits both alike;
     also the median of the per-pair ratios a/b."""
-    ta, tb = paired_samples(a, b, queries, iters)
+    ta, tb = C.paired_samples(a, b, queries, iters)
     return C.median(ta), C.median(tb), C.median([x / y for x, y in zip(ta, tb)])
-
-
-def paired_samples(a, b, queries, iters: int) -> tuple[list[float], list[float]]:
-    """ms of each request of a and of b, timed in alternation after 3 warm requests each."""
-    ta, tb = [], []
-    for clf, out in ((a, ta), (b, tb)):
-        for _ in range(3):
-            clf.classify(queries)
-    for _ in range(iters):
-        for clf, out in ((a, ta), (b, tb)):
-            C.sync()
-            t0 = time.perf_counter()
-            clf.classify(queries)
-            C.sync()
-            out.append((time.perf_counter() - t0) * 1e3)
-    return ta, tb
 
 
 def main() -> None:
@@ -169,9 +101,7 @@ def main() -> None:
                     help="random-weight shapes; gemma3_* use the Qwen tokenizer (token counts, not the Gemma vocabulary)")
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--buckets", type=int, nargs="+", default=[4, 8, 12, 16, 24, 32, 48, 64])
-    ap.add_argument("--no-baselines", action="store_true")
     ap.add_argument("--no-reference", action="store_true", help="skip the fp16 reference comparison")
-    ap.add_argument("--no-sdpa-ab", action="store_true", help="skip the tree-vs-dense attention comparison")
     ap.add_argument("--json", default=None, help="also write raw numbers here")
     args = ap.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -203,29 +133,11 @@ def main() -> None:
         m8, s8 = kept["8 prompts (2 Chinese multi-token)"], kept["8 prompts single-token"]
         pairs = {"multi / single, b1": paired(m8, s8, QUERIES[:1], 2 * args.iters),
                  "multi / single, b4": paired(m8, s8, QUERIES[:4], args.iters)}
-        del kept, s8
+        del kept, s8, m8
         C.free()
-        if dev == "cuda" and not args.no_sdpa_ab and res["8 prompts (2 Chinese multi-token)"]["attention"] == "tree":
-            # the same configuration with dense masked SDPA attention, timed in alternation with the tree kernel
-            dense, dclf = bench_engine(loaded, prompt_sets()["8 prompts (2 Chinese multi-token)"], "trie",
-                                       args.buckets, args.iters, None, attention="sdpa")
-            pairs["tree / sdpa attention, b1"] = paired(m8, dclf, QUERIES[:1], args.iters)
-            pairs["tree / sdpa attention, b4"] = paired(m8, dclf, QUERIES[:4], args.iters)
-            res["8 prompts (2 Chinese multi-token), attention=sdpa"] = dense
-            del dclf
-        del m8
-        C.free()
-        base = {}
-        if not args.no_baselines:
-            with torch.inference_mode(), sdpa_kernel(T4_SDPA):
-                for label, prompts in prompt_sets().items():
-                    n_iter = max(3, args.iters // 5)
-                    base[label] = {"naive": C.median(C.timed(lambda: naive(model, tok, prompts, QUERIES[0]), n_iter, 1)),
-                                   "hf_batched": C.median(C.timed(lambda: hf_batched(model, tok, prompts, QUERIES[0]),
-                                                                  n_iter, 2))}
-        raw[name] = {"engine": res, "baselines": base, "layer_bytes": lbytes, "floor_ms": floor,
+        raw[name] = {"engine": res, "layer_bytes": lbytes, "floor_ms": floor,
                      "copy_gbs": bw, "build_s": build_s, "pairs": pairs}
-        report(name, res, base, pairs, lbytes, lparams, floor, bw, args)
+        report(name, res, pairs, lbytes, lparams, floor, bw, args)
         del model, loaded
         C.free()
     if args.json:
@@ -233,27 +145,18 @@ def main() -> None:
             json.dump(raw, f, indent=1, default=str)
 
 
-def t4_projection(lbytes: int, lparams: int, tokens: int) -> float:
-    """ms on a T4: weight read at 75% of 320 GB/s plus GEMM FLOPs at 50% of 65 TFLOP/s (see README)."""
-    return (lbytes / (C.T4_BW * C.T4_BW_EFF) + 2 * lparams * tokens / (C.T4_FLOPS * C.T4_FLOP_EFF)) * 1e3
-
-
-def report(name, res, base, pairs, lbytes, lparams, floor, bw, args) -> None:
+def report(name, res, pairs, lbytes, lparams, floor, bw, args) -> None:
     text = C.header(f"latency: {name} random weights, fp16, scoring=trie",
                     f"bench/latency.py --models {name} --iters {args.iters} --buckets {' '.join(map(str, args.buckets))}; "
-                    f"attention {res[TWO]['attention']} (SDPA rows: mem-efficient+math only); CUDA graphs; "
+                    f"attention {res[TWO]['attention']}; CUDA graphs; "
                     f"queries {QUERIES}")
     text += (f"Layer weights {lbytes / 1e9:.2f} GB; copy bandwidth {bw:.0f} GB/s; floor {floor:.2f} ms.\n\n"
              "| prompts | b1 p50 | b1 p90 | b4 p50 | b4 p90 | tokens b1/b4 | ratio to floor (b1) | first request | "
-             "naive HF | HF padded batch | speed-up vs naive / batched | T4 projection b1 / b4 |\n"
-             "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+             "T4 projection b1 / b4 |\n|---|---|---|---|---|---|---|---|---|\n")
     for label, r in res.items():
-        b = base.get(label, {})
-        nv, hb = b.get("naive", float("nan")), b.get("hf_batched", float("nan"))
         text += (f"| {label} | {r['b1_p50']:.2f} | {r['b1_p90']:.2f} | {r['b4_p50']:.2f} | {r['b4_p90']:.2f} | "
-                 f"{r['tokens_b1']}/{r['tokens_b4']} | {r['b1_p50'] / floor:.1f}× | {r['first_ms']:.2f} | {nv:.1f} | "
-                 f"{hb:.1f} | {nv / r['b1_p50']:.1f}× / {hb / r['b1_p50']:.1f}× | "
-                 f"{t4_projection(lbytes, lparams, r['tokens_b1']):.1f} / {t4_projection(lbytes, lparams, r['tokens_b4']):.1f} |\n")
+                 f"{r['tokens_b1']}/{r['tokens_b4']} | {r['b1_p50'] / floor:.1f}× | {r['first_ms']:.2f} | "
+                 f"{C.t4_projection(lbytes, lparams, r['tokens_b1']):.1f} / {C.t4_projection(lbytes, lparams, r['tokens_b4']):.1f} |\n")
     multi = res["8 prompts (2 Chinese multi-token)"]
     text += "\nPaired runs (the two configurations timed in alternation in one process; p50 ms each, median of the " \
             "per-pair ratios):\n\n| pair | p50 a | p50 b | ratio |\n|---|---|---|---|\n"
@@ -267,9 +170,6 @@ def report(name, res, base, pairs, lbytes, lparams, floor, bw, args) -> None:
                 if "ref_max_abs_diff" in r else "")
         text += (f"- {label}: stages ms (b1 median) {r['stages']}; start-up {r['startup_s']} s "
                  f"{r['startup_phases']}; prefix cache {r['prefix_cache']}{diff}\n")
-    m8 = res["8 prompts (2 Chinese multi-token)"]
-    text += f"\nKernel time by type, 8 prompts multi-token, batch 1 ({m8['tokens_b1']} tokens):\n\n{m8['profile']}\n"
-    text += f"Batch 4 ({m8['tokens_b4']} tokens):\n\n{m8['profile_b4']}\n"
     C.append(text)
 
 

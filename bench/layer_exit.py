@@ -18,10 +18,8 @@ from __future__ import annotations
 import argparse
 import copy
 import sys
-import tempfile
 from pathlib import Path
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -30,9 +28,7 @@ from qcls.backends import partial  # noqa: E402
 from qcls.backends.base import LoadedModel, module_bytes  # noqa: E402
 from qcls.classifier import Classifier  # noqa: E402
 from qcls.compose import compose  # noqa: E402
-from qcls.heads import files  # noqa: E402
-from qcls.heads import fingerprint as fp  # noqa: E402
-from qcls.heads.head import FINAL, Head, PromptHead, Read  # noqa: E402
+from qcls.heads.head import FINAL, Read  # noqa: E402
 from qcls.qwen_tokenizer import build_qwen_tokenizer  # noqa: E402
 
 QUERIES = ["mens slim fit jeans", "夏季女士碎花连衣裙", "boys hoodie with zip", "red knit maternity dress"]
@@ -51,24 +47,6 @@ def model_with_layers(name: str, layers: int, dev: str, dtype: torch.dtype):
     return model
 
 
-def random_head(cfg, loaded: LoadedModel, layer: int | str, seed: int = 0) -> str:
-    """A head file with random weights reading the read position after `layer` (FINAL: the final norm's output)
-    that fits this model's fingerprints; the request path's cost does not depend on the values."""
-    hidden, rng = fp.hidden_size(loaded.model.config), np.random.default_rng(seed)
-    read = Read(layer, "position")
-    prompts = {p.name: PromptHead(list(p.labels), rng.normal(0, 0.5, len(p.labels)), None,
-                                  rng.normal(0, 0.02, (len(p.labels), hidden)), read,
-                                  {"template_sha256": files.template_sha256(p.template, p.label_prefix)})
-               for p in cfg.prompts}
-    meta = {"model": cfg.model.name, "hidden_size": hidden, "num_layers": loaded.layers_total,
-            "fingerprint": {"config": fp.config_fingerprint(loaded.source_config),
-                            "weights": fp.weights_fingerprint(loaded.model)},
-            "strategy": cfg.strategy, "fitted_on": "random values (bench/layer_exit.py)"}
-    path = Path(tempfile.mkdtemp(prefix="qcls_exit_")) / f"head_{layer}.yaml"
-    files.save(Head(prompts, "head", meta), path)
-    return str(path)
-
-
 def build(name: str, layers: int, total: int, tok, dev: str, dtype: torch.dtype, buckets: list[int]):
     """(Classifier, bytes allocated by the model and its start-up) for one depth."""
     C.free()
@@ -77,7 +55,8 @@ def build(name: str, layers: int, total: int, tok, dev: str, dtype: torch.dtype,
     loaded = LoadedModel(model, tok, torch.device(dev), dtype, "fp16", memory=module_bytes(model))
     over = ["model=qwen3_4b", f"model.name=random_{name}", "model.source=local", "model.path=random-weights",
             "prompts=ecommerce8", f"engine.query_buckets=[{','.join(map(str, buckets))}]"]
-    head = random_head(compose(over), loaded, layers if layers < total else FINAL)
+    head = C.random_head_file(model, compose(over), Read(layers if layers < total else FINAL, "position"), False,
+                              seed=0, scale=0.02, bias_sd=0.5)
     clf = Classifier(compose(over + [f"calibration={head}"]), loaded=loaded)
     assert clf.depth.layers == layers, clf.depth
     return clf, (torch.cuda.memory_allocated() - before) if dev == "cuda" else module_bytes(model).get("weights_cpu", 0)

@@ -5,18 +5,13 @@ engine called directly, the DeploymentHandle and HTTP (each replica's own port, 
     python bench/load.py model=qwen3_4b serve.num_gpus=1   # any Hydra overrides for the app it starts
     python bench/load.py --random-qwen3 qwen3_4b serve.num_gpus=1 prompts=ecommerce8   # GPU: random weights,
                                                            # real Qwen3-4B shapes, the real Qwen tokenizer
-    python bench/load.py --url http://127.0.0.1:8000       # HTTP only, against a running app (loopback only)
 
-With serve.num_replicas=N the `http (N replica ports)` clients spread over every replica's own port (client i
-→ replica i mod N); `bench CPU` is this process's CPU time over the level's wall time (near 1 core: the asyncio
-clients, not the replicas, may be the limit). `bench/serve.py replicas` compares N = 1, 2, 4 that way.
-
-Rows: `engine b1` / `engine b4` are Classifier.classify calls of 1 and 4 queries in this process (after the
-app has stopped; b4 is the engine's own best throughput); `handle` awaits DeploymentHandle calls; `http ...` POSTs
-single-query requests through a lean keep-alive client (bench/http_client.py, tens of µs per request; httpx
-costs ~0.5 ms), `compact` with `"compact": true`. Closed-loop clients at each --concurrency. Columns: queue
-wait = arrival at the replica to its batch's start; serving = client latency − engine − queue wait (HTTP,
-routing, JSON, the client); +p50 = p50 − the engine's b1 p50.
+Rows: `engine b1` / `engine b4`: Classifier.classify of 1 and 4 queries in this process once the app has stopped
+(b4: the engine's own best throughput); `handle`: DeploymentHandle calls; `http ...`: single-query POSTs over a
+lean keep-alive client (bench/http_client.py), to each replica's own port (client i → replica i mod N) or the
+proxy; closed-loop clients at each --concurrency. Queue wait = arrival at the replica to its batch's start;
+serving = client latency − engine − queue wait; bench CPU = this process's cores (near 1: the clients may be
+the limit).
 """
 from __future__ import annotations
 
@@ -24,48 +19,21 @@ import argparse
 import asyncio
 import datetime as dt
 import gc
-import ipaddress
 import json
 import os
 import platform
 import socket
 import sys
-import time
 from pathlib import Path
-from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import common as C  # noqa: E402
+from bench.common import checkpoint_overrides  # noqa: E402
 from bench.paths import closed_loop, engine_levels, handle_caller, http_caller  # noqa: E402
-from bench.tails import gc_delta, tail, tail_table  # noqa: E402
 
 GOAL_HTTP_MS, GOAL_HANDLE_MS, GOAL_SHARE, GOAL_BATCH = 2.0, 1.0, 0.8, 3.5
-
-
-def loopback_only(url: str) -> None:
-    host = urlparse(url).hostname or ""
-    addrs = {ai[4][0] for ai in socket.getaddrinfo(host, None)}
-    if not addrs or not all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addrs):
-        sys.exit(f"refusing {url}: this benchmark only targets loopback addresses (127.0.0.0/8, ::1)")
-
-
-def random_checkpoint(shape: str, out: Path) -> list[str]:
-    """A random-weight checkpoint of a real Qwen3 shape with the real Qwen tokenizer (timings depend on the
-    shapes, not on the values), saved once so the replica loads it like any local model."""
-    if not (out / "config.json").is_file():
-        import torch
-
-        from bench.common import random_qwen3
-        from qcls.qwen_tokenizer import save_qwen_tokenizer
-        dev = "cuda" if torch.cuda.is_available() else "cpu"
-        t0 = time.perf_counter()
-        model = random_qwen3(shape, dev, torch.float16 if dev == "cuda" else torch.float32)
-        model.save_pretrained(str(out))
-        save_qwen_tokenizer(out)
-        del model
-        print(f"[bench] random {shape} checkpoint written to {out} in {time.perf_counter() - t0:.0f}s", flush=True)
-    return [f"model={shape}", "model.source=local", f"model.path={out}", f"model.name={shape}_random_weights"]
 
 
 def describe_device(cfg) -> str:
@@ -90,10 +58,9 @@ def measure(a, overrides: list[str]) -> tuple[list[dict], dict]:
     from qcls.deployments.ingress import export_serve_env
     cfg = compose(overrides)
     stats, info = [], {"config": config_line(cfg)}
-    if a.caller_flags:
-        # before ray.serve is imported: this process (the handle caller) then runs with the cluster's Serve
-        # flags too; with THROUGHPUT_OPTIMIZED its router runs on the caller's event loop and speaks gRPC
-        export_serve_env(cfg.serve)
+    # before ray.serve is imported: this process (the handle caller) then runs with the cluster's Serve flags
+    # too; with THROUGHPUT_OPTIMIZED its router runs on the caller's event loop and speaks gRPC
+    export_serve_env(cfg.serve)
     import ray
     from ray import serve
 
@@ -104,15 +71,12 @@ def measure(a, overrides: list[str]) -> tuple[list[dict], dict]:
     gc.freeze()  # the clients' garbage collector need not walk everything imported so far
     s = cfg.serve
     info["ray_env"] = {k: v for k, v in serve_env(s).items() if k.startswith("RAY_SERVE_") and "CALLBACK" not in k}
-    info["caller_flags"] = a.caller_flags
     routed = f"http://127.0.0.1:{s.port}"
     paths = []
     if "handle" in a.paths:
         paths.append(("handle", handle_caller(handle)))
-    if "handle-cloudpickle" in a.paths:
-        paths.append(("handle (Serve's cloudpickle)", handle_caller(handle, plain_pickle=False)))
     # the replicas' own ports wherever this cluster's controller runs direct ingress (also when the flag came
-    # from the environment, as `bench/serve.py levers`'s RAY_SERVE_ENABLE_DIRECT_INGRESS-only lever does); with
+    # from the environment: RAY_SERVE_ENABLE_DIRECT_INGRESS=1 with serve.ingress=proxy); with
     # several replicas the clients spread over all their ports (client i → replica i mod N)
     n = s.num_replicas if not s.autoscaling else 1
     direct = direct_urls(s.app_name, "127.0.0.1", wait_s=10 if s.ingress == "direct" else 2, n=n)
@@ -122,27 +86,14 @@ def measure(a, overrides: list[str]) -> tuple[list[dict], dict]:
     main_url, main_name = (direct, ports_name) if direct else (routed, routed_name)
     if "http" in a.paths:
         paths.append((main_name, http_caller(main_url)))
-    if "compact" in a.paths:
-        paths.append((main_name + " compact", http_caller(main_url, compact=True)))
     if "proxy" in a.paths and direct:
         paths.append((routed_name, http_caller(routed)))
-    from qcls.deployments.app import classifier_handle
-    from qcls.deployments.metrics import GcPauses
-    client_gc = GcPauses()
 
     async def drive() -> None:  # one event loop for every level: Serve's router may be bound to it
-        h = classifier_handle(handle)
         try:
             for name, caller in paths:
-                for conc in a.concurrency if name != main_name + " compact" else a.compact_concurrency:
-                    before, cb = (await h.replica_stats.remote())["gc"], client_gc.summary()
-                    lv = await closed_loop(name, conc, caller, a.requests, a.seconds)
-                    t1 = time.perf_counter()
-                    rg = gc_delta(before, (await h.replica_stats.remote())["gc"], lv.started, t1)
-                    cg = gc_delta(cb, client_gc.summary(), lv.started, t1)
-                    stats.append({**lv.stats(), "tail": tail(lv, rg, cg), "gc_replica": rg, "gc_client": cg})
-                    for g in (rg, cg):
-                        g.pop("recent")
+                for conc in a.concurrency:
+                    stats.append((await closed_loop(name, conc, caller, a.requests, a.seconds)).stats())
                     progress(stats[-1])
         finally:
             await serve.shutdown_async()  # on the loop the handle's router lives on
@@ -161,12 +112,9 @@ def measure(a, overrides: list[str]) -> tuple[list[dict], dict]:
 
 
 def progress(s: dict) -> None:
-    t = s.get("tail") or {}
     print(f"[bench] {s['path']} c={s['concurrency']}: {s['rps']:.1f}/s p50 {s['p50']:.2f} p99 {s['p99']:.2f} ms, "
-          f"batch {s['batch']:.2f}, errors {s['errors']}, bench CPU {s.get('client_cpu', float('nan')):.2f} cores"
-          + (f"; slowest 1 %: {t['ms']:.1f} ms = queue {t['queue']:.1f} + engine {t['engine']:.1f} + serving "
-             f"{t['serving']:.1f}, replica GC {s['gc_replica']['count']} (max {s['gc_replica']['max_ms']:.1f} ms)"
-             if t else ""), flush=True)
+          f"batch {s['batch']:.2f}, errors {s['errors']}, bench CPU {s.get('client_cpu', float('nan')):.2f} cores",
+          flush=True)
 
 
 def config_line(c) -> str:
@@ -177,11 +125,12 @@ def config_line(c) -> str:
 
 
 def goals(stats: list[dict]) -> list[str]:
-    """The issue's goals, checked on this run's own engine numbers."""
+    """The serving goals (HTTP and the handle near the engine's own latency and rate), checked on this run's
+    own engine numbers."""
     get = {(s["path"], s["concurrency"]): s for s in stats}
     b1 = next((s for s in stats if s["path"] == "engine b1"), None)
     b4 = next((s for s in stats if s["path"].startswith("engine b") and s["path"] != "engine b1"), None)
-    ports = sorted({p for p, _c in get if p.startswith("http (") and "replica port" in p and "compact" not in p})
+    ports = sorted({p for p, _c in get if p.startswith("http (") and "replica port" in p})
     http = next((p for p in (*ports, "http (HAProxy)", "http (Serve proxy)") if (p, 1) in get), None)
     if not (b1 and b4 and http):
         return []
@@ -224,35 +173,27 @@ def report(stats: list[dict], info: dict, header: dict, note: str) -> str:
     head = {"commit": commit(), **header, "config": info.get("config", ""),
             "tokens per forward (b1)": info.get("tokens_per_forward", "?"),
             "Ray Serve flags": (" ".join(f"{k}={v}" for k, v in info.get("ray_env", {}).items()) or "(none)")
-            + ("; the benchmark process (the handle caller) has them too" if info.get("caller_flags") else "")}
+            + "; the benchmark process (the handle caller) has them too"}
     g = goals(stats)
-    tails = tail_table(stats)
     return "\n".join([f"## {when}: load bench (bench/load.py), {note}", "", *(f"- {k}: {v}" for k, v in head.items()),
-                      "", table(stats), *([tails] if tails else []),
-                      *(["Goals (issue 10):", *(f"- {x}" for x in g), ""] if g else [])]) + "\n"
+                      "", table(stats),
+                      *(["Goals (serving at engine speed):", *(f"- {x}" for x in g), ""] if g else [])]) + "\n"
 
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ints = lambda v: [int(x) for x in v.split(",")]  # noqa: E731
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for the app this script starts")
-    ap.add_argument("--url", help="HTTP only, against a running app at this loopback URL")
     ap.add_argument("--concurrency", type=ints, default=[1, 4, 8, 16])
-    ap.add_argument("--compact-concurrency", type=ints, default=[1, 8])
-    ap.add_argument("--paths", type=lambda v: set(v.split(",")), default={"engine", "handle", "http", "compact",
-                                                                          "proxy"},
-                    help="any of engine,handle,handle-cloudpickle,http,compact,proxy (default all but "
-                         "handle-cloudpickle)")
+    ap.add_argument("--paths", type=lambda v: set(v.split(",")), default={"engine", "handle", "http", "proxy"},
+                    help="any of engine,handle,http,proxy (default all)")
     ap.add_argument("--requests", type=int, default=5000, help="at most this many requests per level")
     ap.add_argument("--seconds", type=float, default=3.0, help="at most this long per level")
     ap.add_argument("--note", default="", help="what was run, for the results heading")
-    ap.add_argument("--json", type=Path, help="also write the rows and run info here (bench/serve.py levers)")
+    ap.add_argument("--json", type=Path, help="also write the rows and run info here")
     ap.add_argument("--no-append", action="store_true", help="print only")
-    ap.add_argument("--no-caller-flags", dest="caller_flags", action="store_false",
-                    help="keep Serve's default flags in this process (the handle caller) whatever the ingress")
-    ap.add_argument("--random-qwen3", choices=["qwen3_4b", "qwen3_8b"],
-                    help="serve a random-weight model of this real shape (written once to --random-dir)")
-    ap.add_argument("--random-dir", type=Path, default=Path("/tmp/qcls_random_model"))
+    ap.add_argument("--random-qwen3", choices=["qwen3_4b", "qwen3_8b", "tiny"],
+                    help="serve a random-weight model of this real shape (written once)")
     return ap.parse_args(argv)
 
 
@@ -266,29 +207,18 @@ def no_result_cache(overrides: list[str]) -> list[str]:
 
 def main(argv=None) -> int:
     a = parse_args(argv)
-    if a.url:
-        loopback_only(a.url)
-        stats = [asyncio.run(closed_loop("http", c, http_caller(a.url.rstrip("/")), a.requests, a.seconds)).stats()
-                 for c in a.concurrency]
-        info, cfg, overrides = {}, None, a.overrides
-    else:
-        model = random_checkpoint(a.random_qwen3, a.random_dir / a.random_qwen3) if a.random_qwen3 else []
-        overrides = [*model, *no_result_cache(a.overrides), "serve.host=127.0.0.1", f"serve.port={free_port()}",
-                     "serve.route_prefix=/"]
-        from qcls.compose import compose
-        cfg = compose(overrides)
-        stats, info = measure(a, overrides)
+    model = checkpoint_overrides(a.random_qwen3) if a.random_qwen3 else []
+    overrides = [*model, *no_result_cache(a.overrides), "serve.host=127.0.0.1", f"serve.port={free_port()}", "serve.route_prefix=/"]
+    from qcls.compose import compose
+    cfg = compose(overrides)
+    stats, info = measure(a, overrides)
     header = {"device": describe_device(cfg), "overrides": " ".join(overrides) or "(defaults)",
               "bounds": f"≤ {a.requests} requests and ≤ {a.seconds:g} s per level after 5 warm-up requests per "
                         "client; closed-loop clients, one query per request, on loopback"}
     text = report(stats, info, header, a.note or header["device"])
-    print(text, flush=True)
     if a.json:
         a.json.write_text(json.dumps({"stats": stats, "info": info, "header": header}, default=str))
-    if not a.no_append:
-        from bench.common import RESULTS
-        with open(RESULTS, "a", encoding="utf-8") as f:
-            f.write("\n" + text)
+    C.report(text, a.no_append)
     return 1 if any(s["errors"] for s in stats) else 0
 
 

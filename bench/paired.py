@@ -1,69 +1,41 @@
 """Two configurations timed in alternation in one process, on one random-weight Qwen3 of real shape (GPU).
 
-    python -m bench.paired --model qwen3_4b --a "prompts=ecommerce8" \\
-        --b "prompts=ecommerce8 calibration=random" --label "calibration on/off"
+    python -m bench.paired --model qwen3_4b --a prompts=ecommerce8 \\
+        --b "prompts=ecommerce8 calibration=random_head:18:both:scores" --label "a head on layer 18 off / on"
     python -m bench.paired --model qwen3_4b --a prompts=ecommerce8 --b prompts=ecommerce8_fewshot \\
         --label "zero-shot / few-shot"
-    python -m bench.paired --model tiny --iters 5 --out /tmp/paired.md --a ... --b ...   # CPU smoke run
+    python -m bench.paired --model tiny --iters 5 --no-append --a ... --b ...   # CPU smoke run
 
 --a / --b are Hydra overrides (space-separated) on top of the model's config; --common goes to both. Both
 Classifiers share the loaded weights and the real Qwen tokenizer (qcls/qwen_tokenizer.py). Requests of a and
-b alternate (a, b, a, b, …) so drift of a shared machine hits both alike. `calibration=random` stands for a
-calibration file written here with random-but-plausible temperatures and biases for that side's prompts
-and strategy: a random-weight model has nothing to fit, and the request path's cost does not depend on the
-values. Appends p50/p90 of each side and the median per-pair ratio b/a at each batch size to bench/RESULTS.md.
+b alternate (a, b, a, b, …) so drift of a shared machine hits both alike.
+`calibration=random_head[:LAYER:READ[:scores]]` stands for a head file written here with random weights for that
+side's prompts (READ: position, query_mean or both; `scores`: the raw scores as features too): a random-weight
+model has nothing to fit, and the request path's cost does not depend on the values. Appends p50/p90 of each
+side and the median per-pair ratio b/a at each batch size to bench/RESULTS.md.
 """
 from __future__ import annotations
 
 import argparse
-import random
 import sys
-import tempfile
 import time
-from pathlib import Path
 
-import numpy as np
 import torch
 
 from bench import common as C
-from bench.latency import QUERIES, paired_samples
+from bench.latency import QUERIES
 from qcls.backends.base import LoadedModel, module_bytes
 from qcls.classifier import Classifier
 from qcls.compose import compose
-from qcls.heads import files
-from qcls.heads import fingerprint as fp
-from qcls.heads.files import template_sha256
-from qcls.heads.head import Head, PromptHead, Read
+from qcls.heads.head import Read
 from qcls.qwen_tokenizer import build_qwen_tokenizer
 
-RANDOM_CAL = "calibration=random"
 RANDOM_HEAD = "calibration=random_head"
 
 
 def base_overrides(model: str) -> list[str]:
     family = "qwen3_8b" if model == "qwen3_8b" else "qwen3_4b"  # prompts and family; the weights are ours
     return [f"model={family}", f"model.name=random_{model}", "model.source=local", "model.path=random-weights"]
-
-
-def random_calibration(overrides: list[str], seed: int) -> tuple[list[str], str | None]:
-    """Replace `calibration=random` by a file of plausible random values (T in [0.7, 1.5], biases N(0, 0.5)
-    centred) for the prompts and strategy these overrides compose to."""
-    if RANDOM_CAL not in overrides:
-        return overrides, None
-    rest = [o for o in overrides if o != RANDOM_CAL]
-    cfg = compose(rest)
-    rng = random.Random(seed)
-    prompts = {}
-    for p in cfg.prompts:
-        bias = [rng.gauss(0, 0.5) for _ in p.labels]
-        mean = sum(bias) / len(bias)
-        prompts[p.name] = PromptHead.temperature_bias(list(p.labels), rng.uniform(0.7, 1.5), [x - mean for x in bias])
-    path = Path(tempfile.mkdtemp(prefix="qcls_paired_")) / "random_calibration.yaml"
-    files.save(Head(prompts, "temperature_bias", {"strategy": cfg.strategy, "model": cfg.model.name,
-                                                  "prompts": list(prompts), "n": 0,
-                                                  "fitted_on": "random values (bench/paired.py)"}), path)
-    note = f"calibration=random: {path}, random T in [0.7, 1.5] and biases N(0, 0.5) per prompt, not fitted"
-    return rest + [f"calibration={path}"], note
 
 
 def random_head(overrides: list[str], loaded: LoadedModel, seed: int) -> tuple[list[str], str | None]:
@@ -76,20 +48,7 @@ def random_head(overrides: list[str], loaded: LoadedModel, seed: int) -> tuple[l
     parts = spec.split(":")
     read = Read(int(parts[1]), parts[2]) if len(parts) >= 3 else Read("final")
     with_scores = parts[-1] == "scores"
-    cfg = compose(rest)
-    model = loaded.model
-    hidden = fp.hidden_size(model.config)
-    rng = np.random.default_rng(seed)
-    prompts = {p.name: PromptHead(list(p.labels), rng.normal(0, 0.5, len(p.labels)),
-                                  rng.normal(0, 0.1, (len(p.labels),) * 2) if with_scores else None,
-                                  rng.normal(0, 0.02, (len(p.labels), hidden * len(read.taps))), read,
-                                  {"template_sha256": template_sha256(p.template, p.label_prefix)})
-               for p in cfg.prompts}
-    meta = {"model": cfg.model.name, "hidden_size": hidden, "num_layers": fp.num_layers(model.config),
-            "fingerprint": {"config": fp.config_fingerprint(model.config), "weights": fp.weights_fingerprint(model)},
-            "strategy": cfg.strategy, "fitted_on": "random values (bench/paired.py)"}
-    path = Path(tempfile.mkdtemp(prefix="qcls_paired_")) / "random_head.yaml"
-    files.save(Head(prompts, "head", meta), path)
+    path = C.random_head_file(loaded.model, compose(rest), read, with_scores, seed, 0.02, bias_sd=0.5, scores_sd=0.1)
     note = (f"{spec}: {path}, a head with random weights reading {read.kind} at layer {read.layer}"
             f"{' + the raw scores' if with_scores else ''}, not fitted")
     return rest + [f"calibration={path}"], note
@@ -109,18 +68,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--iters", type=int, default=200, help="timed requests of each side per batch size")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=None, help="append here instead of bench/RESULTS.md")
+    ap.add_argument("--no-append", action="store_true", help="print, do not append to RESULTS.md")
     args = ap.parse_args(argv)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.float16 if dev == "cuda" else torch.float32
     base = base_overrides(args.model) + args.common.split()
     sides, notes = {}, []
     for name, text in (("a", args.a), ("b", args.b)):
-        ov, note = random_calibration(base + text.split(), args.seed)
-        sides[name] = ov
-        if note:
-            notes.append(f"{name}: {note}")
-            print(f"bench.paired: {name}: {note}", file=sys.stderr)
+        sides[name] = base + text.split()
     t0 = time.perf_counter()
     model = C.random_qwen3(args.model, dev, dtype, seed=args.seed)
     loaded = LoadedModel(model, build_qwen_tokenizer(), torch.device(dev), dtype, "fp16", memory=module_bytes(model))
@@ -134,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for b in args.batches:
         queries = (QUERIES * b)[:b]
-        ta, tb = paired_samples(clfs["a"], clfs["b"], queries, args.iters)
+        ta, tb = C.paired_samples(clfs["a"], clfs["b"], queries, args.iters)
         tokens = [c.classify(queries)[0].meta["tokens_per_forward"] for c in (clfs["a"], clfs["b"])]
         rows.append((b, ta, tb, tokens, [stage_medians(c, queries) for c in (clfs["a"], clfs["b"])]))
     report(args, clfs, rows, notes, build_s)
@@ -171,12 +126,7 @@ def report(args, clfs, rows, notes, build_s) -> None:
              f"{meta_b['calibration']}; model + both start-ups {build_s:.1f} s.\n")
     for n in notes + [f"a: {x}" for x in a.notes] + [f"b: {x}" for x in b.notes]:
         text += f"- {n}\n"
-    if args.out:
-        with open(args.out, "a") as f:
-            f.write(text)
-        print(text, flush=True)
-    else:
-        C.append(text)
+    C.report(text, args.no_append)
 
 
 if __name__ == "__main__":

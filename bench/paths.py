@@ -23,9 +23,7 @@ class Level:
     path: str
     concurrency: int
     rows: list[tuple[float, int, float, float]] = field(default_factory=list)
-    ends: list[float] = field(default_factory=list)  # perf_counter when each row's answer arrived
     errors: list[str] = field(default_factory=list)
-    started: float = 0.0  # perf_counter at the first measured request
     wall_s: float = 0.0
     cpu_s: float = 0.0  # this process's CPU time meanwhile (all its threads): near wall_s, the client is the limit
     per_call: int = 1  # queries per call (the engine's batch rows)
@@ -64,12 +62,11 @@ async def closed_loop(path: str, conc: int, make_call, max_requests: int, max_s:
             sent += 1
             try:
                 lv.rows.append(await calls[i](q))
-                lv.ends.append(time.perf_counter())
             except Exception as e:  # noqa: BLE001 - every failure is counted and the first one reported
                 lv.errors.append(f"{type(e).__name__}: {e}"[:300])
 
     deadline = time.perf_counter() + max_s
-    lv.started = t0 = time.perf_counter()
+    t0 = time.perf_counter()
     cpu0 = time.process_time()
     await asyncio.gather(*(client(i) for i in range(conc)))
     lv.wall_s, lv.cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
@@ -85,7 +82,7 @@ def result_row(ms: float, res: dict) -> tuple[float, int, float, float]:
     return ms, res["batch_size"], t["total"], t["queue_wait"]
 
 
-def http_caller(url: str | list[str], compact: bool = False):
+def http_caller(url: str | list[str]):
     """Client i POSTs to url, or with several (every replica's own port) to urls[i % len(urls)]: the clients
     spread evenly over the replicas."""
     urls = [url] if isinstance(url, str) else list(url)
@@ -94,7 +91,7 @@ def http_caller(url: str | list[str], compact: bool = False):
         client = KeepAliveClient(urls[i % len(urls)])
 
         async def call(q: str):
-            body = orjson.dumps({"query": q, "compact": True} if compact else {"query": q})
+            body = orjson.dumps({"query": q})
             t0 = time.perf_counter()
             status, _h, data = await client.post("/v1/classify", body)
             ms = (time.perf_counter() - t0) * 1e3
@@ -106,11 +103,10 @@ def http_caller(url: str | list[str], compact: bool = False):
     return make
 
 
-def handle_caller(handle, plain_pickle: bool = True):
+def handle_caller(handle):
     async def make(_i: int):
         from qcls.deployments.app import classifier_handle
-        # classifier_handle: plain pickle (made in the event loop that makes the calls); else Serve's cloudpickle
-        h = classifier_handle(handle) if plain_pickle else handle
+        h = classifier_handle(handle)  # plain pickle; made in the event loop that makes the calls
 
         async def call(q: str):
             t0 = time.perf_counter()

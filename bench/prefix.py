@@ -1,7 +1,7 @@
-"""What a long prompt costs per request: the prefix-length benchmark of issue 18 (GPU; not a test).
+"""What a long prompt costs per request: the prefix-length benchmark (GPU; not a test).
 
     python -m bench.prefix                                 # random-weight Qwen3-4B, the shipped kernel shapes
-    python -m bench.prefix --tuning T                      # with the shapes bench/attention.py --sweep chose
+    python -m bench.prefix --tuning T                      # other tree-kernel shapes (tree_plan.Tuning JSON)
     python -m bench.prefix --model tiny --iters 3 --buckets 8 32   # smoke run anywhere
 
 The 8 e-commerce prompts with prefixes (the template before {query}) of 64, 256, 1k and 2k tokens each,
@@ -12,21 +12,20 @@ longer prefix adds is the median per-pair difference, set against the prefix-KV 
 V one forward must read, a shared block once, over the measured copy bandwidth). Also per case: the
 attention kernels' device time per forward (profiler), KV memory, and the T4 projection with the prefix
 attention's bytes and FLOPs (Triton's dots run on FMA units there). Then `ecommerce8_fewshot` against
-`ecommerce8`, timed in alternation (issue 18's ≤ 1.03). Appends to bench/RESULTS.md; JSON to $OUT.
+`ecommerce8`, timed in alternation (goal ≤ 1.03). Appends to bench/RESULTS.md; JSON to $OUT.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
-import os
 import re
 import time
 
 import torch
 
 from bench import common as C
-from bench.latency import QUERIES, make_cfg, paired_samples, t4_projection
+from bench.latency import QUERIES, make_cfg
 from bench.prefix_cases import BASE, attention_flops, kv_read_bytes, prompt_sets
 from qcls.backends.base import LoadedModel, module_bytes
 from qcls.classifier import Classifier
@@ -76,7 +75,8 @@ def main() -> None:
     ap.add_argument("--buckets", type=int, nargs="+", default=[8, 16, 24, 32],
                     help="engine.query_buckets: the benchmark's queries land in the same buckets as under "
                     "conf/engine/fast.yaml's list (8 tokens alone, 24 for four), with fewer graphs to capture")
-    ap.add_argument("--tuning", default=None, help="JSON from bench/attention.py --out-tuning: kernel shapes per head_dim")
+    ap.add_argument("--tuning", default=None,
+                    help="JSON {head_dim: tree_plan.Tuning fields}: kernel shapes instead of the shipped ones")
     args = ap.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.float16 if dev == "cuda" else torch.float32
@@ -97,10 +97,10 @@ def main() -> None:
     build_s = time.perf_counter() - t0
     rows = {name: case_numbers(clf, model, bw) for name, clf in clfs.items()}
     for name, clf in clfs.items():
-        for b, iters in ((1, args.iters), (4, max(10, args.iters // 2))):
+        for b, iters in ((1, args.iters), (4, max(2, args.iters // 2))):
             if name == BASE:
                 continue
-            ta, tb = paired_samples(clfs[BASE], clf, (QUERIES * b)[:b], iters)
+            ta, tb = C.paired_samples(clfs[BASE], clf, (QUERIES * b)[:b], iters)
             rows[name][f"b{b}"] = (C.median(ta), C.median(tb), C.median([y - x for x, y in zip(ta, tb)]))
     del clfs
     C.free()
@@ -108,7 +108,7 @@ def main() -> None:
     a, b_ = (Classifier(make_cfg(ps, "trie", args.buckets), loaded=loaded) for ps in (zero, few))
     fewshot = {}
     for b in (1, 4):
-        ta, tb = paired_samples(a, b_, (QUERIES * b)[:b], 2 * args.iters if b == 1 else args.iters)
+        ta, tb = C.paired_samples(a, b_, (QUERIES * b)[:b], 2 * args.iters if b == 1 else args.iters)
         fewshot[b] = (C.median(ta), C.median(tb), C.median([y / x for x, y in zip(ta, tb)]))
     report(args, rows, fewshot, bw, mm, lbytes, lparams, build_s)
 
@@ -140,7 +140,7 @@ def report(args, rows, fewshot, bw, mm, lbytes, lparams, build_s) -> None:
                 both.append("")
         read, fma1 = t4_prefix_ms(r["kv_read_bytes"], r["flops_b1"])
         _, fma4 = t4_prefix_ms(r["kv_read_bytes"], r["flops_b4"])
-        t4 = [t4_projection(lbytes, lparams, r[f"tokens_b{b}"]) + max(read, fma) for b, fma in ((1, fma1), (4, fma4))]
+        t4 = [C.t4_projection(lbytes, lparams, r[f"tokens_b{b}"]) + max(read, fma) for b, fma in ((1, fma1), (4, fma4))]
         text += (f"| {name} | {max(r['prefix_tokens'])} × {len(r['prefix_tokens'])} ({r['pool_slots']} slots) | "
                  f"{r['kv_read_bytes'] / 1e9:.3f} GB | {r['floor_ms']:.3f} | {cols[0]} | {cols[1]} | {cols[2]} | {cols[3]} | "
                  f"{cols[4]} | {cols[5]} | {r['attention_ms_b1']:.3f} / {r['attention_ms_b4']:.3f} | "
@@ -150,7 +150,7 @@ def report(args, rows, fewshot, bw, mm, lbytes, lparams, build_s) -> None:
                  f"{r['kv_buffer_bytes'] / 1e9:.2f} | {t4[0]:.1f} / {t4[1]:.1f} ({read:.1f}, {fma1:.1f} / {fma4:.1f}) |\n")
     text += (f"\nAdded = median per-pair difference from the 64-token case (timed in alternation); floor = prefix K/V "
              f"bytes one forward must read (every pool slot once: a shared block counts once) / copy bandwidth. Worst "
-             f"added/floor {worst:.2f} (issue 18: ≤ 1.5). T4 projection = bench/latency.py's (weights at 75 % of 320 GB/s, "
+             f"added/floor {worst:.2f} (goal ≤ 1.5). T4 projection = bench/latency.py's (weights at 75 % of 320 GB/s, "
              f"GEMM FLOPs at 50 % of 65 TFLOP/s) + the larger of reading the prefix K/V at 75 % of 320 GB/s and the "
              f"prefix attention's FLOPs at 50 % of the T4's 8.1 TFLOP/s fp32 FMA rate (a model, not a measurement). "
              f"Prefix attention FLOPs = query tokens × query heads × prefix keys × 4 × head_dim × layers: batch 4 and "
@@ -158,17 +158,11 @@ def report(args, rows, fewshot, bw, mm, lbytes, lparams, build_s) -> None:
              f"GPU's fp16 tensor rate. FLOP floor = those FLOPs at the measured rate of dense fp16 matrix products: "
              f"the added time can pass neither floor, so 'added / larger floor' is what a kernel can still gain (worst "
              f"{worst_both:.2f}).\n\n"
-             "`ecommerce8_fewshot` against `ecommerce8` (timed in alternation; p50 ms, median per-pair ratio; issue 18: "
+             "`ecommerce8_fewshot` against `ecommerce8` (timed in alternation; p50 ms, median per-pair ratio; goal "
              "≤ 1.03):\n\n| batch | ecommerce8 | ecommerce8_fewshot | ratio |\n|---|---|---|---|\n")
     text += "".join(f"| {b} | {x:.3f} | {y:.3f} | {r:.4f} |\n" for b, (x, y, r) in fewshot.items())
-    if torch.cuda.is_available():
-        C.append(text + "\n")
-    else:  # a smoke run: nothing to record
-        print(text)
-    if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "prefix.json"), "w") as f:
-            json.dump({"rows": rows, "fewshot": fewshot, "copy_gbs": bw / 1e9, "tuning": tun}, f, indent=1, default=str)
-
+    C.report(text, not torch.cuda.is_available(), "prefix",  # on the CPU a smoke run: nothing to record
+             {"rows": rows, "fewshot": fewshot, "copy_gbs": bw / 1e9, "tuning": tun})
 
 if __name__ == "__main__":
     main()

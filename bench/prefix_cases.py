@@ -1,4 +1,4 @@
-"""Prompt sets of the prefix-length benchmarks (bench/prefix.py end to end, bench/attention.py per kernel).
+"""Prompt sets of the prefix-length benchmark (bench/prefix.py).
 
 The 8 `ecommerce8` prompts with their system text lengthened so that every prefix (the template before
 `{query}`) is exactly n tokens under the real Qwen tokenizer and distinct from its first block on, or

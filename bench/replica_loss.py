@@ -1,4 +1,4 @@
-"""A replica lost under load (issue 19): N ≥ 2 replicas, 8 × N closed-loop clients, one replica killed (kill -9)
+"""A replica lost under load: N ≥ 2 replicas, 8 × N closed-loop clients, one replica killed (kill -9)
 at full load, and what the clients saw until its replacement serves again.
 
     python bench/replica_loss.py --random-qwen3 qwen3_4b serve.num_gpus=1 prompts=ecommerce8 serve.num_replicas=2
@@ -15,13 +15,12 @@ had exited, not answered before the kill; through the proxy, which replica is no
 all); none may hang (each request has a hang guard of --hang-s); the rate before the kill, the survivors' rate
 from the exit until the replacement's first answer against (N−1)/N of it, the time from the kill until the
 replacement is RUNNING and until it answers (ports), and its share of the answers afterwards. Appends to
-bench/RESULTS.md, writes replica_loss.md/json to $OUT when set.
+bench/RESULTS.md, writes replica_loss.json to $OUT when set.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import signal
 import sys
@@ -213,7 +212,7 @@ def report(s: dict, a, header: dict) -> str:
         f"{s['hung']} | {s['refused_connections_retried']} | {s['rate_before']:.1f} | {s['rate_outage']:.1f} | "
         f"{s['outage_s']:.1f} | {fmt(s['replacement_running_s'])} | {fmt(s['replacement_answered_s'])} | "
         f"{fmt(s.get('rate_after'))} | {fmt(s.get('replacement_share_after'), '.0%')} |", "",
-        f"Failure kinds: {', '.join(f'`{k}`' for k in s['failure_kinds']) or 'none'}.", "", "Goals (issue 19):",
+        f"Failure kinds: {', '.join(f'`{k}`' for k in s['failure_kinds']) or 'none'}.", "", "Goals (a lost replica):",
         f"- only requests in flight on the killed replica failed ({s['failed_in_flight_on_killed']} of "
         f"{s['failed']}: {s['failed_sent_before_kill']} sent before the kill, the others in the "
         f"{s['exit_ms']:.0f} ms its process took to exit), none hung: "
@@ -246,13 +245,11 @@ def main(argv=None) -> int:
     ap.add_argument("--after-s", type=float, default=10.0, help="load after the replacement's first answer")
     ap.add_argument("--recovery-timeout-s", type=float, default=300.0, help="give up on the replacement after this")
     ap.add_argument("--hang-s", type=float, default=60.0, help="a request this long counts as hung (hang guard)")
-    ap.add_argument("--random-qwen3", choices=["qwen3_4b", "qwen3_8b"])
-    ap.add_argument("--random-dir", type=Path, default=Path("/tmp/qcls_random_model"))
+    ap.add_argument("--random-qwen3", choices=["qwen3_4b", "qwen3_8b", "tiny"])
     ap.add_argument("--no-append", action="store_true")
     a = ap.parse_args(argv)
-    model = load.random_checkpoint(a.random_qwen3, a.random_dir / a.random_qwen3) if a.random_qwen3 else []
-    overrides = [*model, *load.no_result_cache(a.overrides), "serve.host=127.0.0.1", f"serve.port={load.free_port()}",
-                 "serve.route_prefix=/"]
+    model = load.checkpoint_overrides(a.random_qwen3) if a.random_qwen3 else []
+    overrides = [*model, *load.no_result_cache(a.overrides), "serve.host=127.0.0.1", f"serve.port={load.free_port()}", "serve.route_prefix=/"]
     from qcls.compose import compose
     cfg = compose(overrides)
     a.replicas = cfg.serve.num_replicas
@@ -271,17 +268,8 @@ def main(argv=None) -> int:
         ray.shutdown()
     s = summarise(rows, out, a)
     header = {"device": load.describe_device(cfg), "overrides": " ".join(overrides), "config": load.config_line(cfg)}
-    text = report(s, a, header)
-    print(text, flush=True)
-    if os.environ.get("OUT"):
-        d = Path(os.environ["OUT"])
-        d.mkdir(parents=True, exist_ok=True)
-        (d / "replica_loss.md").write_text(text)
-        (d / "replica_loss.json").write_text(json.dumps({"summary": s, "header": header}, default=str))
-    if not a.no_append:
-        from bench.common import RESULTS
-        with open(RESULTS, "a", encoding="utf-8") as f:
-            f.write("\n" + text)
+    from bench import common as C
+    C.report(report(s, a, header), a.no_append, "replica_loss", {"summary": s, "header": header})
     return 0 if "failed" in s and not s["failed_otherwise"] and not s["hung"] else 1
 
 

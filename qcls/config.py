@@ -112,18 +112,18 @@ class EngineSpec(_Strict):
     warmup_requests: int = Field(default=2, ge=1)
     prefix_block_size: int = Field(default=16, ge=1)
     # heads per program of the fused q/k/v kernel (RoPE, q/k norms, KV write): 0 = auto (the largest power of
-    # two ≤ 8 dividing the query and key/value head counts), 1 = one head per program (before issue 27)
+    # two ≤ 8 dividing the query and key/value head counts), 1 = one head per program (the unblocked q/k/v kernel)
     qkv_heads_per_program: int = Field(default=0, ge=0, le=8)
     # Gemma3: each post-norm (after attention, after the MLP) in one launch with the residual add and the next
-    # norm; false runs them as two launches (before issue 27)
+    # norm; false runs them as two launches
     fuse_post_norms: bool = True
     # the tree attention's kernels do the q/k/v kernel's work (q/k norms, RoPE, the KV write) themselves: one
     # launch fewer per layer (H100, per request: Gemma3-4B 1 % faster, Qwen3-4B 0.6-0.7 % with the row kernel's
-    # 16-key steps; bench/RESULTS.md); false runs the q/k/v kernel before attention (before issue 27). Dense SDPA
+    # 16-key steps; bench/RESULTS.md); false runs the q/k/v kernel before attention (the unfused kernels). Dense SDPA
     # (engine.attention=sdpa, CPUs) always runs the q/k/v kernel.
     fuse_qkv_attention: bool = True
     # the tail's sibling-group normaliser (scoring=trie) as one kernel on a GPU; false: the torch ops (gathers,
-    # log-sum-exps, subtraction: eight launches, before issue 27)
+    # log-sum-exps, subtraction: eight launches)
     fuse_tail: bool = True
     # the forward stops after the deepest layer a head reads when every prompt's answer comes from a head that
     # reads a hidden state (no label scores, no final norm, later layers and an untied LM head never loaded:
@@ -169,7 +169,7 @@ class ServeSpec(_Strict):
     # Prometheus metrics (Ray's export port) when qcls starts Ray; None = a port Ray picks
     metrics_export_port: int | None = Field(default=None, ge=1, le=65535)
     # the replica's Python thread switch interval; None leaves Python's 5 ms. 0.5 ms (meant to hand the GIL
-    # back to the engine thread sooner) measured slower on the H100 (bench/RESULTS.md, issue 10 run 2)
+    # back to the engine thread sooner) measured slower on the H100 (bench/RESULTS.md, the serving levers' second run)
     gil_switch_interval_ms: float | None = Field(default=None, gt=0)
     # batches in flight in a replica: 2 = the next batch is tokenized and queued while the current one runs
     # (the host's work overlaps the device's); 1 = one at a time

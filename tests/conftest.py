@@ -47,7 +47,7 @@ def tiny_dirs(tmp_path_factory) -> dict[str, str]:
     """Tiny random-weight checkpoints of each family as local HF directories (byte tokenizer), plus
     `qwen3_qwentok`: a tiny Qwen3 with the real Qwen vocabulary and tokenizer, and `gemma3_wide`: the tiny
     Gemma3 with a window no test row reaches and the default softmax scale (what the tree kernel runs
-    before it has windows and scales: issue 18)."""
+    before it has windows and scales)."""
     from qcls.qwen_tokenizer import build_qwen_tokenizer
     from qcls.tiny_models import TINY_FAMILIES, make_tiny_model_dir, tiny_byte_tokenizer
 

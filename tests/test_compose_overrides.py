@@ -1,4 +1,4 @@
-"""Every `model.KEY=…` override the docs show composes, without `+`, on every model config (issue 11)."""
+"""Every `model.KEY=…` override the docs show composes, without `+`, on every model config."""
 from __future__ import annotations
 
 import re

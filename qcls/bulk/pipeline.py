@@ -6,7 +6,7 @@ batch's forward behind the running one), and a finished batch is collected only 
 it (`Classifier.done`). `process_chunk` runs one chunk of rows through it slice by slice: between slices it
 feeds the device, and it builds the records of the slices whose queries are answered while the device works on
 later ones. So the device waits for the host only at a chunk's end (its last, partial batch), where before it
-waited while a whole chunk was read and while all of its records were built (issue 31: the file command ran at
+waited while a whole chunk was read and while all of its records were built (with them in turn, the file command ran at
 0.84 × the engine's rate).
 
 A chunk's batches are the ones a one-shot run over its distinct new queries would make (full batches in order

@@ -54,7 +54,7 @@ HASH = "__qcls_hash"
 # under a second of an actor's work, so the run's last calls leave the other actors idle that long at most
 SORTED_BATCH_ROWS = 2048
 POOL_WARN_S = 300  # a model loads in a minute or two: no actor ready after this, the cluster lacks room
-STREAMED_BATCH_ROWS = 4096  # rows per call streamed (bench/bulk.py's one-actor run: 0.92 × one process)
+STREAMED_BATCH_ROWS = 4096  # rows per call streamed (one actor: 0.92 × one process, bench/RESULTS.md)
 
 
 def query_hash(q, line: int) -> int:

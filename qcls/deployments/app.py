@@ -143,9 +143,9 @@ class QclsDeployment:
 
     def replica_stats(self) -> dict[str, Any]:
         """This replica's process id, its memory now (`memory`: RSS and, on a GPU, torch's allocated and reserved
-        bytes; bench/soak.py watches them) and garbage-collector pauses since start-up (count, total and longest
-        by generation; `recent`: the latest as (perf_counter at start, ms, generation)); bench/load.py lines
-        them up with its slowest requests."""
+        bytes; growth over minutes is a leak) and garbage-collector pauses since start-up (count, total and longest
+        by generation; `recent`: the latest as (perf_counter at start, ms, generation)), to line
+        them up with a client's slowest requests."""
         return {"pid": os.getpid(), "memory": memory_now(self.clf.loaded.device), "gc": self.metrics.gc.summary()}
 
     async def check_health(self) -> None:
@@ -215,7 +215,7 @@ class QclsDeployment:
 
 
 # Serve's handle calls cloudpickle their arguments and results by default; qcls's are plain lists, strings
-# and dataclasses (qcls.results), which the standard pickle writes at a fraction of the cost (bench/serve.py encode)
+# and dataclasses (qcls.results), which the standard pickle writes at a fraction of the cost (bench/RESULTS.md)
 HANDLE_SERIALIZATION = {"request_serialization": "pickle", "response_serialization": "pickle"}
 
 

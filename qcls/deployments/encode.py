@@ -2,7 +2,7 @@
 
 The pydantic models in `schemas` document the same shapes (OpenAPI) and a test checks that these bytes
 validate against them; going through the models on every request (validate, then dump) cost a multiple of
-this (bench/serve.py encode). orjson writes every dataclass field, so fields added to qcls.results (the
+this (bench/RESULTS.md). orjson writes every dataclass field, so fields added to qcls.results (the
 head logits, say) reach the wire without a change here, and it writes NaN and infinity as null as
 pydantic does.
 """

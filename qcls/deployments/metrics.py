@@ -79,7 +79,7 @@ class GcPauses:
 
 def memory_now(device) -> dict[str, int | None]:
     """This process's resident memory and, on a CUDA device, what torch has allocated and reserved there (bytes;
-    reserved includes the CUDA graphs' pools); bench/soak.py watches them for growth."""
+    reserved includes the CUDA graphs' pools); growth over minutes is a leak."""
     try:  # Linux: current RSS (resource.getrusage gives only the peak)
         rss = int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):

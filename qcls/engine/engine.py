@@ -100,7 +100,7 @@ class FastEngine:
             if self.device.type == "cuda" else []
         # The stream every request runs on (graph replays and copies go to the current stream, which is the
         # default stream in any thread that sets none; qcls sets none): the events name it rather than look it
-        # up three times a request (a Python lookup of ~10 µs each on an H100 host, issue 27).
+        # up three times a request (a Python lookup of ~10 µs each on an H100 host).
         self._stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
         if self.graphs:
             pool = torch.cuda.graph_pool_handle()

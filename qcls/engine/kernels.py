@@ -9,7 +9,7 @@ others by w (both in float32 here). They are elementwise/reduction work,
 which Triton runs on sm_75 without tensor cores; the GEMMs stay on cuBLAS. The torch versions define the
 math and are what CPU runs use; GPU tests hold the Triton versions to them.
 
-Precision (issue 18): the residual stream is kept in float32 across layers, and every elementwise step
+Precision: the residual stream is kept in float32 across layers, and every elementwise step
 (norm × weight, q/k norm, rotation, activation × up) is computed in float32 and rounded to the model's dtype
 once, where the next GEMM reads it. transformers' fp16 forward rounds the residual after every layer and each
 of those steps separately; those roundings compound over 36 layers. The extra bytes are [tokens, hidden]
@@ -32,7 +32,7 @@ def use_triton(x: torch.Tensor) -> bool:
     return triton is not None and x.is_cuda
 
 
-# None: residual_hints decides; True / False: forced (tests, bench/gemm.py --residual-hints)
+# None: residual_hints decides; True / False: forced (tests)
 RESIDUAL_HINTS: bool | None = None
 
 
@@ -43,7 +43,7 @@ def residual_hints(x: torch.Tensor, rows: int) -> bool:
     keeps the residual there for the next norm. H100 (50 MB L2), Qwen3-4B / Gemma3-4B layer chains (GEMMs, these norms
     and the activation, in alternation): the norms 5-15 % faster at 126 and 440 rows (1.3-4.5 MB of residual), the
     chains 0.07-0.15 ms faster at 126 rows and -0.08 to +0.04 ms at 440 (the GEMMs' own spread between runs); at 1760
-    rows (18 MB) the norms gained 2-4 % and the GEMMs lost as much or more (2026-11-26, bench/gemm.py --residual-hints,
+    rows (18 MB) the norms gained 2-4 % and the GEMMs lost as much or more (2026-11-26, the layer chains timed alone,
     bench/RESULTS.md)."""
     if RESIDUAL_HINTS is not None:
         return RESIDUAL_HINTS
@@ -165,7 +165,7 @@ if triton is not None:
                                  OFFSET: tl.constexpr, GATHER: tl.constexpr, BLOCK: tl.constexpr, HINT: tl.constexpr):
         """_add_rmsnorm_kernel's two launches in one: d = RMSNorm_post(x) in float32, s = r + d, y = RMSNorm(s).
         The same operations as the two launches (the compiler may fuse d's last product with the add: one float32
-        rounding fewer), without d written and read back (issue 27: Gemma3 ran 137 norm launches a forward,
+        rounding fewer), without d written and read back (unfused, Gemma3 ran 137 norm launches a forward,
         0.35 ms at 126 tokens on an H100)."""
         row = tl.program_id(0)
         src = tl.load(rows_ptr + row) if GATHER else row  # as in _add_rmsnorm_kernel
@@ -271,7 +271,7 @@ if triton is not None:
 
 def gather_rows(tables: torch.Tensor, idx: torch.Tensor, impl: str = "auto") -> torch.Tensor:
     """[K, N, D] = tables [K, P, D] at rows idx [N] (int64), each [N, D] slice contiguous: the K cos/sin tables of a
-    forward's RoPE kinds at its tokens' positions in one launch on CUDA (issue 27: Gemma3-4B gathered its two kinds'
+    forward's RoPE kinds at its tokens' positions in one launch on CUDA (one per kind: Gemma3-4B gathered its two kinds'
     cos and sin in four launches). impl: auto, or torch / triton (tests)."""
     if impl == "torch" or (impl == "auto" and not use_triton(tables)):
         return tables[:, idx]

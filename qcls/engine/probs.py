@@ -1,4 +1,4 @@
-"""Every prompt's label probabilities, next to the tail's scores, on the device (issue 27).
+"""Every prompt's label probabilities, next to the tail's scores, on the device.
 
 The tail's scores (engine/tail.py: the raw block, then the head block, each (query, prompt, label)-major) are
 softmaxed per (query, prompt) in float64, the precision the host used before (classifier._build), and written

@@ -93,7 +93,7 @@ if triton is not None:
     def _qkv_heads_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, qo_ptr, kb_ptr, vb_ptr, slot_ptr,
                           q_s0, k_s0, v_s0, qo_s0, kb_s_head, eps, NH: tl.constexpr, D: tl.constexpr,
                           HB: tl.constexpr, HAS_NORM: tl.constexpr, OFFSET: tl.constexpr):
-        """_qkv_kernel with HB heads per program (issue 27): program (token t, group g) does query heads
+        """_qkv_kernel with HB heads per program (the blocked q/k/v kernel): program (token t, group g) does query heads
         g·HB … g·HB + HB - 1, or, past the query heads, that group of key heads (and their values). One token's
         cos/sin and norm weights are read once for HB heads, and there are HB× fewer programs: the one-head
         kernel ran at 4-10× its bytes' time on an H100 (0.21 ms of a 126-token forward, 0.55 ms at 440).
@@ -172,7 +172,7 @@ if triton is not None:
     @triton.jit
     def rope_values(src, ok, tok, cos_ptr, sin_ptr, w_ptr, eps, D: tl.constexpr, HAS_NORM: tl.constexpr,
                     OFFSET: tl.constexpr):
-        """_qkv_heads_kernel's arithmetic for a block of rows, inside another kernel (issue 27: the tree
+        """_qkv_heads_kernel's arithmetic for a block of rows, inside another kernel (the fused q/k/v: the tree
         attention, engine.fuse_qkv_attention): `src` [R] points at each row's head (D values), `tok` [R] its token
         (a row of the forward's cos/sin [tokens, D]); returns the rotated halves [R, D/2] in float32 (rows where
         `ok` is false read nothing and come out 0)."""

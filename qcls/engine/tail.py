@@ -11,7 +11,7 @@ tail is a fixed handful of kernels (capturable in the same CUDA graph as the for
     out[n:] += W_f · read states               (only when a head reads hidden states)
 
 With the sibling-group normaliser on a GPU (engine.fuse_tail), the gather, the group log-sum-exps and the
-subtraction are one Triton kernel (issue 27: eight small launches before, ~15 µs of a batch-1 forward on an
+subtraction are one Triton kernel (as torch ops: eight small launches, ~15 µs of a batch-1 forward on an
 H100): each entry reads its group's logits itself (`members`, built here).
 
 `table` = [[W, 0], [W_s · W, c]] per (query, prompt) (docs/design.md §9–10): a head's score weights and bias are

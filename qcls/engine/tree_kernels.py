@@ -12,7 +12,7 @@
   walking the prefix itself (one launch instead of two), adds the row's own keys (causal / trie ancestry),
   normalises and writes the output.
 
-FUSED (engine.fuse_qkv_attention, issue 27): the kernels take the QKV GEMM's output as it is and do the q/k/v
+FUSED (engine.fuse_qkv_attention): the kernels take the QKV GEMM's output as it is and do the q/k/v
 kernel's work themselves (qkv_kernels.rope_values), one launch fewer per layer: each program (q-norms and) rotates
 its own query vectors in registers, rounded to the model's dtype as the q/k/v kernel rounds them (no store, barrier
 and read back on the program's critical path). The row's keys: with KEYS_REG (Tuning.row_keys_in_registers) the

@@ -59,7 +59,7 @@ eval.fit_method) and reports accuracy / macro-F1 / NLL / ECE / Brier with and wi
 
 Launchers: the default (basic) launcher runs jobs one after another in this process, which allows the
 model reuse. hydra/launcher=joblib (pip install 'qcls[sweep]') runs jobs in parallel processes (CPU).
-Several GPUs: python bench/sweep_gpus.py --devices 0,1,2,3 -- -m … (from a checkout) splits the jobs, runs one
+Several GPUs: python -m qcls.eval.sweep_gpus --devices 0,1,2,3 -- -m … splits the jobs, runs one
 sweep per GPU (CUDA_VISIBLE_DEVICES=i) and merges them (`qcls sweep --report DIR1 DIR2 --out D`).
 Details: docs/evaluation.md. Hydra's own options: qcls sweep --hydra-help."""
 

@@ -143,7 +143,7 @@ def test_gpu_streamed_layers_and_the_budget_check(tiny_dirs):
     clf = Classifier(c)
     assert not clf.engine.graphs and "per request" in " ".join(clf.notes)
     # the streamed layers' q/k/v and gate/up run as separate GEMMs but with the same float32 numerics around
-    # them: bit-identical on an H100 (issue 27; 1.8e-3 off before the module MLP took the fused activation)
+    # them: bit-identical on an H100 (1.8e-3 off before the module MLP took the fused activation)
     assert torch.equal(scores(clf), ref)
     with pytest.raises(MemoryBudgetError, match="over the budget of 0.00 GiB"):
         Classifier(cfg(tiny_dirs["llama"], "fp16-offload", device="cuda", gpu_memory_gib=0.001))

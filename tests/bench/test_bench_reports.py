@@ -1,4 +1,4 @@
-"""The several-GPU benchmarks' verdicts (bench/replica_loss.py, bench/soak.py, bench/serve.py replicas) on
+"""The several-GPU benchmarks' verdicts (bench/replica_loss.py, bench/replicas.py) on
 synthetic runs worked out by hand, so that a run on a lent GPU cannot end in a report that crashes or judges
 wrongly. (The runs themselves: docs/serving.md, "Several GPUs".)"""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("orjson")
 
-from bench import replica_loss, serve_runs, soak  # noqa: E402
+from bench import replica_loss, replicas  # noqa: E402
 
 A, B, NEW = "http://127.0.0.1:30000", "http://127.0.0.1:30001", "http://127.0.0.1:30002"
 
@@ -58,48 +58,13 @@ def test_replica_loss_through_the_proxy_does_not_claim_which_replica_answered():
     assert "not visible through the proxy" in replica_loss.report(s, a, {"device": "cpu"})
 
 
-def minute(m: int, p99: float, rss: int, errors: int = 0) -> dict:
-    return {"minute": m, "requests": 100, "errors": errors, "first_error": "503" if errors else "", "rps": 1.6,
-            "p50": 10.0, "p99": p99, "rss": rss, "cuda_allocated": 1000, "cuda_reserved": 2000}
-
-
-def test_soak_goals():
-    ok = [minute(1, 20.0, 1000), minute(2, 21.0, 1005), minute(3, 23.9, 1009)]
-    g = soak.goals(ok, 3)
-    assert not [x for x in g if "NOT met" in x] and "ran 3 of 3 minutes" in g[0]
-    bad = [minute(1, 20.0, 1000), minute(2, 21.0, 1011, errors=1), minute(3, 24.1, 1000)]
-    g = soak.goals(bad, 4)
-    assert "(what fitted --budget-s)" in g[0]
-    failed = [x.split(":")[0] for x in g if "NOT met" in x]
-    assert failed == ["errors", "rss", "p99 last minute 24.10 ms ≤ 1.2 × first 20.00 = 24.00"]
-    text = soak.report(bad, SimpleNamespace(minutes=4), {"device": "cpu"})
-    assert "| 2 | 100 | 1 |" in text and "First error of minute 2: `503`" in text
-
-
 def test_serve_replicas_goal_against_one_replica():
     def row(n, kind, rps):
         return {"replicas": n, "kind": kind, "path": f"http ({kind})", "concurrency": 8 * n, "requests": 100,
                 "errors": 0, "first_error": "", "rps": rps, "p50": 1.0, "p99": 2.0, "batch": 4.0, "client_cpu": 0.3}
     rs = [row(1, "ports", 500), row(1, "proxy", 175), row(2, "ports", 900), row(2, "proxy", 300), row(4, "ports", 1700)]
-    g = serve_runs.goals(rs, [1, 2, 4, 8], {1, 2, 4}, gpus=4, need_gpus=True)
+    g = replicas.goals(rs, [1, 2, 4, 8], {1, 2, 4}, gpus=4, need_gpus=True)
     assert any(x.startswith("N=2 replica ports: 900 req/s ≥ 0.9 × 2 × 500 (one replica) = 900: met") for x in g)
     assert any(x.startswith("N=4 replica ports") and "NOT met" in x for x in g)  # 1700 < 1800
     assert "N=8: not measured: 8 replicas need 8 GPUs, 4 visible (no multi-GPU machine was lent)" in g
-    assert "| 2 | http (ports) | 16 | 100 | 0 | 900.0 | 450.0 |" in serve_runs.table(rs)
-
-
-def test_http_ab_table_and_ratio(tmp_path):
-    """bench/http_ab.py: one row per run, new over the mean of the base runs (worked by hand: 110 / 100)."""
-    import json
-
-    from bench import http_ab
-
-    def run(name, rps):
-        stats = [{"path": "engine b4", "rps": 999.0},
-                 {"path": "http (replica port)", "rps": rps, "p50": 16.0, "p99": 40.0, "batch": 4.0, "errors": 0}]
-        (tmp_path / name).write_text(json.dumps({"stats": stats}))
-        return str(tmp_path / name)
-    text = http_ab.main([run("http-base-1.json", 90.0), run("http-new-1.json", 110.0), run("http-base-2.json", 110.0),
-                         run("notes.json", 1.0)])
-    assert "| base 1 | 90.0 |" in text and "| new 1 | 110.0 |" in text and "| base 2 | 110.0 |" in text
-    assert text.strip().endswith("new / mean of the base runs, req/s: 1.100")
+    assert "| 2 | http (ports) | 16 | 100 | 0 | 900.0 | 450.0 |" in replicas.table(rs)

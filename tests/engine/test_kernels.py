@@ -63,7 +63,7 @@ def _qkv_case(device, dtype, norm, n=29, heads=8, kv=2, d=64, slots=64, hb=1, of
 
 @pytest.mark.skipif(K.triton is None or torch.cuda.is_available(), reason="interpreter run: needs Triton, no GPU")
 @pytest.mark.parametrize("norm", [False, True])
-@pytest.mark.parametrize("hb", [1, 2])  # one head per program, and the blocked kernel (issue 27)
+@pytest.mark.parametrize("hb", [1, 2])  # one head per program, and the blocked kernel
 def test_qkv_kernel_interpreted(norm, hb):
     _qkv_case("cpu", torch.float32, norm, hb=hb, offset=norm and hb == 2)
 
@@ -143,7 +143,7 @@ def test_norm_kernel_with_rows_interpreted(hints, monkeypatch):
 
 
 def test_residual_hints_off_the_gpu(monkeypatch):
-    """No hints for tensors off the GPU; a forced setting wins (tests, bench/gemm.py --residual-hints)."""
+    """No hints for tensors off the GPU; a forced setting wins (tests)."""
     x = torch.zeros(4, 8)
     assert not K.residual_hints(x, 4)
     monkeypatch.setattr(K, "RESIDUAL_HINTS", True)

@@ -127,7 +127,7 @@ def test_kept_layouts_give_the_buffer_a_fresh_packer_gives():
 
 
 def _reference_layout(packer, lengths, n, tile):
-    """The layout built query by query (qcls before issue 27's vectorised build): each template copied,
+    """The layout built query by query (the build before the vectorised one): each template copied,
     shifted and concatenated in turn, its rows cut into tiles of `tile` tokens here. The slow, obvious version
     the packer's layout must equal."""
     import numpy as np

