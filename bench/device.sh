@@ -124,11 +124,15 @@ mode_prefix() {  # bench/prefix.py: what a long prompt costs
     step "$(size 60 240)" prefix python -m bench.prefix ${QUICK:+--iters 30}
 }
 
+mode_exit() {  # bench/layer_exit.py: the forward at each depth a head can stop it (under `all`: Qwen3-4B)
+    step "$(size 120 300)" exit python bench/layer_exit.py --models qwen3_4b $(size "" gemma3_4b) --iters "$(size 20 50)"
+}
+
 mode_fidelity() {  # bench/fidelity.py: fp16 against fp32, per strategy and with a learned head
     step "$(size 50 300)" fidelity python bench/fidelity.py --model qwen3_4b ${QUICK:+--queries 4 --head-queries 2}
 }
 
-ALL="tests latency host serving bulk prefix fidelity backends replicas"
+ALL="tests latency exit host serving bulk prefix fidelity backends replicas"
 modes=("$@")
 [ ${#modes[@]} -eq 0 ] && modes=(all)
 for arg in "${modes[@]}"; do
