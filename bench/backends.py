@@ -5,16 +5,14 @@ at batch 1 and 4 (8 prompts), CUDA graphs, and score agreement with the fp16 bac
     python -m bench.backends fp16 bnb-nf4 gptq:bits=4,kernel=torch --shape qwen3_4b
     python -m bench.backends --tiny                           # CPU, tiny model: checks the script itself
 
-A backend spec is NAME[:key=value,...]; keys go to backend.options except `bits` / `group` (GPTQ checkpoint
-written by round-to-nearest from the same fp16 weights) and dotted keys, which are Hydra overrides
-(`gptq:bits=4,kernel=torch,engine.cuda_graphs=false`). fp16 always runs first as the reference (no
-memory budget: it is the baseline even where it would not fit a T4); the others run under
-`--budget-gib` (the T4 profile), so a refusal by the start-up memory check is a result too. One backend
-failing is recorded and the rest go on. Appends to bench/RESULTS.md; backends.json to $OUT when set.
+A backend spec is NAME[:key=value,...]: keys go to backend.options, except `bits` / `group` (a GPTQ checkpoint
+written by round-to-nearest from the same weights) and dotted keys (Hydra overrides). fp16 runs first as the
+reference, without a memory budget; the others under `--budget-gib` (the T4 profile), where a refusal is a
+result too; one backend failing is recorded and the rest go on. Appends to bench/RESULTS.md; JSON to $OUT.
 """
 from __future__ import annotations
 
-import argparse
+import importlib
 import json
 import sys
 import time
@@ -24,7 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.common import free, header, median, pct, random_checkpoint, report, score_diff  # noqa: E402
+from bench.common import free, header, median, parser, pct, random_checkpoint, report, score_diff  # noqa: E402
 
 DEFAULT = ["fp16", "fp16-offload", "bnb-int8", "bnb-int8:threshold=0", "bnb-nf4"]
 QUERIES = ["red summer dress for women", "boys winter hoodie", "cheap black jeans", "vintage trench coat",
@@ -55,7 +53,7 @@ def compile(pattern, flags=0):  # noqa: A001
 def ensure_pcre(root: Path) -> str | None:
     """GPTQModel needs `pcre`; fall back to a shim over `re` when pypcre is not installed."""
     try:
-        import pcre  # noqa: F401
+        importlib.import_module("pcre")
         return None
     except ImportError:
         shim = root / "pcre-shim"
@@ -173,7 +171,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("backends", nargs="*", default=DEFAULT)
     ap.add_argument("--shape", default="qwen3_8b", choices=["qwen3_8b", "qwen3_4b"])
     ap.add_argument("--tiny", action="store_true", help="CPU, tiny random model: tests the script")
@@ -181,7 +179,6 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--budget-gib", type=float, default=15.0, help="gpu_memory_gib for the non-reference rows")
     ap.add_argument("--override", nargs="*", default=[], help="extra Hydra overrides for every backend")
-    ap.add_argument("--no-append", action="store_true", help="print, do not append to RESULTS.md")
     args = ap.parse_args(argv)
     from qcls.progress import set_quiet
     set_quiet(True)

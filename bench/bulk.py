@@ -2,20 +2,15 @@
 (bench/querylog.py: Zipf-like repeats, English and Chinese) through random-weight Qwen3-4B × prompts=ecommerce8
 with the real Qwen tokenizer, at engine.max_batch_size 4, 8 and 16.
 
-Per batch size, one Classifier (start-up, graphs and GPU memory reported apart), then:
-  engine   the engine alone: the log's distinct queries (first --engine-queries of them), tokenized up front,
-           launched and collected with two batches in flight (FastEngine.launch / collect): its distinct/s;
-  file     `qcls bulk` single-process on the whole log (CSV in, Parquet out) with that Classifier: distinct
-           queries classified per second after start-up (goal ≥ 0.9 × engine), rows/s.
-A T4 projection per batch size from the measured tokens per forward (bench/common.py). Ray Data over one or
-several actors: bench/bulk_ray.py.
+Per batch size, one Classifier, then the engine alone (the log's first --engine-queries distinct queries, two
+batches in flight) against `qcls bulk` single-process on the whole log with that Classifier (goal ≥ 0.9 ×
+engine), and a T4 projection. Ray Data over one or several actors: bench/bulk_ray.py.
 
     QCLS_BENCH_COMMIT=<sha> PYTHONPATH=. python bench/bulk.py                     # GPU: appends to RESULTS.md
     PYTHONPATH=. python bench/bulk.py --model tiny --rows 2000 --batch-sizes 4 --no-append   # CPU smoke
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -59,13 +54,12 @@ def engine_rate(clf, queries: list[str], n: int) -> tuple[float, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = C.parser(__doc__)
     ap.add_argument("--model", default="qwen3_4b", choices=["qwen3_4b", "qwen3_8b", "tiny"])
     ap.add_argument("--rows", type=int, default=200_000)
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[4, 8, 16])
     ap.add_argument("--engine-queries", type=int, default=4096, help="distinct queries timed on the engine alone")
     ap.add_argument("--workdir", default=None)
-    ap.add_argument("--no-append", action="store_true", help="print the section, do not append to RESULTS.md")
     args = ap.parse_args()
     work, queries, log = log_in(args.workdir, args.rows, "qcls_bulk_bench_")
     t0 = time.perf_counter()

@@ -1,24 +1,16 @@
 """`qcls bulk --ray` over N GPU actors: scaling, and an actor killed mid-run.
 
-bench/bulk.py's 200k-row log (bench/querylog.py) through Ray Data with random-weight Qwen3-4B × ecommerce8 and
-the real Qwen tokenizer, at batch 8 (the file command's GPU default), for each N in --actors (one GPU each):
-
-  rate      the log's distinct queries per second from the first actor ready, and with the pool full;
-            scaling = rate / (N × the one-actor rate of this lease)
-  start-up  seconds until the first actor was built and warm, and until all N were (the pool full)
-  per actor the GPU's utilisation (nvidia-smi every 0.5 s) and the share of the seconds inside its calls
-
-Defaults as the user gets them: one actor streams the rows; several get them sorted by query hash (each distinct
-query on one actor). --kill N runs N actors again and SIGKILLs one actor's process --kill-after-s seconds after
-the pool is full: the output must hold every input row exactly once with the clean N-actor run's labels; the
-restart and the seconds lost against the clean run are reported.
+bench/bulk.py's log through Ray Data (random-weight Qwen3-4B × ecommerce8, batch 8) for each N in --actors,
+one GPU each: the log's distinct queries/s from the first actor ready and with the pool full (scaling against
+N × one actor), start-up, GPU utilisation and busy share per actor. One actor streams the rows; several get
+them sorted by query hash. --kill N runs N actors again and SIGKILLs one --kill-after-s after the pool is full:
+every input row must come out exactly once with the clean run's labels.
 
     QCLS_BENCH_COMMIT=<sha> PYTHONPATH=. python bench/bulk_ray.py --actors 1 2 4 --kill 4   # GPU host
     python bench/bulk_ray.py --model tiny --rows 20000 --actors 2 --kill 2 --kill-after-s 0.5 --no-append  # CPU smoke
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -27,6 +19,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+import pyarrow.parquet as pq
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench import common as C  # noqa: E402
@@ -109,21 +103,15 @@ def one_run(log: Path, work: Path, overrides: list[str], n: int, kill_after: flo
 
 def check_output(out: Path, log: Path) -> dict:
     """Every input row exactly once, in input order (the CSV's id column is the row's index)."""
-    ids = [i for f in sorted(out.iterdir()) for i in _table(f, ["id"]).column("id").to_pylist()]
+    ids = [int(i) for f in sorted(out.iterdir()) for i in pq.read_table(f, columns=["id"]).column("id").to_pylist()]
     n_in = sum(1 for _ in log.open(encoding="utf-8")) - 1
-    ids = [int(i) for i in ids]
     return {"rows_out": len(ids), "rows_in": n_in, "each_once": sorted(ids) == list(range(n_in)),
             "in_order": ids == list(range(n_in))}
 
 
-def _table(f: Path, columns: list[str] | None = None):
-    import pyarrow.parquet as pq
-    return pq.read_table(f, columns=columns)
-
-
 def same_labels(a: str, b: str, prompts: list[str]) -> dict:
     """How far two runs' outputs agree: rows with every winner equal, the largest |Δ probability|."""
-    x, y = ([r for f in sorted(Path(o).iterdir()) for r in _table(f).to_pylist()] for o in (a, b))
+    x, y = ([r for f in sorted(Path(o).iterdir()) for r in pq.read_table(f).to_pylist()] for o in (a, b))
     key = lambda r: int(r["id"])  # noqa: E731
     x, y = sorted(x, key=key), sorted(y, key=key)
     equal = sum(all(r[p] == s[p] for p in prompts) for r, s in zip(x, y))
@@ -133,7 +121,7 @@ def same_labels(a: str, b: str, prompts: list[str]) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = C.parser(__doc__)
     ap.add_argument("--model", default="qwen3_4b", choices=["qwen3_4b", "qwen3_8b", "tiny"])
     ap.add_argument("--rows", type=int, default=200_000)
     ap.add_argument("--actors", type=int, nargs="+", default=[1, 2, 4])
@@ -141,7 +129,6 @@ def main() -> None:
     ap.add_argument("--kill-after-s", type=float, default=5.0)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--workdir", default=None)
-    ap.add_argument("--no-append", action="store_true")
     args = ap.parse_args()
     import ray
     work, queries, log = log_in(args.workdir, args.rows, "qcls_bulk_ray_")

@@ -2,6 +2,7 @@
 kernel profiles, score comparisons, the T4 projection, RESULTS.md records."""
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import gc
 import json
@@ -14,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from qcls.eval.timing import commit  # the commit measured: git, or QCLS_BENCH_COMMIT on a copy without .git
 
 # QCLS_BENCH_RESULTS: another file to append to (the smoke tests write there, never into the log)
 RESULTS = Path(os.environ.get("QCLS_BENCH_RESULTS") or Path(__file__).resolve().parent / "RESULTS.md")
@@ -67,10 +70,28 @@ def random_qwen3(name: str, device: str, dtype: torch.dtype, seed: int = 0):
     return random_model(model_config(name), device, dtype, seed)
 
 
-def random_checkpoint(shape: str, out: Path | None = None) -> Path:
+def device_dtype() -> tuple[str, torch.dtype]:
+    """Where the benches run and in what: fp16 on the GPU, float32 on the CPU (smoke runs)."""
+    return ("cuda", torch.float16) if torch.cuda.is_available() else ("cpu", torch.float32)
+
+
+def loaded(model, tok=None):
+    """`model` as the engine takes it (a LoadedModel), with the real Qwen tokenizer unless `tok` is given."""
+    from qcls.backends.base import LoadedModel, module_bytes
+    from qcls.qwen_tokenizer import build_qwen_tokenizer
+    return LoadedModel(model, tok or build_qwen_tokenizer(), torch.device(model.device.type), model.dtype, "fp16",
+                       memory=module_bytes(model))
+
+
+def family(shape: str) -> str:
+    """The model config a shape's runs compose (prompts, template): qwen3_8b's own, else qwen3_4b's."""
+    return "qwen3_8b" if shape == "qwen3_8b" else "qwen3_4b"
+
+
+def random_checkpoint(shape: str) -> Path:
     """random_qwen3's weights saved as a local checkpoint with the real Qwen tokenizer (written once, reused), so
     that a replica, an actor or a backend loads it like any local model: timings depend on shapes, not values."""
-    out = Path(out or f"/tmp/qcls_random_{shape}")
+    out = Path(f"/tmp/qcls_random_{shape}")
     if (out / "qcls_bench.json").is_file():
         return out
     from qcls.qwen_tokenizer import save_qwen_tokenizer
@@ -86,10 +107,9 @@ def random_checkpoint(shape: str, out: Path | None = None) -> Path:
     return out
 
 
-def checkpoint_overrides(shape: str, out: Path | None = None) -> list[str]:
+def checkpoint_overrides(shape: str) -> list[str]:
     """Hydra overrides that load random_checkpoint(shape) (the family's config for everything but the weights)."""
-    family = "qwen3_8b" if shape == "qwen3_8b" else "qwen3_4b"
-    return [f"model={family}", "model.source=local", f"model.path={random_checkpoint(shape, out)}",
+    return [f"model={family(shape)}", "model.source=local", f"model.path={random_checkpoint(shape)}",
             f"model.name=random_{shape}", "model.head=null"]
 
 
@@ -144,6 +164,12 @@ def paired_samples(a, b, queries, iters: int) -> tuple[list[float], list[float]]
     return ta, tb
 
 
+def paired_p50(a, b, queries, iters: int, per_pair) -> tuple[float, float, float]:
+    """p50 of a and of b (paired_samples), and the median over the pairs of per_pair(ms of a, ms of b)."""
+    ta, tb = paired_samples(a, b, queries, iters)
+    return median(ta), median(tb), median([per_pair(x, y) for x, y in zip(ta, tb)])
+
+
 def t4_projection(lbytes: int, lparams: int, tokens: int) -> float:
     """ms on a T4: weight read at 75% of 320 GB/s plus GEMM FLOPs at 50% of 65 TFLOP/s (docs/design.md §8)."""
     return (lbytes / (T4_BW * T4_BW_EFF) + 2 * lparams * tokens / (T4_FLOPS * T4_FLOP_EFF)) * 1e3
@@ -183,6 +209,11 @@ def timed(fn, iters: int, warm: int = 3) -> list[float]:
     return out
 
 
+def n_graphs(clf) -> int:
+    """CUDA graphs a Classifier's engine captured."""
+    return sum(len(bk.graphs) for bk in clf.engine.buckets.values() if bk.graphs)
+
+
 def bucket_forward(bucket):
     """One forward of an engine bucket: its captured graph's replay, or the eager forward without graphs."""
     return bucket.graphs[0].replay if bucket.graphs else bucket.forward
@@ -209,8 +240,7 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
 
 
-def median(xs: list[float]) -> float:
-    return statistics.median(xs)
+median = statistics.median
 
 
 def copy_bandwidth_gbs() -> float:
@@ -218,7 +248,6 @@ def copy_bandwidth_gbs() -> float:
     x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     y = torch.empty_like(x)
     ms = median(timed(lambda: y.copy_(x), 20))
-    del x, y
     return 2 * (1 << 30) / (ms / 1e3) / 1e9
 
 
@@ -228,7 +257,6 @@ def matmul_tflops(n: int = 8192) -> float:
     a = torch.randn(n, n, device="cuda", dtype=torch.float16)
     b = torch.randn_like(a)
     ms = median(timed(lambda: a @ b, 10))
-    del a, b
     return 2 * n ** 3 / (ms / 1e3) / 1e12
 
 
@@ -236,10 +264,11 @@ def device_name() -> str:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
 
 
-def commit() -> str:
-    """The commit measured (qcls/eval/timing.py: git, or QCLS_BENCH_COMMIT on a copy without .git)."""
-    from qcls.eval.timing import commit as measured_commit
-    return measured_commit()
+def parser(doc: str) -> argparse.ArgumentParser:
+    """A bench's argument parser: its module docstring as the help, and --no-append."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--no-append", action="store_true", help="print, do not append to RESULTS.md")
+    return ap
 
 
 def header(title: str, config: str) -> str:

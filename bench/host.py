@@ -5,13 +5,12 @@ tokenizer, ecommerce8 (8 prompts, two with multi-token labels).
     PYTHONPATH=. python bench/host.py --model qwen3_4b              # on a GPU machine
     PYTHONPATH=. python bench/host.py --model tiny --iters 200      # CPU: the Python host work only
 
-On the CPU the device is the host, so `forward` and `score` are the tiny model's own compute; the tokenize,
-pack, result-building costs are the same Python as on a GPU machine (a CPU profile, labelled as such).
-Appends a section to bench/RESULTS.md.
+On the CPU, `forward` and `score` are the tiny model's own compute (a CPU profile, labelled as such). Appends a
+section to bench/RESULTS.md.
 """
 from __future__ import annotations
 
-import argparse
+import contextlib
 import cProfile
 import io
 import os
@@ -25,9 +24,7 @@ import yaml
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench import common as C  # noqa: E402
 from bench.latency import QUERIES, make_cfg, prompt_sets  # noqa: E402
-from qcls.backends.base import LoadedModel, module_bytes  # noqa: E402
 from qcls.classifier import Classifier  # noqa: E402
-from qcls.qwen_tokenizer import build_qwen_tokenizer  # noqa: E402
 from qcls.scoring.tokenization import encode_query  # noqa: E402
 
 HOST = ("tokenize", "prepare", "score", "postprocess")
@@ -161,30 +158,25 @@ def kernel_tables(clf: Classifier) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = C.parser(__doc__)
     ap.add_argument("--model", default="qwen3_4b", choices=C.MODELS)
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--profile-iters", type=int, default=200)
     ap.add_argument("--buckets", type=int, nargs="+", default=[4, 8, 12, 16, 24, 32, 48, 64])
-    ap.add_argument("--no-append", action="store_true", help="print, do not append to RESULTS.md")
     ap.add_argument("--engine", nargs="*", default=[], metavar="KEY=VALUE",
                     help="engine settings, e.g. fuse_qkv_attention=false fuse_tail=false (YAML values)")
     args = ap.parse_args()
     engine = {k: yaml.safe_load(v) for k, v in (x.split("=", 1) for x in args.engine)}
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = torch.float16 if dev == "cuda" else torch.float32
-    model = C.random_qwen3(args.model, dev, dtype)
-    loaded = LoadedModel(model, build_qwen_tokenizer(), torch.device(dev), dtype, "fp16", memory=module_bytes(model))
+    dev, dtype = C.device_dtype()
+    loaded = C.loaded(C.random_qwen3(args.model, dev, dtype))
     clf = Classifier(make_cfg(prompt_sets()[EIGHT], "trie", args.buckets, engine=engine), loaded=loaded)
     kind = "GPU" if dev == "cuda" else "CPU profile (the device is the host: forward/score are CPU compute)"
     text = C.header(f"host stages: {args.model} random weights, ecommerce8 ({kind})"
                     + (f", engine {' '.join(args.engine)}" if args.engine else ""),
                     f"bench/host.py --model {args.model} --iters {args.iters} --profile-iters {args.profile_iters}"
-                    f"{' --engine ' + ' '.join(args.engine) if args.engine else ''}"
-                    "; "
-                    f"graphs {clf.engine.graphs}; queries {QUERIES}")
-    text += "| batch | tokenize | prepare | forward | score | postprocess | host stages (tok+prep+score+post) |\n"
-    text += "|---|---|---|---|---|---|---|\n"
+                    f"{' --engine ' + ' '.join(args.engine) if args.engine else ''}; graphs {clf.engine.graphs}; queries {QUERIES}")
+    text += ("| batch | tokenize | prepare | forward | score | postprocess | host stages (tok+prep+score+post) |\n"
+             "|---|---|---|---|---|---|---|\n")
     steps, profs = {}, {}
     allocs0 = torch.cuda.memory_stats()["allocation.all.allocated"] if dev == "cuda" else 0
     for b, new in ((1, False), (1, True), (4, False), (4, True)):
@@ -195,14 +187,10 @@ def main() -> None:
         if new:
             continue
         steps[b] = per_step(clf, qs, args.iters)
-        if dev == "cuda":
+        with StubDevice(clf) if dev == "cpu" else contextlib.nullcontext():
             profs[b] = profile(clf, qs, args.profile_iters)
-        else:
-            with StubDevice(clf):
-                profs[b] = profile(clf, qs, args.profile_iters)
     allocs = torch.cuda.memory_stats()["allocation.all.allocated"] - allocs0 if dev == "cuda" else 0
-    n_graphs = sum(len(bk.graphs) for bk in clf.engine.buckets.values() if bk.graphs)
-    text += (f"\nCUDA graphs: {n_graphs}; CUDA allocations during the timed requests and steps: {allocs} (the "
+    text += (f"\nCUDA graphs: {C.n_graphs(clf)}; CUDA allocations during the timed requests and steps: {allocs} (the "
              "profiles after them not counted).\n")
     text += ("\nms p50 per stage (timings_ms of the results; never-seen: the query cache and the kept multi-query "
              "layouts emptied before each request). Each host step on its own, µs p50:\n\n")

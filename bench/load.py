@@ -6,16 +6,14 @@ engine called directly, the DeploymentHandle and HTTP (each replica's own port, 
     python bench/load.py --random-qwen3 qwen3_4b serve.num_gpus=1 prompts=ecommerce8   # GPU: random weights,
                                                            # real Qwen3-4B shapes, the real Qwen tokenizer
 
-Rows: `engine b1` / `engine b4`: Classifier.classify of 1 and 4 queries in this process once the app has stopped
-(b4: the engine's own best throughput); `handle`: DeploymentHandle calls; `http ...`: single-query POSTs over a
-lean keep-alive client (bench/http_client.py), to each replica's own port (client i → replica i mod N) or the
-proxy; closed-loop clients at each --concurrency. Queue wait = arrival at the replica to its batch's start;
+Rows: `engine b1` / `engine b4`: Classifier.classify of 1 and 4 queries in this process once the app has stopped;
+`handle`: DeploymentHandle calls; `http ...`: single-query POSTs (bench/http_client.py) to each replica's own
+port (client i → replica i mod N) or the proxy. Queue wait = arrival at the replica to its batch's start;
 serving = client latency − engine − queue wait; bench CPU = this process's cores (near 1: the clients may be
 the limit).
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import datetime as dt
 import gc
@@ -30,7 +28,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import common as C  # noqa: E402
-from bench.common import checkpoint_overrides  # noqa: E402
 from bench.paths import closed_loop, engine_levels, handle_caller, http_caller  # noqa: E402
 
 GOAL_HTTP_MS, GOAL_HANDLE_MS, GOAL_SHARE, GOAL_BATCH = 2.0, 1.0, 0.8, 3.5
@@ -38,7 +35,7 @@ GOAL_HTTP_MS, GOAL_HANDLE_MS, GOAL_SHARE, GOAL_BATCH = 2.0, 1.0, 0.8, 3.5
 
 def describe_device(cfg) -> str:
     cores = f"{os.cpu_count()} CPU cores"
-    if cfg is not None and cfg.serve.num_gpus > 0:
+    if cfg.serve.num_gpus > 0:
         import torch
         return f"{torch.cuda.get_device_name()} (torch {torch.__version__}; {cores})"
     cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
@@ -168,9 +165,8 @@ def table(stats: list[dict]) -> str:
 
 
 def report(stats: list[dict], info: dict, header: dict, note: str) -> str:
-    from bench.common import commit
     when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    head = {"commit": commit(), **header, "config": info.get("config", ""),
+    head = {"commit": C.commit(), **header, "config": info.get("config", ""),
             "tokens per forward (b1)": info.get("tokens_per_forward", "?"),
             "Ray Serve flags": (" ".join(f"{k}={v}" for k, v in info.get("ray_env", {}).items()) or "(none)")
             + "; the benchmark process (the handle caller) has them too"}
@@ -181,7 +177,7 @@ def report(stats: list[dict], info: dict, header: dict, note: str) -> str:
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = C.parser(__doc__)
     ints = lambda v: [int(x) for x in v.split(",")]  # noqa: E731
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for the app this script starts")
     ap.add_argument("--concurrency", type=ints, default=[1, 4, 8, 16])
@@ -191,7 +187,6 @@ def parse_args(argv=None):
     ap.add_argument("--seconds", type=float, default=3.0, help="at most this long per level")
     ap.add_argument("--note", default="", help="what was run, for the results heading")
     ap.add_argument("--json", type=Path, help="also write the rows and run info here")
-    ap.add_argument("--no-append", action="store_true", help="print only")
     ap.add_argument("--random-qwen3", choices=["qwen3_4b", "qwen3_8b", "tiny"],
                     help="serve a random-weight model of this real shape (written once)")
     return ap.parse_args(argv)
@@ -205,10 +200,16 @@ def no_result_cache(overrides: list[str]) -> list[str]:
     return ["engine.result_cache_entries=0", *overrides]
 
 
+def app_overrides(random_qwen3: str | None, overrides: list[str]) -> list[str]:
+    """The app's overrides: the random checkpoint if asked, no result cache unless set, loopback on a free port."""
+    model = C.checkpoint_overrides(random_qwen3) if random_qwen3 else []
+    return [*model, *no_result_cache(overrides), "serve.host=127.0.0.1", f"serve.port={free_port()}",
+            "serve.route_prefix=/"]
+
+
 def main(argv=None) -> int:
     a = parse_args(argv)
-    model = checkpoint_overrides(a.random_qwen3) if a.random_qwen3 else []
-    overrides = [*model, *no_result_cache(a.overrides), "serve.host=127.0.0.1", f"serve.port={free_port()}", "serve.route_prefix=/"]
+    overrides = app_overrides(a.random_qwen3, a.overrides)
     from qcls.compose import compose
     cfg = compose(overrides)
     stats, info = measure(a, overrides)

@@ -6,39 +6,30 @@
         --label "zero-shot / few-shot"
     python -m bench.paired --model tiny --iters 5 --no-append --a ... --b ...   # CPU smoke run
 
---a / --b are Hydra overrides (space-separated) on top of the model's config; --common goes to both. Both
-Classifiers share the loaded weights and the real Qwen tokenizer (qcls/qwen_tokenizer.py). Requests of a and
-b alternate (a, b, a, b, …) so drift of a shared machine hits both alike.
-`calibration=random_head[:LAYER:READ[:scores]]` stands for a head file written here with random weights for that
-side's prompts (READ: position, query_mean or both; `scores`: the raw scores as features too): a random-weight
-model has nothing to fit, and the request path's cost does not depend on the values. Appends p50/p90 of each
-side and the median per-pair ratio b/a at each batch size to bench/RESULTS.md.
+--a / --b are Hydra overrides (space-separated) on top of the model's config, --common goes to both; both
+Classifiers share the loaded weights. `calibration=random_head[:LAYER:READ[:scores]]` stands for a head file
+with random weights written here (READ: position, query_mean or both; `scores`: the raw scores as features).
+Appends p50/p90 of each side and the median per-pair ratio b/a per batch size to bench/RESULTS.md.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
-import torch
-
 from bench import common as C
 from bench.latency import QUERIES
-from qcls.backends.base import LoadedModel, module_bytes
 from qcls.classifier import Classifier
 from qcls.compose import compose
 from qcls.heads.head import Read
-from qcls.qwen_tokenizer import build_qwen_tokenizer
 
 RANDOM_HEAD = "calibration=random_head"
 
 
 def base_overrides(model: str) -> list[str]:
-    family = "qwen3_8b" if model == "qwen3_8b" else "qwen3_4b"  # prompts and family; the weights are ours
-    return [f"model={family}", f"model.name=random_{model}", "model.source=local", "model.path=random-weights"]
+    return [f"model={C.family(model)}", f"model.name=random_{model}", "model.source=local", "model.path=random-weights"]
 
 
-def random_head(overrides: list[str], loaded: LoadedModel, seed: int) -> tuple[list[str], str | None]:
+def random_head(overrides: list[str], loaded, seed: int) -> tuple[list[str], str | None]:
     """Replace `calibration=random_head[:LAYER:KIND[:scores]]` by a learned-head file with random weights that
     fits this model (its fingerprints), for the prompts these overrides compose to."""
     spec = next((o for o in overrides if o.startswith(RANDOM_HEAD)), None)
@@ -54,12 +45,8 @@ def random_head(overrides: list[str], loaded: LoadedModel, seed: int) -> tuple[l
     return rest + [f"calibration={path}"], note
 
 
-def n_graphs(clf: Classifier) -> int:
-    return sum(len(bk.graphs) for bk in clf.engine.buckets.values() if bk.graphs)
-
-
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = C.parser(__doc__)
     ap.add_argument("--model", default="qwen3_4b", choices=C.MODELS)
     ap.add_argument("--a", required=True, help="overrides of configuration a (space-separated)")
     ap.add_argument("--b", required=True, help="overrides of configuration b (space-separated)")
@@ -68,17 +55,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--iters", type=int, default=200, help="timed requests of each side per batch size")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--no-append", action="store_true", help="print, do not append to RESULTS.md")
     args = ap.parse_args(argv)
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = torch.float16 if dev == "cuda" else torch.float32
     base = base_overrides(args.model) + args.common.split()
-    sides, notes = {}, []
-    for name, text in (("a", args.a), ("b", args.b)):
-        sides[name] = base + text.split()
+    sides, notes = {"a": base + args.a.split(), "b": base + args.b.split()}, []
     t0 = time.perf_counter()
-    model = C.random_qwen3(args.model, dev, dtype, seed=args.seed)
-    loaded = LoadedModel(model, build_qwen_tokenizer(), torch.device(dev), dtype, "fp16", memory=module_bytes(model))
+    loaded = C.loaded(C.random_qwen3(args.model, *C.device_dtype(), seed=args.seed))
     for name in sides:
         sides[name], note = random_head(sides[name], loaded, args.seed)
         if note:
@@ -121,7 +102,7 @@ def report(args, clfs, rows, notes, build_s) -> None:
                                             for k in ("prepare", "forward", "score", "postprocess")) + " |\n"
     meta_a, meta_b = a.metadata(), b.metadata()
     text += (f"\nms per request (classify, results included), {args.iters} pairs per batch size. CUDA graphs a/b: "
-             f"{n_graphs(a)}/{n_graphs(b)}; buckets a/b: {len(meta_a['buckets'])}/{len(meta_b['buckets'])}; "
+             f"{C.n_graphs(a)}/{C.n_graphs(b)}; buckets a/b: {len(meta_a['buckets'])}/{len(meta_b['buckets'])}; "
              f"attention {meta_a['attention']}/{meta_b['attention']}; calibration a/b: {meta_a['calibration']} / "
              f"{meta_b['calibration']}; model + both start-ups {build_s:.1f} s.\n")
     for n in notes + [f"a: {x}" for x in a.notes] + [f"b: {x}" for x in b.notes]:

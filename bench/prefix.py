@@ -4,15 +4,10 @@
     python -m bench.prefix --tuning T                      # other tree-kernel shapes (tree_plan.Tuning JSON)
     python -m bench.prefix --model tiny --iters 3 --buckets 8 32   # smoke run anywhere
 
-The 8 e-commerce prompts with prefixes (the template before {query}) of 64, 256, 1k and 2k tokens each,
-distinct per prompt, and with a 1k-token system block all 8 share followed by 64 tokens of their own
-(bench/prefix_cases.py; real Qwen tokenizer), one Classifier each on the same random weights. Each case is
-timed in alternation with the 64-token case at batch 1 and 4 (classify, results included): the time a
-longer prefix adds is the median per-pair difference, set against the prefix-KV read floor (bytes of K and
-V one forward must read, a shared block once, over the measured copy bandwidth). Also per case: the
-attention kernels' device time per forward (profiler), KV memory, and the T4 projection with the prefix
-attention's bytes and FLOPs (Triton's dots run on FMA units there). Then `ecommerce8_fewshot` against
-`ecommerce8`, timed in alternation (goal ≤ 1.03). Appends to bench/RESULTS.md; JSON to $OUT.
+The 8 e-commerce prompts with prefixes of 64, 256, 1k and 2k tokens and with a shared 1k-token block
+(bench/prefix_cases.py), each timed in alternation with the 64-token case at batch 1 and 4: the time a longer
+prefix adds (median per-pair difference) against the prefix-KV read floor; attention kernel time, KV memory,
+a T4 projection; then `ecommerce8_fewshot` against `ecommerce8`. Appends to bench/RESULTS.md; JSON to $OUT.
 """
 from __future__ import annotations
 
@@ -27,11 +22,9 @@ import torch
 from bench import common as C
 from bench.latency import QUERIES, make_cfg
 from bench.prefix_cases import BASE, attention_flops, kv_read_bytes, prompt_sets
-from qcls.backends.base import LoadedModel, module_bytes
 from qcls.classifier import Classifier
 from qcls.compose import compose
 from qcls.engine import tree_plan
-from qcls.qwen_tokenizer import build_qwen_tokenizer
 
 ATTENTION = r"prefix_kernel|row_kernel|fmha|attention|attn"
 T4_FMA = 8.1e12  # fp32 FMA FLOP/s of a T4 (Triton's tl.dot on sm_75: no tensor cores); same 50 % as the GEMMs
@@ -73,26 +66,23 @@ def main() -> None:
     ap.add_argument("--model", default="qwen3_4b", choices=sorted(C.SHAPES))
     ap.add_argument("--iters", type=int, default=150, help="pairs timed per case at batch 1 (batch 4: half)")
     ap.add_argument("--buckets", type=int, nargs="+", default=[8, 16, 24, 32],
-                    help="engine.query_buckets: the benchmark's queries land in the same buckets as under "
-                    "conf/engine/fast.yaml's list (8 tokens alone, 24 for four), with fewer graphs to capture")
+                    help="engine.query_buckets (the queries land in the same buckets as under the shipped list)")
     ap.add_argument("--tuning", default=None,
                     help="JSON {head_dim: tree_plan.Tuning fields}: kernel shapes instead of the shipped ones")
     args = ap.parse_args()
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = torch.float16 if dev == "cuda" else torch.float32
+    dev, dtype = C.device_dtype()
     if args.tuning:
         with open(args.tuning) as f:
             for dim, t in json.load(f).items():
                 tree_plan.TUNING[int(dim)] = tree_plan.Tuning(**t)
-    tok = build_qwen_tokenizer()
     bw = C.copy_bandwidth_gbs() * 1e9 if dev == "cuda" else float("nan")
     mm = C.matmul_tflops() * 1e12 if dev == "cuda" else float("nan")
     t0 = time.perf_counter()
     model = C.random_qwen3(args.model, dev, dtype)
-    loaded = LoadedModel(model, tok, torch.device(dev), dtype, "fp16", memory=module_bytes(model))
+    loaded = C.loaded(model)
     lbytes, lparams = C.layer_bytes(model), C.layer_params(model)
     zero = [p.model_dump() for p in compose(["prompts=ecommerce8"]).prompts]
-    sets = prompt_sets(tok, zero)
+    sets = prompt_sets(loaded.tokenizer, zero)
     clfs = {name: Classifier(make_cfg(ps, "trie", args.buckets), loaded=loaded) for name, ps in sets.items()}
     build_s = time.perf_counter() - t0
     rows = {name: case_numbers(clf, model, bw) for name, clf in clfs.items()}
@@ -100,16 +90,15 @@ def main() -> None:
         for b, iters in ((1, args.iters), (4, max(2, args.iters // 2))):
             if name == BASE:
                 continue
-            ta, tb = C.paired_samples(clfs[BASE], clf, (QUERIES * b)[:b], iters)
-            rows[name][f"b{b}"] = (C.median(ta), C.median(tb), C.median([y - x for x, y in zip(ta, tb)]))
+            rows[name][f"b{b}"] = C.paired_p50(clfs[BASE], clf, (QUERIES * b)[:b], iters, lambda x, y: y - x)
     del clfs
     C.free()
     few = [p.model_dump() for p in compose(["prompts=ecommerce8_fewshot"]).prompts]
     a, b_ = (Classifier(make_cfg(ps, "trie", args.buckets), loaded=loaded) for ps in (zero, few))
     fewshot = {}
     for b in (1, 4):
-        ta, tb = C.paired_samples(a, b_, (QUERIES * b)[:b], 2 * args.iters if b == 1 else args.iters)
-        fewshot[b] = (C.median(ta), C.median(tb), C.median([y / x for x, y in zip(ta, tb)]))
+        iters = 2 * args.iters if b == 1 else args.iters
+        fewshot[b] = C.paired_p50(a, b_, (QUERIES * b)[:b], iters, lambda x, y: y / x)
     report(args, rows, fewshot, bw, mm, lbytes, lparams, build_s)
 
 

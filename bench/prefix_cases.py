@@ -1,10 +1,8 @@
 """Prompt sets of the prefix-length benchmark (bench/prefix.py).
 
-The 8 `ecommerce8` prompts with their system text lengthened so that every prefix (the template before
-`{query}`) is exactly n tokens under the real Qwen tokenizer and distinct from its first block on, or
-with a system block of 1,024 tokens that all 8 share, followed by 64 tokens of their own (their own
-instructions and the chat markup up to the query). Filler is random catalogue words: the kernels' cost
-does not depend on what the keys say.
+The 8 `ecommerce8` prompts with every prefix (the template before `{query}`) exactly n tokens under the real
+Qwen tokenizer, or with a 1,024-token system block all 8 share followed by 64 tokens of their own. Filler is
+random catalogue words: the kernels' cost does not depend on what the keys say.
 """
 from __future__ import annotations
 

@@ -1,13 +1,8 @@
 """A synthetic e-commerce search log with Zipf-like repeats (bench/bulk.py's input; deterministic per seed).
 
-Distinct queries come from templates over word lists, in English and Chinese, the shapes shop searches take:
-  English: [audience] [attribute] [colour] product [detail], e.g. "womens floral red midi dress size m",
-           "mens slim fit jeans 32x30", "boys hoodie"
-  Chinese: [season][audience][attribute]product[detail], e.g. "夏季女士碎花连衣裙", "男童加绒卫衣 140"
-Every combination is enumerated, shuffled with the seed, and the first `pool` become ranks 1…pool; each row
-draws a rank r with weight 1 / r^s (s = 1.05: a few head queries repeat thousands of times, most tail queries
-once or twice, as in real logs). A few rows are empty (a real log's blank searches) to keep the error path in
-the measurement.
+Distinct queries come from templates over word lists in English ("womens floral red midi dress size m") and
+Chinese ("夏季女士碎花连衣裙"), shuffled with the seed; each row draws rank r with weight 1 / r^s (s = 1.05: a few
+head queries repeat thousands of times, most tail queries once or twice). A few rows are empty, as in real logs.
 """
 from __future__ import annotations
 

@@ -5,21 +5,14 @@ at full load, and what the clients saw until its replacement serves again.
     python bench/replica_loss.py serve.num_replicas=2 --clients-per-replica 2   # CPU demo: plumbing only
     python bench/replica_loss.py ... --via proxy                               # through Serve's proxy instead
 
-`--via ports` (default): the clients spread over the replicas' own ports as behind a load balancer with
-health checks: a port that refuses a connection leaves the pool and the request goes at once to another (it
-was never sent: safe), and a replica joins the pool once Serve lists it RUNNING with its port (the
-replacement comes back on a new port). `--via proxy`: every client posts to Serve's proxy, which routes.
-
-Reported: every failed request and whether it was in flight on the killed replica (sent before its process
-had exited, not answered before the kill; through the proxy, which replica is not visible, so in flight at
-all); none may hang (each request has a hang guard of --hang-s); the rate before the kill, the survivors' rate
-from the exit until the replacement's first answer against (N−1)/N of it, the time from the kill until the
-replacement is RUNNING and until it answers (ports), and its share of the answers afterwards. Appends to
-bench/RESULTS.md, writes replica_loss.json to $OUT when set.
+`--via ports` (default): the clients spread over the replicas' own ports as behind a load balancer with health
+checks (a refused connection was never sent: it goes at once to another port; the replacement joins once Serve
+lists it RUNNING). `--via proxy`: every client posts to Serve's proxy. Reported: every failed request and
+whether it was in flight on the killed replica, hangs (--hang-s), the survivors' rate against (N−1)/N of the
+rate before, the time to recovery. Appends to bench/RESULTS.md, writes replica_loss.json to $OUT when set.
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import signal
@@ -33,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 import orjson  # noqa: E402
 
+from bench import common as C, load  # noqa: E402
 from bench.http_client import HTTPError, KeepAliveClient  # noqa: E402
 from bench.paths import QUERIES  # noqa: E402
 
@@ -181,22 +175,19 @@ def summarise(rows: list[Row], out: dict, a) -> dict:
         "replacement_answered_s": out["replacement_answered"] - killed if out.get("replacement_answered") else None,
     })
     if back:
-        url = out.get("replacement", {}).get("url")
         s["rate_after"] = rate(back, out["t_end"])
     if back and a.via == "ports":  # through the proxy, which replica answered is not visible
+        url = out.get("replacement", {}).get("url")
         mine = sum(ok(r) and r.end >= back and r.url == url for r in rows)
         s["replacement_share_after"] = mine / max(1, sum(ok(r) and r.end >= back for r in rows))
     return s
 
 
 def report(s: dict, a, header: dict) -> str:
-    from bench.common import commit
     n = s["replicas"]
     lines = [f"## replica lost under load (bench/replica_loss.py), {header['device']}", "",
-             f"- commit: {commit()}", *(f"- {k}: {v}" for k, v in header.items()),
-             f"- {s['clients']} closed-loop clients via "
-             f"{VIA[a.via]}, "
-             f"one query per request; warm-up {a.warm_s:g} s, {a.before_s:g} s before the kill, {a.after_s:g} s after "
+             f"- commit: {C.commit()}", *(f"- {k}: {v}" for k, v in header.items()),
+             f"- {s['clients']} closed-loop clients via {VIA[a.via]}, one query per request; warm-up {a.warm_s:g} s, {a.before_s:g} s before the kill, {a.after_s:g} s after "
              "the replacement's first answer", ""]
     if "failed" not in s:
         return "\n".join(lines + ["The kill did not happen (see the log).", ""]) + "\n"
@@ -235,8 +226,7 @@ def fmt(x, spec: str = ".1f") -> str:
 
 
 def main(argv=None) -> int:
-    from bench import load
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = C.parser(__doc__)
     ap.add_argument("overrides", nargs="*", help="Hydra overrides (serve.num_replicas=N ≥ 2, model, num_gpus …)")
     ap.add_argument("--via", choices=["ports", "proxy"], default="ports")
     ap.add_argument("--clients-per-replica", type=int, default=8)
@@ -246,10 +236,8 @@ def main(argv=None) -> int:
     ap.add_argument("--recovery-timeout-s", type=float, default=300.0, help="give up on the replacement after this")
     ap.add_argument("--hang-s", type=float, default=60.0, help="a request this long counts as hung (hang guard)")
     ap.add_argument("--random-qwen3", choices=["qwen3_4b", "qwen3_8b", "tiny"])
-    ap.add_argument("--no-append", action="store_true")
     a = ap.parse_args(argv)
-    model = load.checkpoint_overrides(a.random_qwen3) if a.random_qwen3 else []
-    overrides = [*model, *load.no_result_cache(a.overrides), "serve.host=127.0.0.1", f"serve.port={load.free_port()}", "serve.route_prefix=/"]
+    overrides = load.app_overrides(a.random_qwen3, a.overrides)
     from qcls.compose import compose
     cfg = compose(overrides)
     a.replicas = cfg.serve.num_replicas
@@ -268,7 +256,6 @@ def main(argv=None) -> int:
         ray.shutdown()
     s = summarise(rows, out, a)
     header = {"device": load.describe_device(cfg), "overrides": " ".join(overrides), "config": load.config_line(cfg)}
-    from bench import common as C
     C.report(report(s, a, header), a.no_append, "replica_loss", {"summary": s, "header": header})
     return 0 if "failed" in s and not s["failed_otherwise"] and not s["hung"] else 1
 

@@ -6,11 +6,10 @@ the replica ports".
     python bench/replicas.py --random-qwen3 qwen3_4b serve.num_gpus=1 prompts=ecommerce8 --replicas 1,2,4
     python bench/replicas.py --replicas 1,2 --seconds 2 --clients-per-replica 2   # CPU demo: plumbing only
 
-A replica count needing more GPUs than this machine has is not run and says so. Appends one section to
-bench/RESULTS.md and writes replicas.json to $OUT when set."""
+A replica count needing more GPUs than there are is not run and says so. Appends to bench/RESULTS.md and
+writes replicas.json to $OUT when set."""
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench import load  # noqa: E402
+from bench import common as C  # noqa: E402
 
 GOAL_SCALE = 0.9  # N replicas ≥ this × N × one replica's rate
 CLIENT_BOUND = 0.9  # bench CPU (cores) at which the one-process client may be the limit
@@ -96,8 +95,7 @@ def goals(rs: list[dict], wanted: list[int], ran: set[int], gpus: int, need_gpus
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = C.parser(__doc__)
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every run (model, prompts, serve.num_gpus …)")
     ap.add_argument("--replicas", type=lambda v: [int(x) for x in v.split(",")], default=[1, 2, 4])
     ap.add_argument("--clients-per-replica", type=int, default=8)
@@ -106,7 +104,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--random-qwen3", choices=["qwen3_4b", "qwen3_8b", "tiny"])
     ap.add_argument("--run-timeout-s", type=float, default=300, help="each replica count's run at most this long")
     ap.add_argument("--work", type=Path, default=Path("/tmp/qcls_replicas_work"))
-    ap.add_argument("--no-append", action="store_true")
     a = ap.parse_args(argv)
     if 1 not in a.replicas:
         ap.error("--replicas must include 1: the goal compares with one replica's rate")
@@ -115,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = compose(list(a.overrides))
     need_gpus, gpus = cfg.serve.num_gpus > 0, visible_gpus()
     if a.random_qwen3:  # written once here, so that no run's time includes it
-        load.checkpoint_overrides(a.random_qwen3)
+        C.random_checkpoint(a.random_qwen3)
     runs = {}
     for n in a.replicas:
         if need_gpus and n * cfg.serve.num_gpus > gpus:
@@ -125,16 +122,14 @@ def main(argv: list[str] | None = None) -> int:
         if r:
             runs[n] = r
     text = replicas_report(runs, a, goals(rows(runs), a.replicas, set(runs), gpus, need_gpus))
-    from bench import common as C
     C.report(text, a.no_append, "replicas", {str(n): r for n, r in runs.items()})
     return 0 if runs and not any(s["errors"] for r in runs.values() for s in r["stats"]) else 1
 
 
 def replicas_report(runs: dict[int, dict], a, goal_lines: list[str]) -> str:
-    from bench.common import commit
     first = next(iter(runs.values()), None)
     h = first["header"] if first else {"device": "?", "bounds": "?"}
-    head = {"commit": commit(), "device": h["device"], "overrides": " ".join(a.overrides) or "(defaults)",
+    head = {"commit": C.commit(), "device": h["device"], "overrides": " ".join(a.overrides) or "(defaults)",
             "config (N=1 shown)": first["info"].get("config", "") if first else "",
             "clients": f"{a.clients_per_replica} per replica, closed loop, one query per request; over the replica "
                        "ports client i → replica i mod N", "bounds": h["bounds"]}
