@@ -150,8 +150,8 @@ def table(rows: list[dict]) -> str:
            "forward p50 b=1 / b=4 | graphs | max abs Δ score | winners = fp16 | notes / error |",
            "|" + "---|" * 17]
     for r in rows:
+        est = f"{r['est_gib']:.2f} ({'yes' if r['t4_fits'] else 'no'})" if "est_gib" in r else "–"
         if "error" in r and "startup_s" not in r:
-            est = f"{r['est_gib']:.2f} ({'yes' if r['t4_fits'] else 'no'})" if "est_gib" in r else "–"
             out.append(f"| {r['spec']} |  |  |  |  |  |  |  | {est} |  |  |  |  |  |  |  | {r['error']} |")
             continue
         m, ma, mp = r.get("memory", {}), r.get("measured_after_startup", {}), r.get("measured_peak", {})
@@ -160,11 +160,9 @@ def table(rows: list[dict]) -> str:
         notes += f" ERROR {r['error']}" if "error" in r else ""
         out.append(
             f"| {r['spec']} | {r.get('tokens_b1', '')} | {gib(m.get('weights_gpu'))} | {gib(m.get('weights_cpu'))} | "
-            f"{gib(m.get('kv_buffer'))} | "
-            f"{gib(ma.get('gpu_allocated'))} | {gib(mp.get('gpu_peak'))} | {gib(mp.get('gpu_used_device'))} | "
-            f"{r['est_gib']:.2f} ({'yes' if r['t4_fits'] else 'no'}) | {r['startup_s']} | "
-            f"{r.get('p50_b1', 0):.1f} / {r.get('p90_b1', 0):.1f} | "
-            f"{r.get('p50_b4', 0):.1f} / {r.get('p90_b4', 0):.1f} | "
+            f"{gib(m.get('kv_buffer'))} | {gib(ma.get('gpu_allocated'))} | {gib(mp.get('gpu_peak'))} | "
+            f"{gib(mp.get('gpu_used_device'))} | {est} | {r['startup_s']} | {r.get('p50_b1', 0):.1f} / "
+            f"{r.get('p90_b1', 0):.1f} | {r.get('p50_b4', 0):.1f} / {r.get('p90_b4', 0):.1f} | "
             f"{r.get('fwd_p50_b1', 0):.1f} / {r.get('fwd_p50_b4', 0):.1f} | {r.get('graphs')} | "
             f"{r.get('max_delta', 0):.4f} | {100 * r.get('winner_agree', 1):.0f}% | {notes[:300]} |")
     return "\n".join(out) + "\n"

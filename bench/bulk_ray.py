@@ -61,8 +61,7 @@ class GpuSampler:
         return sum(xs) / len(xs) if xs else None
 
 
-def one_run(log: Path, work: Path, overrides: list[str], n: int, kill_after: float | None,
-            batch: int) -> dict:
+def one_run(log: Path, work: Path, overrides: list[str], n: int, kill_after: float | None, batch: int) -> dict:
     """One `qcls bulk --ray` run of n actors; with kill_after, one actor is SIGKILLed that long after the pool
     is full. The summary, with the GPU utilisation per actor and the kill's times."""
     out = work / f"out_n{n}{'_kill' if kill_after else ''}.parquet"

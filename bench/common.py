@@ -28,10 +28,8 @@ SHAPES = {
     "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                  head_dim=16, intermediate_size=128, vocab_size=151936, tie_word_embeddings=True),
 }
-# Gemma3-4B's text model (google/gemma-3-4b-pt config.json, text_config): 5 sliding-window layers
-# (1024) per global one, RoPE bases 1e4 local / 1e6 global, query_pre_attn_scalar 256; transformers'
-# Gemma3TextConfig defaults give the pattern, bases and GELU-tanh. The global layers' linear RoPE scaling (×8)
-# is left out: it changes values, not time.
+# Gemma3-4B's text model (google/gemma-3-4b-pt, text_config); Gemma3TextConfig's defaults give the sliding-window
+# pattern, RoPE bases and GELU-tanh. The global layers' RoPE scaling (×8) is left out: it changes values, not time.
 GEMMA3_SHAPES = {
     "gemma3_4b": dict(hidden_size=2560, num_hidden_layers=34, num_attention_heads=8, num_key_value_heads=4,
                       head_dim=256, intermediate_size=10240, vocab_size=262208, sliding_window=1024,
@@ -89,8 +87,7 @@ def family(shape: str) -> str:
 
 
 def random_checkpoint(shape: str) -> Path:
-    """random_qwen3's weights saved as a local checkpoint with the real Qwen tokenizer (written once, reused), so
-    that a replica, an actor or a backend loads it like any local model: timings depend on shapes, not values."""
+    """random_qwen3's weights and the real Qwen tokenizer as a local checkpoint (written once, then reused)."""
     out = Path(f"/tmp/qcls_random_{shape}")
     if (out / "qcls_bench.json").is_file():
         return out
@@ -115,8 +112,7 @@ def checkpoint_overrides(shape: str) -> list[str]:
 
 def random_head_file(model, cfg, read, with_scores: bool, seed: int, scale: float, bias_sd: float = 1.0,
                      scores_sd: float = 0.3) -> Path:
-    """A learned-head file with random weights (N(0, scale) on the hidden state) that fits `model` (its
-    fingerprints) and the prompts of `cfg`: the request path's cost and fidelity do not depend on the values."""
+    """A learned-head file with N(0, scale) weights on the hidden state that fits `model` and `cfg`'s prompts."""
     from qcls.heads import fingerprint as fp
     from qcls.heads.files import template_sha256
     from qcls.heads.head import Head, PromptHead
@@ -148,8 +144,7 @@ def score_diff(got, want) -> tuple[float, float, int]:
 
 
 def paired_samples(a, b, queries, iters: int) -> tuple[list[float], list[float]]:
-    """ms of each request of Classifier a and of b, timed in alternation (a, b, a, b, …: drift of a shared machine
-    hits both alike) after 3 warm requests each."""
+    """ms of each request of a and of b, timed in alternation (drift hits both alike) after 3 warm requests each."""
     ta, tb = [], []
     for clf in (a, b):
         for _ in range(3):
@@ -220,8 +215,7 @@ def bucket_forward(bucket):
 
 
 def kernel_times(run, n: int = 20) -> list[tuple[str, float, float]]:
-    """(kernel name, µs per call, launches per call) of the CUDA kernels that `run` (a graph replay, a forward)
-    launches, by the torch profiler over n calls; the profiler's and the graph launch's own entries left out."""
+    """(kernel name, µs per call, launches per call) of the CUDA kernels `run` launches (torch profiler, n calls)."""
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(n):
@@ -252,8 +246,7 @@ def copy_bandwidth_gbs() -> float:
 
 
 def matmul_tflops(n: int = 8192) -> float:
-    """Dense fp16 n×n×n matrix products through cuBLAS, TFLOP/s (random data): the rate no attention kernel's
-    dots can pass, the FLOP counterpart of copy_bandwidth_gbs."""
+    """Dense fp16 n×n×n matrix products through cuBLAS, TFLOP/s: the rate no attention kernel's dots can pass."""
     a = torch.randn(n, n, device="cuda", dtype=torch.float16)
     b = torch.randn_like(a)
     ms = median(timed(lambda: a @ b, 10))
@@ -277,19 +270,12 @@ def header(title: str, config: str) -> str:
             f"- commit: {commit()}\n- config: {config}\n\n")
 
 
-def append(text: str) -> None:
-    with RESULTS.open("a") as f:
-        f.write(text)
-    print(text, flush=True)
-
-
 def report(text: str, no_append: bool = False, name: str | None = None, data=None) -> None:
-    """A bench's section: appended to RESULTS.md (and printed), or with --no-append only printed; `data` also
-    goes to $OUT/NAME.json when $OUT is set (bench/device.sh brings $OUT back)."""
-    if no_append:
-        print(text, flush=True)
-    else:
-        append(text if text.startswith("\n") else "\n" + text)
+    """A bench's section: printed, and appended to RESULTS.md unless no_append; `data` to $OUT/NAME.json."""
+    if not no_append:
+        with RESULTS.open("a") as f:
+            f.write(text if text.startswith("\n") else "\n" + text)
+    print(text, flush=True)
     if name and os.environ.get("OUT"):
         Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)
         Path(os.environ["OUT"], f"{name}.json").write_text(json.dumps(data, indent=1, default=str))

@@ -46,7 +46,7 @@ def main(argv: list[str]) -> None:
         sys.exit(__doc__)
     text = C.header(f"{kind}: this checkout against {base} (base, this, base again; one machine)",
                     f"bench/device.sh {kind}@{base}; each run is that checkout's own bench code")
-    C.append(text + table(kind, [Path(r) for r in runs]))
+    C.report(text + table(kind, [Path(r) for r in runs]))
 
 
 if __name__ == "__main__":

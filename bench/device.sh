@@ -49,6 +49,7 @@ step() {  # step SECONDS NAME COMMAND...: run with a time limit, log in $OUT, sh
     grep -v -e '^\[qcls\]' -e '^Loading weights' "$OUT/$name.log" | tail -c 2500
 }
 
+APP=(--random-qwen3 qwen3_4b serve.num_gpus=1 prompts=ecommerce8)  # the served app of serving and replicas
 size() { if [ -n "$QUICK" ]; then echo "$1"; else echo "$2"; fi; }  # size QUICK FULL: the one this run takes
 
 checkouts() {  # checkouts KIND BASE COMMAND...: the command in the base checkout, this one, the base again
@@ -87,22 +88,21 @@ mode_host() {  # bench/host.py: host stages, kernels, allocations
 }
 
 mode_serving() {  # bench/load.py: engine, handle, HTTP (with a base: HTTP at 8 clients in each checkout)
-    local app=(--random-qwen3 qwen3_4b serve.num_gpus=1 prompts=ecommerce8)
     if [ -n "${1:-}" ]; then
-        LIMIT=150 checkouts serving "$1" python bench/load.py "${app[@]}" --paths http --concurrency 8 --seconds 10 \
+        LIMIT=150 checkouts serving "$1" python bench/load.py "${APP[@]}" --paths http --concurrency 8 --seconds 10 \
             --requests 100000 --no-append
     else
-        step "$(size 90 300)" serving python bench/load.py "${app[@]}" ${QUICK:+--paths engine,http --concurrency 1,8}
+        step "$(size 90 300)" serving python bench/load.py "${APP[@]}" ${QUICK:+--paths engine,http --concurrency 1,8}
     fi
 }
 
 mode_replicas() {  # N replicas against one (N ≤ the GPUs), then one replica killed under load (2 GPUs or more)
-    local app=(--random-qwen3 qwen3_4b serve.num_gpus=1 prompts=ecommerce8) ns=1
+    local ns=1
     [ "$GPUS" -ge 2 ] && ns=1,2
     [ "$GPUS" -ge 4 ] && ns=1,2,4
     if [ -n "$QUICK" ] && [ "$GPUS" -lt 2 ]; then echo "== replicas: one GPU, nothing beyond serving's run"; return; fi
-    step 300 replicas python bench/replicas.py "${app[@]}" --replicas "$ns" --seconds 5
-    [ "$GPUS" -ge 2 ] && step 200 replica-loss python bench/replica_loss.py "${app[@]}" serve.num_replicas=2
+    step 300 replicas python bench/replicas.py "${APP[@]}" --replicas "$ns" --seconds 5
+    [ "$GPUS" -ge 2 ] && step 200 replica-loss python bench/replica_loss.py "${APP[@]}" serve.num_replicas=2
 }
 
 mode_bulk() {  # bench/bulk.py (engine against `qcls bulk`); on several GPUs bench/bulk_ray.py, one actor killed

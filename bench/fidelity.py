@@ -42,20 +42,18 @@ def reference_all(model, layouts, ids_list) -> dict[str, list]:
     """Scores of every strategy from one set of plain forwards per (query, prompt, label): [query][prompt][label]."""
     out = {s: [] for s in STRATEGIES}
     for ids in ids_list:
-        per = {s: [] for s in STRATEGIES}
+        for s in STRATEGIES:
+            out[s].append([])  # this query's prompts
         for lay in layouts:
             pt, trie = lay.tokens, lay.trie
             base = list(pt.prefix_ids) + list(ids) + list(pt.suffix_ids)
-            rows = {s: [] for s in STRATEGIES}
+            for s in STRATEGIES:
+                out[s][-1].append([])  # this prompt's labels
             for li, label in enumerate(pt.label_ids):
                 extra = [trie.end_id] if trie.nodes[trie.label_paths[li][-1]].children else []
                 logits = label_logits(model, base + list(label) + extra)
                 for s in STRATEGIES:
-                    rows[s].append(score_label(s, logits, len(base), label, trie, li))
-            for s in STRATEGIES:
-                per[s].append(rows[s])
-        for s in STRATEGIES:
-            out[s].append(per[s])
+                    out[s][-1][-1].append(score_label(s, logits, len(base), label, trie, li))
     return out
 
 
@@ -143,8 +141,7 @@ def main() -> None:
     queries = data.queries[:args.queries]
     layouts = Classifier(compose(overrides(args.model)), loaded=loaded16).layouts
     ids = [encode_query(tok, q, 32) for q in queries]
-    r = {"model": args.model, "queries": len(queries), "sharpen": args.sharpen, "strategies": {},
-         "parts": args.parts}
+    r = {"model": args.model, "queries": len(queries), "sharpen": args.sharpen, "strategies": {}, "parts": args.parts}
     n_layers = model32.config.num_hidden_layers
     for part in args.parts:  # in the order given: what a time limit cuts off is the last
         if part == "strategies":

@@ -113,25 +113,6 @@ class StubDevice:
             b.forward, b.score = f, s
 
 
-@torch.inference_mode()
-def kernels(clf: Classifier, queries: list[str], n: int = 20, top: int = 30) -> tuple[str, dict[str, float]]:
-    """Per-kernel device time of one forward + tail (graph replays), top kernels and the totals by kind."""
-    bk = clf.engine.bucket_for([encode_query(clf.tokenizer, q, clf.cfg.max_query_tokens) for q in queries])
-
-    def run():
-        bk.graphs[0].replay() if bk.graphs else bk.forward()
-        bk.graphs[1].replay() if bk.graphs else bk.score()
-    rows, kinds = [], {}
-    for name, us, count in C.kernel_times(run, n):
-        kind = C.kernel_kind(name)
-        rows.append((us, count, kind, name[:90]))
-        kinds[kind] = kinds.get(kind, 0.0) + us / 1e3
-    rows.sort(reverse=True)
-    text = "| µs / forward | count | kind | kernel |\n|---|---|---|---|\n" + "".join(
-        f"| {us:.1f} | {c:.0f} | {k} | `{name}` |\n" for us, c, k, name in rows[:top])
-    return text, kinds
-
-
 def profile(clf: Classifier, queries: list[str], iters: int, top: int = 25) -> str:
     pr = cProfile.Profile()
     pr.enable()
@@ -145,15 +126,28 @@ def profile(clf: Classifier, queries: list[str], iters: int, top: int = 25) -> s
     return "\n".join(lines[start:start + top + 1])
 
 
-def kernel_tables(clf: Classifier) -> str:
-    """Kernel time by kind and per kernel at batch 1 and 4, and the non-GEMM share of the GEMM time (GPU)."""
+@torch.inference_mode()
+def kernel_tables(clf: Classifier, n: int = 20, top: int = 30) -> str:
+    """Device time of a forward + tail at batch 1 and 4: by kind, the non-GEMM share of the GEMMs', top kernels."""
     text = ""
     for b in (1, 4):
-        table, kinds = kernels(clf, QUERIES[:b])
+        bk = clf.engine.bucket_for([encode_query(clf.tokenizer, q, clf.cfg.max_query_tokens) for q in QUERIES[:b]])
+
+        def run():
+            bk.graphs[0].replay() if bk.graphs else bk.forward()
+            bk.graphs[1].replay() if bk.graphs else bk.score()
+        rows, kinds = [], {}
+        for name, us, count in C.kernel_times(run, n):
+            kind = C.kernel_kind(name)
+            rows.append((us, count, kind, name[:90]))
+            kinds[kind] = kinds.get(kind, 0.0) + us / 1e3
+        rows.sort(reverse=True)
         gemm = kinds.get("gemm", float("nan"))
         other = sum(v for k, v in kinds.items() if k != "gemm")
         text += (f"\nKernels at batch {b}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in sorted(kinds.items())) +
-                 f"; everything but the GEMMs = {100 * other / gemm:.1f} % of the GEMM time\n\n{table}")
+                 f"; everything but the GEMMs = {100 * other / gemm:.1f} % of the GEMM time\n\n"
+                 "| µs / forward | count | kind | kernel |\n|---|---|---|---|\n" +
+                 "".join(f"| {us:.1f} | {c:.0f} | {k} | `{name}` |\n" for us, c, k, name in rows[:top]))
     return text
 
 

@@ -33,11 +33,7 @@ class KeepAliveClient:
             raw = await self._r.readuntil(b"\r\n\r\n")
             lines = raw.split(b"\r\n")
             status = int(lines[0].split()[1])
-            headers = {}
-            for ln in lines[1:]:
-                k, _, v = ln.partition(b":")
-                if k:
-                    headers[k.strip().lower()] = v.strip()
+            headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(b":") for ln in lines[1:]) if k}
             if b"content-length" in headers:
                 data = await self._r.readexactly(int(headers[b"content-length"]))
             elif b"chunked" in headers.get(b"transfer-encoding", b"").lower():

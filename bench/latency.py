@@ -152,7 +152,7 @@ def report(name, res, pairs, lbytes, lparams, floor, bw, args) -> None:
                 if "ref_max_abs_diff" in r else "")
         text += (f"- {label}: stages ms (b1 median) {r['stages']}; start-up {r['startup_s']} s "
                  f"{r['startup_phases']}; prefix cache {r['prefix_cache']}{diff}\n")
-    C.append(text)
+    C.report(text)
 
 
 if __name__ == "__main__":

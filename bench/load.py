@@ -3,8 +3,7 @@ engine called directly, the DeploymentHandle and HTTP (each replica's own port, 
 
     python -m bench.load                                   # starts the CPU demo app in-process, then measures
     python bench/load.py model=qwen3_4b serve.num_gpus=1   # any Hydra overrides for the app it starts
-    python bench/load.py --random-qwen3 qwen3_4b serve.num_gpus=1 prompts=ecommerce8   # GPU: random weights,
-                                                           # real Qwen3-4B shapes, the real Qwen tokenizer
+    python bench/load.py --random-qwen3 qwen3_4b serve.num_gpus=1 prompts=ecommerce8   # GPU: random weights
 
 Rows: `engine b1` / `engine b4`: Classifier.classify of 1 and 4 queries in this process once the app has stopped;
 `handle`: DeploymentHandle calls; `http ...`: single-query POSTs (bench/http_client.py) to each replica's own
@@ -50,13 +49,12 @@ def free_port() -> int:
 
 
 def measure(a, overrides: list[str]) -> tuple[list[dict], dict]:
-    """Engine levels (in this process), then start the app and drive every path at every concurrency."""
+    """Start the app and drive every path at every concurrency, then the engine levels in this process."""
     from qcls.compose import compose
     from qcls.deployments.ingress import export_serve_env
     cfg = compose(overrides)
     stats, info = [], {"config": config_line(cfg)}
-    # before ray.serve is imported: this process (the handle caller) then runs with the cluster's Serve flags
-    # too; with THROUGHPUT_OPTIMIZED its router runs on the caller's event loop and speaks gRPC
+    # before ray.serve is imported: the handle caller's router runs with the cluster's Serve flags too
     export_serve_env(cfg.serve)
     import ray
     from ray import serve
@@ -72,9 +70,7 @@ def measure(a, overrides: list[str]) -> tuple[list[dict], dict]:
     paths = []
     if "handle" in a.paths:
         paths.append(("handle", handle_caller(handle)))
-    # the replicas' own ports wherever this cluster's controller runs direct ingress (also when the flag came
-    # from the environment: RAY_SERVE_ENABLE_DIRECT_INGRESS=1 with serve.ingress=proxy); with
-    # several replicas the clients spread over all their ports (client i → replica i mod N)
+    # the replicas' own ports wherever the controller runs direct ingress (also when the environment set it)
     n = s.num_replicas if not s.autoscaling else 1
     direct = direct_urls(s.app_name, "127.0.0.1", wait_s=10 if s.ingress == "direct" else 2, n=n)
     info["replica_ports"] = len(direct)
@@ -91,7 +87,10 @@ def measure(a, overrides: list[str]) -> tuple[list[dict], dict]:
             for name, caller in paths:
                 for conc in a.concurrency:
                     stats.append((await closed_loop(name, conc, caller, a.requests, a.seconds)).stats())
-                    progress(stats[-1])
+                    st = stats[-1]
+                    print(f"[bench] {name} c={conc}: {st['rps']:.1f}/s p50 {st['p50']:.2f} p99 {st['p99']:.2f} ms, "
+                          f"batch {st['batch']:.2f}, errors {st['errors']}, bench CPU {st['client_cpu']:.2f} cores",
+                          flush=True)
         finally:
             await serve.shutdown_async()  # on the loop the handle's router lives on
     try:
@@ -106,12 +105,6 @@ def measure(a, overrides: list[str]) -> tuple[list[dict], dict]:
         stats[:0] = [lv.stats() for lv in engine_levels(clf, a.requests, a.seconds)]
         info["tokens_per_forward"] = clf.classify(["maxi dress"])[0].meta.get("tokens_per_forward")
     return stats, info
-
-
-def progress(s: dict) -> None:
-    print(f"[bench] {s['path']} c={s['concurrency']}: {s['rps']:.1f}/s p50 {s['p50']:.2f} p99 {s['p99']:.2f} ms, "
-          f"batch {s['batch']:.2f}, errors {s['errors']}, bench CPU {s.get('client_cpu', float('nan')):.2f} cores",
-          flush=True)
 
 
 def config_line(c) -> str:
@@ -187,8 +180,7 @@ def parse_args(argv=None):
     ap.add_argument("--seconds", type=float, default=3.0, help="at most this long per level")
     ap.add_argument("--note", default="", help="what was run, for the results heading")
     ap.add_argument("--json", type=Path, help="also write the rows and run info here")
-    ap.add_argument("--random-qwen3", choices=["qwen3_4b", "qwen3_8b", "tiny"],
-                    help="serve a random-weight model of this real shape (written once)")
+    ap.add_argument("--random-qwen3", choices=["qwen3_4b", "qwen3_8b", "tiny"], help="serve random weights of this shape")
     return ap.parse_args(argv)
 
 

@@ -105,8 +105,7 @@ def report(args, clfs, rows, notes, build_s) -> None:
              f"{C.n_graphs(a)}/{C.n_graphs(b)}; buckets a/b: {len(meta_a['buckets'])}/{len(meta_b['buckets'])}; "
              f"attention {meta_a['attention']}/{meta_b['attention']}; calibration a/b: {meta_a['calibration']} / "
              f"{meta_b['calibration']}; model + both start-ups {build_s:.1f} s.\n")
-    for n in notes + [f"a: {x}" for x in a.notes] + [f"b: {x}" for x in b.notes]:
-        text += f"- {n}\n"
+    text += "".join(f"- {n}\n" for n in notes + [f"a: {x}" for x in a.notes] + [f"b: {x}" for x in b.notes])
     C.report(text, args.no_append)
 
 

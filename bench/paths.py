@@ -77,11 +77,6 @@ async def closed_loop(path: str, conc: int, make_call, max_requests: int, max_s:
     return lv
 
 
-def result_row(ms: float, res: dict) -> tuple[float, int, float, float]:
-    t = res["timings_ms"]
-    return ms, res["batch_size"], t["total"], t["queue_wait"]
-
-
 def http_caller(url: str | list[str]):
     """Client i POSTs to url, or with several (every replica's own port) to urls[i % len(urls)]: the clients
     spread evenly over the replicas."""
@@ -97,7 +92,8 @@ def http_caller(url: str | list[str]):
             ms = (time.perf_counter() - t0) * 1e3
             if status != 200:
                 raise HTTPError(f"{status}: {data[:200].decode(errors='replace')}")
-            return result_row(ms, orjson.loads(data)["results"][0])
+            r = orjson.loads(data)["results"][0]
+            return ms, r["batch_size"], r["timings_ms"]["total"], r["timings_ms"]["queue_wait"]
         call.close = client.close
         return call
     return make

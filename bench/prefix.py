@@ -86,11 +86,9 @@ def main() -> None:
     clfs = {name: Classifier(make_cfg(ps, "trie", args.buckets), loaded=loaded) for name, ps in sets.items()}
     build_s = time.perf_counter() - t0
     rows = {name: case_numbers(clf, model, bw) for name, clf in clfs.items()}
-    for name, clf in clfs.items():
+    for name in [n for n in clfs if n != BASE]:
         for b, iters in ((1, args.iters), (4, max(2, args.iters // 2))):
-            if name == BASE:
-                continue
-            rows[name][f"b{b}"] = C.paired_p50(clfs[BASE], clf, (QUERIES * b)[:b], iters, lambda x, y: y - x)
+            rows[name][f"b{b}"] = C.paired_p50(clfs[BASE], clfs[name], (QUERIES * b)[:b], iters, lambda x, y: y - x)
     del clfs
     C.free()
     few = [p.model_dump() for p in compose(["prompts=ecommerce8_fewshot"]).prompts]

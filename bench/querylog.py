@@ -25,12 +25,8 @@ ZH_PRODUCT = ["连衣裙", "牛仔裤", "衬衫", "风衣", "半身裙", "T恤",
 ZH_DETAIL = ["", " 140", " 大码", " 包邮", " 2024"]
 
 
-def _join(words) -> str:
-    return " ".join(w for w in words if w)
-
-
 def distinct_queries(seed: int = 0, pool: int = 120_000) -> list[str]:
-    en = [_join(c) for c in itertools.product(EN_AUDIENCE, EN_ATTR, EN_COLOUR, EN_PRODUCT, EN_DETAIL)]
+    en = [" ".join(w for w in c if w) for c in itertools.product(EN_AUDIENCE, EN_ATTR, EN_COLOUR, EN_PRODUCT, EN_DETAIL)]
     zh = ["".join(c) for c in itertools.product(ZH_SEASON, ZH_AUDIENCE, ZH_ATTR, ZH_PRODUCT, ZH_DETAIL)]
     allq = sorted(set(en) | set(zh))
     random.Random(seed).shuffle(allq)

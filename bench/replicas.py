@@ -25,11 +25,6 @@ GOAL_SCALE = 0.9  # N replicas ≥ this × N × one replica's rate
 CLIENT_BOUND = 0.9  # bench CPU (cores) at which the one-process client may be the limit
 
 
-def visible_gpus() -> int:
-    import torch
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
 def run_n(n: int, a) -> dict | None:
     """bench/load.py in a subprocess (Serve's flags are read when Ray starts: a fresh Ray per N)."""
     js = a.work / f"replicas{n}.json"
@@ -50,12 +45,8 @@ def run_n(n: int, a) -> dict | None:
 
 
 def rows(runs: dict[int, dict]) -> list[dict]:
-    out = []
-    for n, r in sorted(runs.items()):
-        for s in r["stats"]:
-            kind = "proxy" if "proxy" in s["path"] else "ports"
-            out.append({"replicas": n, "kind": kind, **s})
-    return out
+    return [{"replicas": n, "kind": "proxy" if "proxy" in s["path"] else "ports", **s}
+            for n, r in sorted(runs.items()) for s in r["stats"]]
 
 
 def table(rs: list[dict]) -> str:
@@ -110,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     a.work.mkdir(parents=True, exist_ok=True)
     from qcls.compose import compose
     cfg = compose(list(a.overrides))
-    need_gpus, gpus = cfg.serve.num_gpus > 0, visible_gpus()
+    import torch
+    need_gpus, gpus = cfg.serve.num_gpus > 0, torch.cuda.device_count()
     if a.random_qwen3:  # written once here, so that no run's time includes it
         C.random_checkpoint(a.random_qwen3)
     runs = {}
