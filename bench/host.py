@@ -168,7 +168,8 @@ def main() -> None:
     text = C.header(f"host stages: {args.model} random weights, ecommerce8 ({kind})"
                     + (f", engine {' '.join(args.engine)}" if args.engine else ""),
                     f"bench/host.py --model {args.model} --iters {args.iters} --profile-iters {args.profile_iters}"
-                    f"{' --engine ' + ' '.join(args.engine) if args.engine else ''}; graphs {clf.engine.graphs}; queries {QUERIES}")
+                    f"{' --engine ' + ' '.join(args.engine) if args.engine else ''}; "
+                    f"graphs {clf.engine.graphs}; queries {QUERIES}")
     text += ("| batch | tokenize | prepare | forward | score | postprocess | host stages (tok+prep+score+post) |\n"
              "|---|---|---|---|---|---|---|\n")
     steps, profs = {}, {}
