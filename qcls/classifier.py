@@ -18,6 +18,7 @@ from qcls.engine.engine import FastEngine
 from qcls.errors import ConfigError
 from qcls.engine.layout import PromptLayout
 from qcls.heads import startup as heads
+from qcls.heads import thresholds
 from qcls.heads.head import Tap
 from qcls.progress import step, step_note, warn
 from qcls.results import STAGES, LabelScore, PromptResult, QueryResult
@@ -287,6 +288,7 @@ class Classifier:
             append(PromptResult(name, names[hbest], hprobs[hbest],
                                 list(map(LabelScore, names, vals, hprobs, counts, probs, hvals)), names[best],
                                 probs[best]))
+        thresholds.apply(out, self.head)  # read from the served head each time: a reloaded file's thresholds hold
         return out
 
 

@@ -14,6 +14,8 @@ safetensors file beside it (named by the YAML's `weights` key).
         scores: true
         template_sha256: …            # the prompt it was fitted under
         info: {cv_accuracy: …, C: …, n: …}
+        threshold: {min_prob: 0.62, fallback: none, fitted: {…}}   # optional, any prompt: below it the
+                                      #   prompt abstains (qcls/heads/thresholds.py; older files have none)
 
 Unknown keys are refused (a typo is an error) and every weight must be finite.
 """
@@ -53,10 +55,20 @@ def template_sha256(template: str, label_prefix: str) -> str:
     return hashlib.sha256(f"{template}\x00{label_prefix}".encode()).hexdigest()[:16]
 
 
+class _Threshold(BaseModel):
+    """Below it the prompt abstains (qcls/heads/thresholds.py); `fitted` records how it was chosen."""
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    min_prob: float = Field(ge=0, le=1)
+    labels: dict[str, Annotated[float, Field(ge=0, le=1)]] = Field(default_factory=dict)
+    fallback: str | None = None
+    fitted: dict[str, Any] = Field(default_factory=dict)
+
+
 class _TemperatureBias(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     temperature: float = Field(gt=0)
     bias: dict[str, float] = Field(min_length=2)
+    threshold: _Threshold | None = None
 
 
 class _Read(BaseModel):
@@ -73,6 +85,7 @@ class _Learned(BaseModel):
     scores: bool = False
     template_sha256: str | None = None
     info: dict[str, Any] = Field(default_factory=dict)
+    threshold: _Threshold | None = None
 
 
 def _entry_kind(v: Any) -> str:
@@ -106,6 +119,8 @@ def save(head: Head, path) -> None:
         if ph.is_temperature_bias:
             t = ph.temperature
             prompts[name] = {"temperature": t, "bias": {lab: float(b * t) for lab, b in zip(ph.labels, ph.bias)}}
+            if ph.threshold is not None:
+                prompts[name]["threshold"] = _plain(ph.threshold.as_dict())
         else:
             prompts[name] = _entry(ph, name, tensors)
     variants = {name: [_entry(ph, f"{name}@{i + 1}", tensors) for i, ph in enumerate(phs)]
@@ -134,6 +149,8 @@ def _entry(ph: PromptHead, prefix: str, tensors: dict[str, np.ndarray]) -> dict[
     if ph.info.get("template_sha256"):
         entry["template_sha256"] = ph.info["template_sha256"]
     entry["info"] = _plain({k: v for k, v in ph.info.items() if k != "template_sha256"})
+    if ph.threshold is not None:
+        entry["threshold"] = _plain(ph.threshold.as_dict())
     return entry
 
 
@@ -152,7 +169,11 @@ def load(path) -> Head:
             prompts[name] = PromptHead.temperature_bias(list(p.bias), p.temperature, list(p.bias.values()))
         else:
             prompts[name] = _learned(path, name, p, tensors)
+        prompts[name].threshold = _threshold(path, name, p.threshold, prompts[name].labels)
     variants = {name: [_learned(path, name, p, tensors) for p in ps] for name, ps in f.variants.items()}
+    for name, ps in f.variants.items():
+        for p, ph in zip(ps, variants[name]):
+            ph.threshold = _threshold(path, name, p.threshold, ph.labels)
     return Head(prompts, f.method, dict(f.meta), variants)
 
 
@@ -254,6 +275,18 @@ def _learned(path: Path, name: str, p: _Learned, tensors: dict[str, np.ndarray])
     if p.template_sha256:
         info["template_sha256"] = p.template_sha256
     return PromptHead(list(p.labels), bias, scores, features, read, info)
+
+
+def _threshold(path: Path, name: str, t: _Threshold | None, labels: list[str]):
+    """The prompt's abstention threshold (None: it always answers); per-label thresholds must name its labels."""
+    from qcls.heads.thresholds import Threshold
+    if t is None:
+        return None
+    unknown = sorted(set(t.labels) - set(labels))
+    if unknown:
+        raise CalibrationError(f"calibration file {path}: prompt {name!r}: threshold.labels names {unknown}, which "
+                               f"are not among its labels {labels}", "fix the label names or drop those entries")
+    return Threshold(t.min_prob, dict(t.labels), t.fallback, dict(t.fitted))
 
 
 def _why(e: ValidationError) -> str:
