@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 
 from qcls.eval import heads as H
+from qcls.eval import models
+from qcls.eval.sweep import main as sweep_main
 from qcls.eval.calibrate import main
 from qcls.eval.threshold_fitting import out_of_fold
 from qcls.heads.files import load as load_head
@@ -61,3 +63,26 @@ def test_calibrate_writes_thresholds(tiny_dirs, tmp_path, capsys, monkeypatch):
         assert new.prompts["category"].threshold is None and cat["best_precision"] < 1.0
     assert main(["--eval", str(dev), "--thresholds-for", "h.yaml", *tiny(tiny_dirs["qwen3"])]) == 2
     assert "give --target-precision or --target-coverage" in capsys.readouterr().err
+    # a sweep job on another split with that file: the curve, and coverage / precision at its thresholds
+    ev, out = head_set(tmp_path / "ev.jsonl", 20, offset=40), tmp_path / "run"
+    assert sweep_main([*tiny(tiny_dirs["qwen3"]), f"eval.path={ev}", f"calibration={tmp_path / 'h.yaml'}",
+                       "eval.batch1_queries=0", "eval.agreement_with_exact=false", f"hydra.run.dir={out}"]) == 0
+    result = json.loads((out / "result.json").read_text())
+    rows = [json.loads(x) for x in (out / "predictions.jsonl").read_text().splitlines()]
+    for name in ("category", "audience"):
+        b = result["coverage"]["per_prompt"][name]
+        at, t = b["at_threshold"], head.prompts[name].threshold.min_prob
+        cal = np.array([list(r["prompts"][name]["calibrated_probs"].values()) for r in rows])
+        gold = np.array([list(r["prompts"][name]["probs"]).index(r["prompts"][name]["gold"]) for r in rows])
+        answered = cal.max(1) >= t  # worked out here from the job's own predictions
+        right = cal.argmax(1) == gold
+        assert at["coverage"] == pytest.approx(answered.mean())
+        assert at["precision"] == (pytest.approx(right[answered].mean()) if answered.any() else None)
+        wrong = (~right).sum()
+        assert at["errors_avoided"] == (pytest.approx(1 - (answered & ~right).sum() / wrong) if wrong else None)
+        assert b["precision_at_coverage"]["1"] == pytest.approx(right.mean())
+        assert ("tfidf" in at) == (at["answered"] > 0) and "tfidf_precision_at_coverage" in b
+        assert all(r["prompts"][name]["abstained"] == (not a) for r, a in zip(rows, answered))
+    summary = (out / "summary.md").read_text()
+    assert "## Abstention: precision against coverage" in summary and (out / "precision_coverage.png").is_file()
+    models.release()
