@@ -18,7 +18,9 @@ thresholds are the distinct winner probabilities; threshold t answers the querie
 ≥ t (its coverage) and its precision is the share of those answered correctly. For a target precision the
 threshold chosen is the LOWEST candidate whose precision is ≥ the target: of all thresholds that reach the
 target it answers the most queries. Precision need not rise with t, so higher candidates may fall below the
-target again; the one chosen still reaches it on the fitting split. When no candidate reaches the target the
+target again; the one chosen still reaches it on the fitting split. When that is the lowest candidate (every
+query answered already reaches the target) the threshold is 0: nothing needs to abstain, and a held-out query
+less confident than any fitting query is not refused for it. When no candidate reaches the target the
 fit says so (`reached` False, the best precision any threshold gives and its coverage) and no threshold is
 chosen: the target is never silently relaxed. For a target coverage the threshold chosen is the HIGHEST
 candidate whose coverage is ≥ the target (ties in probability may make the coverage exceed it).
@@ -127,7 +129,8 @@ def fit_precision(top_prob: np.ndarray, correct: np.ndarray, target: float) -> d
     if not len(ok):
         return {**out, "reached": False, "threshold": None, "precision": None, "coverage": None}
     k = ok[-1]
-    return {**out, "reached": True, "threshold": float(c.thresholds[k]), "precision": float(c.precision[k]),
+    t = 0.0 if k == len(c.thresholds) - 1 else float(c.thresholds[k])
+    return {**out, "reached": True, "threshold": t, "precision": float(c.precision[k]),
             "coverage": float(c.coverage[k])}
 
 

@@ -36,7 +36,7 @@ def test_curve_by_hand():
 @pytest.mark.parametrize("target,threshold,precision,coverage", [
     (0.7, 0.7, 3 / 4, 4 / 6),  # the lowest threshold reaching 0.7: 0.8 (0.667) between does not matter
     (0.95, 0.9, 1.0, 1 / 6),
-    (0.6, 0.5, 4 / 6, 1.0),  # every threshold reaches it: answer everything
+    (0.6, 0.0, 4 / 6, 1.0),  # answering everything reaches it: threshold 0, nothing abstains
     (0.75, 0.7, 3 / 4, 4 / 6),  # exactly the target counts
 ])
 def test_fit_precision_by_hand(target, threshold, precision, coverage):
