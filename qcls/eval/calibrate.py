@@ -128,6 +128,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
 
     cfg = compose(overrides)
     data = load_eval_set(split_path(args.eval), cfg.prompts, args.limit)  # refused before the model loads
+    from qcls.eval.threshold_fitting import targets as threshold_targets
     targets = threshold_targets(args, cfg)
     if args.thresholds_for:
         from qcls.eval.threshold_fitting import for_file
@@ -217,23 +218,9 @@ def fit_head(args: argparse.Namespace, cfg, data, out: Path, targets=None) -> di
                       for p, ph in head.prompts.items()}}
 
 
-def threshold_targets(args: argparse.Namespace, cfg) -> tuple[dict[str, float], dict[str, float]] | None:
-    """(per prompt target precision, per prompt target coverage), or None when neither is asked for."""
-    from qcls.heads.thresholds import parse_targets
-    names = [p.name for p in cfg.prompts]
-    precision = parse_targets(args.target_precision, names, "--target-precision")
-    coverage = parse_targets(args.target_coverage, names, "--target-coverage")
-    both = sorted(set(precision) & set(coverage))
-    if both:
-        raise ValueError(f"prompts {both} have both a target precision and a target coverage: give one per prompt")
-    if args.thresholds_for and not (precision or coverage):
-        raise ValueError("--thresholds-for fits thresholds: give --target-precision or --target-coverage")
-    return (precision, coverage) if precision or coverage else None
-
-
 def _threshold_lines(res: dict[str, Any]) -> list[str]:
-    from qcls.eval.threshold_fitting import table
-    return table(res["thresholds"], res["split"]) if res.get("thresholds") else []
+    from qcls.eval.threshold_fitting import lines
+    return lines(res)
 
 
 def format_table(res: dict[str, Any]) -> str:

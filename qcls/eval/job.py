@@ -99,6 +99,9 @@ def evaluate(spec: EvalSpec, cfg: QclsConfig, out_dir: Path) -> tuple[dict[str, 
     served = clf.head if fit_data is None else None
     body["coverage"] = coverage.job_block(cfg, per, cal_probs, served, data, base_fit, body["baseline"],
                                           spec.head.cv_folds)
+    if served is None and clf.head is not None and any(ph.threshold for ph in clf.head.prompts.values()):
+        body["coverage"]["note"] = ("the head file's thresholds are not reported: this job fits its own "
+                                    f"{spec.fit_method} on eval.fit_on (eval.fit_on=null scores with the file)")
     full_head = loaded.full_head() is not None
     del clf, results  # the job's engine goes before the exact pass builds another on the same weights
     models.free_memory()

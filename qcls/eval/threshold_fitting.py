@@ -131,3 +131,22 @@ def for_file(args, cfg, data, targets) -> dict[str, Any]:
     return {"thresholds_only": True, "file": str(out.resolve()), "override": f"calibration={out}",
             "method": head.method, "split": str(data.path), "n_queries": len(data.examples),
             "model": cfg.model.name, "thresholds": fits}
+
+
+def targets(args, cfg) -> tuple[dict[str, float], dict[str, float]] | None:
+    """(per prompt target precision, per prompt target coverage) of calibrate's options, or None when neither
+    is asked for."""
+    names = [p.name for p in cfg.prompts]
+    precision = T.parse_targets(args.target_precision, names, "--target-precision")
+    coverage = T.parse_targets(args.target_coverage, names, "--target-coverage")
+    both = sorted(set(precision) & set(coverage))
+    if both:
+        raise ValueError(f"prompts {both} have both a target precision and a target coverage: give one per prompt")
+    if args.thresholds_for and not (precision or coverage):
+        raise ValueError("--thresholds-for fits thresholds: give --target-precision or --target-coverage")
+    return (precision, coverage) if precision or coverage else None
+
+
+def lines(res: dict[str, Any]) -> list[str]:
+    """The calibrate report's threshold lines (none when no threshold was asked for)."""
+    return table(res["thresholds"], res["split"]) if res.get("thresholds") else []

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 
 from qcls.errors import ConfigError
 from qcls.heads.head import FINAL, Head, PromptHead, Read
+from qcls.heads.thresholds import ThresholdEntry, threshold_of
 
 METHODS = ("temperature_bias", "temperature", "bias", "contextual", "head")
 HEADER = ("# qcls head: per prompt, head logits = W_s · scores + W_f · read state + c (a temperature/bias\n"
@@ -55,20 +56,11 @@ def template_sha256(template: str, label_prefix: str) -> str:
     return hashlib.sha256(f"{template}\x00{label_prefix}".encode()).hexdigest()[:16]
 
 
-class _Threshold(BaseModel):
-    """Below it the prompt abstains (qcls/heads/thresholds.py); `fitted` records how it was chosen."""
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-    min_prob: float = Field(ge=0, le=1)
-    labels: dict[str, Annotated[float, Field(ge=0, le=1)]] = Field(default_factory=dict)
-    fallback: str | None = None
-    fitted: dict[str, Any] = Field(default_factory=dict)
-
-
 class _TemperatureBias(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     temperature: float = Field(gt=0)
     bias: dict[str, float] = Field(min_length=2)
-    threshold: _Threshold | None = None
+    threshold: ThresholdEntry | None = None
 
 
 class _Read(BaseModel):
@@ -85,7 +77,7 @@ class _Learned(BaseModel):
     scores: bool = False
     template_sha256: str | None = None
     info: dict[str, Any] = Field(default_factory=dict)
-    threshold: _Threshold | None = None
+    threshold: ThresholdEntry | None = None
 
 
 def _entry_kind(v: Any) -> str:
@@ -169,11 +161,11 @@ def load(path) -> Head:
             prompts[name] = PromptHead.temperature_bias(list(p.bias), p.temperature, list(p.bias.values()))
         else:
             prompts[name] = _learned(path, name, p, tensors)
-        prompts[name].threshold = _threshold(path, name, p.threshold, prompts[name].labels)
+        prompts[name].threshold = threshold_of(p.threshold, prompts[name].labels, f"calibration file {path}: prompt {name!r}")
     variants = {name: [_learned(path, name, p, tensors) for p in ps] for name, ps in f.variants.items()}
     for name, ps in f.variants.items():
         for p, ph in zip(ps, variants[name]):
-            ph.threshold = _threshold(path, name, p.threshold, ph.labels)
+            ph.threshold = threshold_of(p.threshold, ph.labels, f"calibration file {path}: prompt {name!r}")
     return Head(prompts, f.method, dict(f.meta), variants)
 
 
@@ -275,18 +267,6 @@ def _learned(path: Path, name: str, p: _Learned, tensors: dict[str, np.ndarray])
     if p.template_sha256:
         info["template_sha256"] = p.template_sha256
     return PromptHead(list(p.labels), bias, scores, features, read, info)
-
-
-def _threshold(path: Path, name: str, t: _Threshold | None, labels: list[str]):
-    """The prompt's abstention threshold (None: it always answers); per-label thresholds must name its labels."""
-    from qcls.heads.thresholds import Threshold
-    if t is None:
-        return None
-    unknown = sorted(set(t.labels) - set(labels))
-    if unknown:
-        raise CalibrationError(f"calibration file {path}: prompt {name!r}: threshold.labels names {unknown}, which "
-                               f"are not among its labels {labels}", "fix the label names or drop those entries")
-    return Threshold(t.min_prob, dict(t.labels), t.fallback, dict(t.fitted))
 
 
 def _why(e: ValidationError) -> str:

@@ -28,9 +28,10 @@ candidate whose coverage is ≥ the target (ties in probability may make the cov
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Annotated, Any, Iterable
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,27 @@ class Threshold:
         if self.fitted:
             out["fitted"] = dict(self.fitted)
         return out
+
+
+class ThresholdEntry(BaseModel):
+    """A prompt entry's `threshold` in the head file (qcls/heads/files.py)."""
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    min_prob: float = Field(ge=0, le=1)
+    labels: dict[str, Annotated[float, Field(ge=0, le=1)]] = Field(default_factory=dict)
+    fallback: str | None = None
+    fitted: dict[str, Any] = Field(default_factory=dict)
+
+
+def threshold_of(t: ThresholdEntry | None, labels: list[str], where: str) -> Threshold | None:
+    """The prompt's threshold (None: it always answers); per-label thresholds must name its labels."""
+    from qcls.heads.files import CalibrationError
+    if t is None:
+        return None
+    unknown = sorted(set(t.labels) - set(labels))
+    if unknown:
+        raise CalibrationError(f"{where}: threshold.labels names {unknown}, which are not among its labels "
+                               f"{labels}", "fix the label names or drop those entries")
+    return Threshold(t.min_prob, dict(t.labels), t.fallback, dict(t.fitted))
 
 
 def apply(prompts: Iterable, head) -> None:
