@@ -38,7 +38,7 @@ def section(ok: list[dict[str, Any]], by_job: dict[str, Any], out_dir: Path) -> 
                   "share of the errors (wrong winners when answering every query) avoided, and the TF-IDF baseline "
                   "answering the same share of queries (its most confident ones).", "",
                   "| job | prompt | target | threshold | coverage | precision answered | errors avoided | "
-                  "accuracy, all answered | TF-IDF precision at that coverage |", "|---|---|---|---|---|---|---|---|---|"]
+                  "accuracy, all answered | TF-IDF precision at that coverage |", "|---" * 9 + "|"]
         for x, c in fitted:
             for p, b in c["per_prompt"].items():
                 at = b.get("at_threshold")
@@ -48,7 +48,8 @@ def section(ok: list[dict[str, Any]], by_job: dict[str, Any], out_dir: Path) -> 
                 kind = "precision" if "target_precision" in at["fitted"] else "coverage"
                 lines.append(f"| {x['job']} | {p} | {f'{kind} {target}' if target is not None else ''} | "
                              f"{at['threshold']:.4f} | {_f(at['coverage'])} | {_f(at['precision'])} | "
-                             f"{_f(at['errors_avoided'])} | {_f(b['accuracy'])} | {_f(dig(at, 'tfidf', 'precision'))} |")
+                             f"{_f(at['errors_avoided'])} | {_f(b['accuracy'])} | "
+                             f"{_f(dig(at, 'tfidf', 'precision'))} |")
     x, c = jobs[0]
     levels = c["levels"]
     lines += ["", f"Precision of the answered queries at each coverage (the highest threshold answering at least "

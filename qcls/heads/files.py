@@ -161,7 +161,8 @@ def load(path) -> Head:
             prompts[name] = PromptHead.temperature_bias(list(p.bias), p.temperature, list(p.bias.values()))
         else:
             prompts[name] = _learned(path, name, p, tensors)
-        prompts[name].threshold = threshold_of(p.threshold, prompts[name].labels, f"calibration file {path}: prompt {name!r}")
+        prompts[name].threshold = threshold_of(p.threshold, prompts[name].labels,
+                                               f"calibration file {path}: prompt {name!r}")
     variants = {name: [_learned(path, name, p, tensors) for p in ps] for name, ps in f.variants.items()}
     for name, ps in f.variants.items():
         for p, ph in zip(ps, variants[name]):

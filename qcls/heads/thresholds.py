@@ -90,7 +90,7 @@ def apply(prompts: Iterable, head) -> None:
     for r in prompts:
         ph = heads.get(r.prompt)
         t = ph.threshold if ph is not None else None
-        if t is None or r.label is None or r.prob >= t.needed(r.label):
+        if t is None or r.label is None or r.prob is None or r.prob >= t.needed(r.label):
             continue
         r.label, r.abstained = t.fallback, True
 
