@@ -19,6 +19,7 @@ from qcls.engine.engine import FastEngine
 from qcls.errors import ConfigError
 from qcls.engine.layout import PromptLayout
 from qcls.heads import startup as heads
+from qcls.heads import thresholds
 from qcls.heads.depth import Depth, plan_depth
 from qcls.heads.fingerprint import num_layers
 from qcls.heads.head import Tap
@@ -346,6 +347,7 @@ class Classifier:
             append(PromptResult(name, names[hbest], hprobs[hbest],
                                 list(map(LabelScore, names, vals, hprobs, counts, probs, hvals)), names[best],
                                 probs[best]))
+        thresholds.apply(out, self.head)  # read from the served head each time: a reloaded file's thresholds hold
         return out
 
 

@@ -59,6 +59,11 @@ def format_result(r: QueryResult, top: int = 3) -> str:
     for p in r.prompts:  # with a head or calibration loaded, its probabilities are the ones reported
         others = ", ".join(f"{s.label} {s.prob:.3f}" for s in p.top(top + 1) if s.label != p.label)[:80]
         raw = f"   (raw scores: {p.raw_label} {p.raw_prob:.3f})" if p.raw_label is not None else ""
+        if p.abstained:  # below its threshold: no winner (or the fallback), every label's probability listed
+            others = ", ".join(f"{s.label} {s.prob:.3f}" for s in p.top(top + 1))[:80]
+            shown = "ABSTAINED" + (f" → {p.label}" if p.label is not None else "")
+            lines.append(f"  {p.prompt:<{width}}  {shown}   | {others}{raw}")
+            continue
         lines.append(f"  {p.prompt:<{width}}  {p.label:<10} {p.prob:.3f}   | {others}{raw}")
     return "\n".join(lines) + "\n"
 

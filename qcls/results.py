@@ -10,7 +10,9 @@ STAGES = ("tokenize", "prepare", "forward", "score", "postprocess")
 @dataclass(slots=True)
 class LabelScore:
     label: str
-    score: float  # the LLM's own score of the label under the scoring strategy (always the raw one)
+    # the LLM's own score of the label under the scoring strategy (always the raw one); None where the forward
+    # stops at the heads' layer and computes no label score (meta["layers"])
+    score: float | None
     prob: float  # the probability qcls reports: the head's with a head or calibration, else softmax(scores)
     tokens: int  # label_prefix + label token count
     # with a head or calibration (calibration=FILE; else None): softmax of the raw scores, and the head's logit
@@ -24,14 +26,19 @@ class LabelScore:
 @dataclass(slots=True)
 class PromptResult:
     prompt: str
-    label: str  # the winner (the head's, when a head or calibration is configured)
-    prob: float  # the winner's probability (the head's, when one is configured)
+    # the winner (the head's, when a head or calibration is configured); None (or the threshold's fallback
+    # label) when the prompt abstained
+    label: str | None
+    prob: float  # the most probable label's probability (the head's, when one is configured)
     labels: list[LabelScore]  # in the prompt's label order
     raw_label: str | None = None  # with a head or calibration: the winner by raw score, and its raw probability
     raw_prob: float | None = None
+    # the most probable label fell short of the prompt's threshold (qcls/heads/thresholds.py): no answer given
+    abstained: bool = False
 
     def __reduce__(self):
-        return PromptResult, (self.prompt, self.label, self.prob, self.labels, self.raw_label, self.raw_prob)
+        return PromptResult, (self.prompt, self.label, self.prob, self.labels, self.raw_label, self.raw_prob,
+                              self.abstained)
 
     def top(self, k: int) -> list[LabelScore]:
         """The k most probable labels (the order `label` was chosen by)."""

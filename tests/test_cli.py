@@ -99,6 +99,11 @@ def test_the_table_shows_the_heads_probabilities():
     line = format_result(r).splitlines()[1]
     assert "jeans      0.550" in line and "dress 0.400" in line and "tee 0.050" in line
     assert "(raw scores: dress 0.700)" in line
+    r.prompts[0].label, r.prompts[0].abstained = None, True  # below its threshold: marked, every label listed
+    line = format_result(r).splitlines()[1]
+    assert "ABSTAINED" in line and "jeans 0.550" in line and "dress 0.400" in line and "→" not in line
+    r.prompts[0].label = "none"
+    assert "ABSTAINED → none" in format_result(r).splitlines()[1]
 
 
 def test_bulk_file_in_file_out_with_the_demo_model(demo_cfg_overrides, tmp_path):

@@ -1,8 +1,10 @@
 """Output rows and files: the result columns, one part file per chunk, the final file.
 
-Columns: every input column (passed through), then per prompt `<prompt>` (the winning label) and
-`<prompt>_prob` (its probability), with --all-labels `<prompt>:<label>` (every label's probability), then
-`error` (empty for a classified row). JSONL keeps the input's values as they are; CSV writes None as an empty
+Columns: every input column (passed through), then per prompt `<prompt>` (the winning label; empty when the
+prompt abstained, or its threshold's fallback label), `<prompt>_prob` (the most probable label's probability)
+and `<prompt>_abstained` (true when that probability fell short of the prompt's threshold: qcls/heads/
+thresholds.py), with --all-labels `<prompt>:<label>` (every label's probability), then `error` (empty for a
+classified row). JSONL keeps the input's values as they are; CSV writes None as an empty
 field and a list or object as JSON; Parquet keeps a Parquet input's column types and writes other inputs'
 columns as text (a JSONL value that is not a string as its JSON). Floats are written exactly (repr), so a
 part read back gives the very results that were written (resume rebuilds the cache from them).
@@ -24,9 +26,9 @@ OUTPUT_FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".tsv": 
 ERROR = "error"
 TABLE_PIECE = 1024  # records per Arrow conversion (Format.table)
 
-# What the output shows of a classified query: per prompt the winner and its probability, and with
-# --all-labels every label's probability. The cache holds exactly this.
-Result = tuple[tuple[str, ...], tuple[float, ...], tuple[tuple[float, ...], ...] | None]
+# What the output shows of a classified query: per prompt the winner, its probability, with --all-labels
+# every label's probability, and whether it abstained. The cache holds exactly this.
+Result = tuple[tuple[str | None, ...], tuple[float, ...], tuple[tuple[float, ...], ...] | None, tuple[bool, ...]]
 
 
 def output_format(path: str | Path) -> str:
@@ -53,7 +55,7 @@ class Columns:
         clash = sorted(set(cols.passthrough) & set(cols.result_names))
         if clash:
             raise ConfigError(f"input columns {clash} have the names of result columns",
-                              "rename them in the input (result columns: <prompt>, <prompt>_prob, "
+                              "rename them in the input (result columns: <prompt>, <prompt>_prob, <prompt>_abstained, "
                               "<prompt>:<label> with --all-labels, error)")
         return cols
 
@@ -61,7 +63,8 @@ class Columns:
     def result_names(self) -> list[str]:
         out = []
         for name, labels in self.prompts:
-            out += [name, f"{name}_prob"] + ([f"{name}:{lab}" for lab in labels] if self.all_labels else [])
+            out += [name, f"{name}_prob", f"{name}_abstained"] + \
+                ([f"{name}:{lab}" for lab in labels] if self.all_labels else [])
         return out + [ERROR]
 
     @property
@@ -72,13 +75,14 @@ class Columns:
         labels = tuple(p.label for p in r.prompts)
         probs = tuple(p.prob for p in r.prompts)
         full = tuple(tuple(s.prob for s in p.labels) for p in r.prompts) if self.all_labels else None
-        return labels, probs, full
+        return labels, probs, full, tuple(p.abstained for p in r.prompts)
 
     def record(self, values: dict[str, Any], result: Result | None, error: str | None) -> dict[str, Any]:
         rec = dict(values)
         for i, (name, labels) in enumerate(self.prompts):
             rec[name] = result[0][i] if result else None
             rec[f"{name}_prob"] = result[1][i] if result else None
+            rec[f"{name}_abstained"] = result[3][i] if result else None
             if self.all_labels:
                 for j, lab in enumerate(labels):
                     rec[f"{name}:{lab}"] = result[2][i][j] if result else None
@@ -89,11 +93,11 @@ class Columns:
         """The Result a written record shows (None for an error row); CSV fields come back as text."""
         if rec.get(ERROR) not in (None, ""):
             return None
-        labels = tuple(rec[name] for name, _ in self.prompts)
+        labels = tuple(rec[name] if rec[name] != "" else None for name, _ in self.prompts)
         probs = tuple(float(rec[f"{name}_prob"]) for name, _ in self.prompts)
         full = tuple(tuple(float(rec[f"{name}:{lab}"]) for lab in labs) for name, labs in self.prompts) \
             if self.all_labels else None
-        return labels, probs, full
+        return labels, probs, full, tuple(rec[f"{name}_abstained"] in (True, "true") for name, _ in self.prompts)
 
 
 def _cell(v: Any) -> str:
@@ -101,6 +105,8 @@ def _cell(v: Any) -> str:
         return ""
     if isinstance(v, str):
         return v
+    if isinstance(v, bool):
+        return "true" if v else "false"
     if isinstance(v, float):
         return repr(v)
     if isinstance(v, (dict, list)):
@@ -146,7 +152,8 @@ class Format:
             src = self.input_schema.field(c) if self.input_schema is not None else None
             fields.append(src if src is not None else pa.field(c, pa.string()))
         for name, labels in self.cols.prompts:
-            fields += [pa.field(name, pa.string()), pa.field(f"{name}_prob", pa.float64())]
+            fields += [pa.field(name, pa.string()), pa.field(f"{name}_prob", pa.float64()),
+                       pa.field(f"{name}_abstained", pa.bool_())]
             if self.cols.all_labels:
                 fields += [pa.field(f"{name}:{lab}", pa.float64()) for lab in labels]
         return pa.schema(fields + [pa.field(ERROR, pa.string())])

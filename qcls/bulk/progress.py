@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 from typing import Callable, TextIO
 
 
+ABSTAINED = "(abstained)"  # the summary's count of rows where a prompt gave no label (below its threshold)
+
+
 @dataclass
 class Tally:
     """Counts of a run (or of one Ray actor's share; `merge` adds them up)."""
@@ -32,7 +35,7 @@ class Tally:
             c = counts.get(p)
             if c is None:  # (setdefault's default argument would build a Counter per row and prompt)
                 c = counts[p] = Counter()
-            c[lab] += 1
+            c[lab if lab is not None else ABSTAINED] += 1
 
     def merge(self, other: "Tally") -> None:
         for k in ("rows", "classified", "cached", "resumed_rows", "dropped_keys"):

@@ -22,7 +22,7 @@ def query_body(r: QueryResult) -> dict[str, Any]:
 
 
 def compact_prompt(p: PromptResult) -> dict[str, Any]:
-    out = {"prompt": p.prompt, "label": p.label, "prob": p.prob}
+    out = {"prompt": p.prompt, "label": p.label, "prob": p.prob, "abstained": p.abstained}
     if p.raw_label is not None:  # a head or calibration is configured: the raw winner too
         out["raw_label"], out["raw_prob"] = p.raw_label, p.raw_prob
     return out

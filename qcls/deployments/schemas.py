@@ -61,12 +61,15 @@ class LabelOut(_Body):
 
 class PromptOut(_Body):
     prompt: str
-    label: str = Field(description="the winner")
-    prob: float | None
+    label: str | None = Field(description="the winner; null (or the fallback label) when the prompt abstained")
+    prob: float | None = Field(description="the most probable label's probability")
     labels: list[LabelOut] = Field(description="every label, in the prompt's label order")
     raw_label: str | None = Field(default=None, description="with a head or calibration: the winner by raw score")
     raw_prob: float | None = Field(default=None, description="with a head or calibration: the raw winner's "
                                    "probability")
+    abstained: bool = Field(default=False, description="the most probable label's probability fell short of "
+                            "the prompt's threshold (the head file's `threshold`): `label` is then null, or the "
+                            "threshold's fallback label, and `prob` is the most probable label's probability")
 
 
 class QueryOut(_Body):
@@ -99,11 +102,14 @@ class ClassifyResponse(_Body):
 
 class CompactPromptOut(_Body):
     prompt: str
-    label: str = Field(description="the winner")
-    prob: float | None
+    label: str | None = Field(description="the winner; null (or the fallback label) when the prompt abstained")
+    prob: float | None = Field(description="the most probable label's probability")
     raw_label: str | None = Field(default=None, description="with a head or calibration: the winner by raw score")
     raw_prob: float | None = Field(default=None, description="with a head or calibration: the raw winner's "
                                    "probability")
+    abstained: bool = Field(default=False, description="the most probable label's probability fell short of "
+                            "the prompt's threshold (the head file's `threshold`): `label` is then null, or the "
+                            "threshold's fallback label, and `prob` is the most probable label's probability")
 
 
 class CompactQueryOut(_Body):

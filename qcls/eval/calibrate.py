@@ -20,6 +20,8 @@ EPILOG = """examples:
   qcls calibrate --method contextual               # bias = -log p(label | "N/A", "[MASK]"), T = 1
   qcls calibrate --method head                     # a learned head on the hidden state (layer/read by CV)
   qcls calibrate --method head --layer 12 --read both --with-scores prompts=ecommerce8
+  qcls calibrate --method head --target-precision 0.95 --target-precision audience=0.9   # + abstention thresholds
+  qcls calibrate --thresholds-for calibration/mine.yaml --target-coverage 0.8 --out calibration/mine_t.yaml
 
 Methods: temperature_bias (default: per prompt a temperature T and per-label biases b minimising the NLL
 of the gold labels; calibrated score = (score + b) / T), temperature (T only), bias (b only), contextual
@@ -35,6 +37,10 @@ sets (refused at start-up otherwise). The metrics printed are on the split it wa
 a head's CV accuracy is held out within the split); `qcls sweep -m ... eval=test` reports held-out numbers.
 Beside them: the majority class and a character n-gram TF-IDF + logistic regression per prompt, cross-validated
 on the split with the head's folds (qcls/eval/baseline.py).
+Thresholds (--target-precision, --target-coverage): per prompt the least probability the winner needs, else
+the prompt abstains (no label, or --fallback); chosen on the split's out-of-fold head probabilities (a
+calibration's in-sample ones) as the lowest threshold whose answered queries reach the target precision
+(the most coverage), written into the file beside the prompt's head (qcls/heads/thresholds.py).
 Load the file with the override calibration=FILE. See docs/evaluation.md."""
 
 
@@ -61,6 +67,17 @@ def build_parser() -> argparse.ArgumentParser:
                     "prompt sets of one model), replacing heads fitted under the same templates")
     ap.add_argument("--cv-folds", type=int, default=3, metavar="K", help="head: folds of the cross-validation "
                     "that chooses the L2 strength (default 3; every label needs K examples)")
+    ap.add_argument("--target-precision", action="append", metavar="P|PROMPT=P",
+                    help="also fit per prompt an abstention threshold: the lowest whose answered queries reach this "
+                         "precision on the split's held-out (out-of-fold for a head) probabilities, so the most are "
+                         "answered; 0.95 for every prompt, category=0.9 for one (repeat or comma-separate). A target "
+                         "the split cannot reach is reported and no threshold is written for that prompt")
+    ap.add_argument("--target-coverage", action="append", metavar="C|PROMPT=C",
+                    help="instead: the highest threshold that still answers this share of the split's queries")
+    ap.add_argument("--fallback", metavar="LABEL", help="the label an abstaining prompt reports (default: none; "
+                    "the result is marked abstained either way)")
+    ap.add_argument("--thresholds-for", metavar="FILE.yaml", help="fit only thresholds, for this existing head "
+                    "file (its heads unchanged; written to --out, default the file itself)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     ap.add_argument("items", nargs="*", metavar="OVERRIDE")
     return ap
@@ -111,9 +128,14 @@ def run(args: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
 
     cfg = compose(overrides)
     data = load_eval_set(split_path(args.eval), cfg.prompts, args.limit)  # refused before the model loads
+    from qcls.eval.threshold_fitting import targets as threshold_targets
+    targets = threshold_targets(args, cfg)
+    if args.thresholds_for:
+        from qcls.eval.threshold_fitting import for_file
+        return for_file(args, cfg, data, targets)
     out = Path(args.out) if args.out else default_out(cfg, args.method)
     if args.method == "head":
-        res = fit_head(args, cfg, data, out)
+        res = fit_head(args, cfg, data, out, targets)
         res["baseline"] = baseline.block(cfg.prompts, data, None, args.cv_folds)  # the head's folds
         return res
     clf = Classifier(cfg.model_copy(update={"calibration": None}))  # fitted on the LLM's own label scores
@@ -124,6 +146,12 @@ def run(args: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
     else:
         meta = {"strategy": cfg.strategy, "model": cfg.model.name, "fitted_on": shown(data.path)}
         cal = calibrated_metrics.fit_on_split(per, args.method, meta)
+    fits = None
+    if targets:  # a calibration has a temperature and a bias per label: its in-sample probabilities
+        from qcls.eval import metrics, threshold_fitting
+        probs = {p: (metrics.softmax(calibrated_metrics.apply(cal, p, ps.labelled()[0])), ps.labelled()[1],
+                     ps.labels) for p, ps in per.items() if len(ps.labelled()[1])}
+        fits = threshold_fitting.fit(cal, probs, *targets, args.fallback, "in-sample (calibration)")
     out.parent.mkdir(parents=True, exist_ok=True)
     cal.save(out)
     cols = calibrated_metrics.fitted_columns(per, cal, f"{args.method} on {data.path}")
@@ -136,10 +164,10 @@ def run(args: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
             "model": cfg.model.name, "per_prompt": cols["per_prompt"], "mean": cols["mean"],
             "baseline": baseline.block(cfg.prompts, data, None, max(2, args.cv_folds)),
             "calibration": {p: {"temperature": pc.temperature, "bias": dict(zip(pc.labels, pc.bias))}
-                            for p, pc in cal.prompts.items()}}
+                            for p, pc in cal.prompts.items()}, "thresholds": fits}
 
 
-def fit_head(args: argparse.Namespace, cfg, data, out: Path) -> dict[str, Any]:
+def fit_head(args: argparse.Namespace, cfg, data, out: Path, targets=None) -> dict[str, Any]:
     from qcls.backends import sources
     from qcls.backends.registry import get_backend
     from qcls.classifier import Classifier
@@ -159,6 +187,11 @@ def fit_head(args: argparse.Namespace, cfg, data, out: Path) -> dict[str, Any]:
     clf = Classifier(cfg, taps=taps)
     sets = head_fitting.read_set(clf, data)
     head = head_fitting.fit(clf, sets, taps, reads, args.with_scores, args.cv_folds, str(data.path))
+    fits = None
+    if targets:
+        from qcls.eval import threshold_fitting
+        fits = threshold_fitting.fit(head, threshold_fitting.head_probs(head, sets, taps), *targets, args.fallback,
+                                     "out-of-fold")
     if args.append and out.is_file():
         old = files.load(out)
         if (old.meta.get("fingerprint") or {}) != head.meta["fingerprint"]:
@@ -178,11 +211,16 @@ def fit_head(args: argparse.Namespace, cfg, data, out: Path) -> dict[str, Any]:
     return {"file": str(out.resolve()), "weights": str(out.with_suffix(".safetensors").resolve()),
             "override": f"calibration={shown}", "method": "head", "split": str(data.path),
             "n_queries": len(data.examples), "strategy": cfg.strategy, "model": cfg.model.name,
-            "per_prompt": cols["per_prompt"], "mean": cols["mean"], "notes": notes,
+            "per_prompt": cols["per_prompt"], "mean": cols["mean"], "notes": notes, "thresholds": fits,
             "heads": {p: {"read": ph.read.as_dict() if ph.read else None, "scores": ph.score_weights is not None,
                           **{k: v for k, v in ph.info.items() if k in ("n", "C", "cv_folds", "cv_accuracy",
                                                                         "cv_log_loss")}}
                       for p, ph in head.prompts.items()}}
+
+
+def _threshold_lines(res: dict[str, Any]) -> list[str]:
+    from qcls.eval.threshold_fitting import lines
+    return lines(res)
 
 
 def format_table(res: dict[str, Any]) -> str:
@@ -190,6 +228,9 @@ def format_table(res: dict[str, Any]) -> str:
         if before.get(key) is None:
             return "-"
         return f"{before[key]:.3f} → {after[key]:.3f}"
+    if res.get("thresholds_only"):
+        return "\n".join(_threshold_lines(res) + [f"wrote {res['file']}", f"use it with the override: "
+                                                                           f"{res['override']}"])
     if res["method"] == "head":
         return _head_table(res)
     rows = [(p, str(v["raw"].get("n", 0)), pair(v["raw"], v["calibrated"], "nll"),
@@ -204,6 +245,7 @@ def format_table(res: dict[str, Any]) -> str:
              f"({res['n_queries']} queries; metrics on this same split):"]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [head] + rows]
     lines += _baseline_lines(res)
+    lines += _threshold_lines(res)
     lines += [f"wrote {res['file']}", f"use it with the override: {res['override']}"]
     return "\n".join(lines)
 
@@ -228,6 +270,7 @@ def _head_table(res: dict[str, Any]) -> str:
              "within this split; `qcls sweep … eval=test eval.fit_method=head` measures it on held-out queries):"]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [head] + rows]
     lines += _baseline_lines(res, {p: h["cv_accuracy"] for p, h in res["heads"].items()}, "head (cv)")
+    lines += _threshold_lines(res)
     lines += [f"note: {n}" for n in res.get("notes", [])]
     lines += [f"wrote {res['file']} and {res['weights']}", f"use it with the override: {res['override']}"]
     return "\n".join(lines)

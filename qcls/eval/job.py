@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from qcls.config import QclsConfig
-from qcls.eval import agreement, baseline, calibrated_metrics, metrics, models, timing
+from qcls.eval import agreement, baseline, calibrated_metrics, coverage, metrics, models, timing
 from qcls.eval.dataset import EvalSet, load_eval_set
 from qcls.eval.scores import PromptScores, by_prompt, classify_set
 from qcls.eval.spec import EvalSpec, resolve_path, split_config
@@ -94,19 +94,26 @@ def evaluate(spec: EvalSpec, cfg: QclsConfig, out_dir: Path) -> tuple[dict[str, 
     body["mean"] = metrics.mean_over_prompts(body["per_prompt"], MEAN_KEYS)
     # the cheap baselines on the same splits: fitted on eval.fit_on, else on the split the loaded head file was
     # fitted on, else cross-validated on the scored split
-    body["baseline"] = baseline.block(cfg.prompts, data, fit_data or _head_split(clf, data, cfg, spec),
-                                      spec.head.cv_folds)
+    base_fit = fit_data or _head_split(clf, data, cfg, spec)
+    body["baseline"] = baseline.block(cfg.prompts, data, base_fit, spec.head.cv_folds)
     if fit_data is not None and spec.fit_method == "head":
         from qcls.eval.head_fitting import sweep_block
         body["calibration"], cal_probs = sweep_block(spec, cfg, loaded, per, fit_data, data, out_dir)
     else:
         body["calibration"], cal_probs = _calibration(spec, cfg, clf, per, fit_data, data, out_dir)
+    # abstention: the precision-coverage curve, and the loaded file's thresholds (a job's own fit has none)
+    served = clf.head if fit_data is None else None
+    body["coverage"] = coverage.job_block(cfg, per, cal_probs, served, data, base_fit, body["baseline"],
+                                          spec.head.cv_folds)
+    if served is None and clf.head is not None and any(ph.threshold for ph in clf.head.prompts.values()):
+        body["coverage"]["note"] = ("the head file's thresholds are not reported: this job fits its own "
+                                    f"{spec.fit_method} on eval.fit_on (eval.fit_on=null scores with the file)")
     full_head = loaded.full_head() is not None
     del clf, results  # the job's engine goes before the exact pass builds another on the same weights
     models.free_memory()
     body["agreement_with_exact"], exact = agreement.compute(
         cfg.strategy, per, spec.agreement_with_exact, full_head, lambda: _exact_pass(cfg, loaded, data))
-    return body, _prediction_rows(data, per, exact, cal_probs)
+    return body, _prediction_rows(data, per, exact, cal_probs, served)
 
 
 def _calibration(spec, cfg, clf, per, fit_data: EvalSet | None, data: EvalSet, out_dir: Path):
@@ -169,7 +176,7 @@ def _exact_pass(cfg: QclsConfig, loaded, data: EvalSet) -> dict[str, np.ndarray]
 
 
 def _prediction_rows(data: EvalSet, per: dict[str, PromptScores], exact: dict[str, np.ndarray] | None,
-                     cal_probs: dict[str, np.ndarray] | None) -> list[dict[str, Any]]:
+                     cal_probs: dict[str, np.ndarray] | None, head=None) -> list[dict[str, Any]]:
     """predictions.jsonl: per query and prompt the gold label, the raw winner, every label's raw probability
     and score, and where known the exact strategy's winner and the calibrated probabilities."""
     rows = []
@@ -185,6 +192,10 @@ def _prediction_rows(data: EvalSet, per: dict[str, PromptScores], exact: dict[st
                 d["exact_winner"] = ps.labels[int(exact[p][i])]
             if cal_probs is not None:
                 d["calibrated_probs"] = {lab: float(v) for lab, v in zip(ps.labels, cal_probs[p][i])}
+                t = head.prompts[p].threshold if head is not None and p in head.prompts else None
+                if t is not None:  # the served result would abstain (qcls/heads/thresholds.py)
+                    top = int(cal_probs[p][i].argmax())
+                    d["abstained"] = bool(cal_probs[p][i][top] < t.needed(ps.labels[top]))
             prompts[p] = d
         rows.append({"line": e.line, "query": e.query, "prompts": prompts})
     return rows

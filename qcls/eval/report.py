@@ -11,6 +11,7 @@ from typing import Any
 
 from qcls.eval import plots
 from qcls.eval import report_baselines as baselines
+from qcls.eval import report_coverage
 from qcls.eval.report_baselines import dig as _get
 
 CAL = ("accuracy", "nll", "ece")
@@ -90,6 +91,7 @@ def row(job: Job, out_dir: Path, vary: list[str]) -> dict[str, Any]:
         out[f"cal_accuracy[{p}]"] = _get(m, "calibrated", "accuracy")
     for size, acc in (_get(r, "calibration", "learning_curve", "mean_accuracy") or {}).items():
         out[f"curve[{size}]"] = acc
+    out.update(report_coverage.row_fields(r))
     return out
 
 
@@ -125,8 +127,10 @@ def build(dirs: list[Path], out_dir: Path | None = None) -> dict[str, Any]:
         if pred.is_file():
             images["reliability"] = plots.reliability(_read_jsonl(pred), out_dir / "reliability.png",
                                                       f"best job: {ok[0]['label']}")
+    abstention, img = report_coverage.section(ok, by_rel, out_dir)
+    images.update(img)
     (out_dir / "summary.csv").write_text(_csv(rows), encoding="utf-8")
-    (out_dir / "summary.md").write_text(_markdown(rows, fixed, jobs, images, by_rel), encoding="utf-8")
+    (out_dir / "summary.md").write_text(_markdown(rows, fixed, jobs, images, by_rel, abstention), encoding="utf-8")
     return {"dir": out_dir, "rows": rows, "jobs": len(rows), "failed": sum(x["status"] != "ok" for x in rows),
             "images": images}
 
@@ -178,7 +182,7 @@ def _span(values: list[str]) -> str:
 
 
 def _markdown(rows: list[dict[str, Any]], fixed: list[str], jobs: list[Job], images: dict[str, Path],
-              by_job: dict[str, Job]) -> str:
+              by_job: dict[str, Job], abstention: list[str] = ()) -> str:
     ok = [x for x in rows if x["status"] == "ok"]
     failed = [x for x in rows if x["status"] != "ok"]
     sets = sorted({f"{_get(j.result, 'eval', 'path')} ({_get(j.result, 'eval', 'n_queries')} queries)"
@@ -201,6 +205,7 @@ def _markdown(rows: list[dict[str, Any]], fixed: list[str], jobs: list[Job], ima
         lines += _md_table(["job", "configuration"] + [p[9:-1] for p in prompts],
                            [[x["job"], x["label"]] + [_fmt(x.get(p), 3) for p in prompts] for x in ok])
     lines += baselines.section(ok, by_job)
+    lines += abstention
     curve = list(dict.fromkeys(k for x in ok for k in x if k.startswith("curve[")))
     if curve:
         lines += ["", "## Learning curve", "",

@@ -14,6 +14,8 @@ safetensors file beside it (named by the YAML's `weights` key).
         scores: true
         template_sha256: …            # the prompt it was fitted under
         info: {cv_accuracy: …, C: …, n: …}
+        threshold: {min_prob: 0.62, fallback: none, fitted: {…}}   # optional, any prompt: below it the
+                                      #   prompt abstains (qcls/heads/thresholds.py; older files have none)
 
 Unknown keys are refused (a typo is an error) and every weight must be finite.
 """
@@ -30,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 
 from qcls.errors import ConfigError
 from qcls.heads.head import FINAL, Head, PromptHead, Read
+from qcls.heads.thresholds import ThresholdEntry, threshold_of
 
 METHODS = ("temperature_bias", "temperature", "bias", "contextual", "head")
 HEADER = ("# qcls head: per prompt, head logits = W_s · scores + W_f · read state + c (a temperature/bias\n"
@@ -57,6 +60,7 @@ class _TemperatureBias(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     temperature: float = Field(gt=0)
     bias: dict[str, float] = Field(min_length=2)
+    threshold: ThresholdEntry | None = None
 
 
 class _Read(BaseModel):
@@ -73,6 +77,7 @@ class _Learned(BaseModel):
     scores: bool = False
     template_sha256: str | None = None
     info: dict[str, Any] = Field(default_factory=dict)
+    threshold: ThresholdEntry | None = None
 
 
 def _entry_kind(v: Any) -> str:
@@ -106,6 +111,8 @@ def save(head: Head, path) -> None:
         if ph.is_temperature_bias:
             t = ph.temperature
             prompts[name] = {"temperature": t, "bias": {lab: float(b * t) for lab, b in zip(ph.labels, ph.bias)}}
+            if ph.threshold is not None:
+                prompts[name]["threshold"] = _plain(ph.threshold.as_dict())
         else:
             prompts[name] = _entry(ph, name, tensors)
     variants = {name: [_entry(ph, f"{name}@{i + 1}", tensors) for i, ph in enumerate(phs)]
@@ -134,6 +141,8 @@ def _entry(ph: PromptHead, prefix: str, tensors: dict[str, np.ndarray]) -> dict[
     if ph.info.get("template_sha256"):
         entry["template_sha256"] = ph.info["template_sha256"]
     entry["info"] = _plain({k: v for k, v in ph.info.items() if k != "template_sha256"})
+    if ph.threshold is not None:
+        entry["threshold"] = _plain(ph.threshold.as_dict())
     return entry
 
 
@@ -152,7 +161,12 @@ def load(path) -> Head:
             prompts[name] = PromptHead.temperature_bias(list(p.bias), p.temperature, list(p.bias.values()))
         else:
             prompts[name] = _learned(path, name, p, tensors)
+        prompts[name].threshold = threshold_of(p.threshold, prompts[name].labels,
+                                               f"calibration file {path}: prompt {name!r}")
     variants = {name: [_learned(path, name, p, tensors) for p in ps] for name, ps in f.variants.items()}
+    for name, ps in f.variants.items():
+        for p, ph in zip(ps, variants[name]):
+            ph.threshold = threshold_of(p.threshold, ph.labels, f"calibration file {path}: prompt {name!r}")
     return Head(prompts, f.method, dict(f.meta), variants)
 
 

@@ -12,9 +12,12 @@ same map in float64 for the reference path and for tests.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from qcls.heads.thresholds import Threshold
 
 FINAL = "final"
 KINDS = ("position", "query_mean")
@@ -73,6 +76,7 @@ class PromptHead:
     feature_weights: np.ndarray | None = None  # [L, F] W_f on the read state (None = not read)
     read: Read | None = None  # what W_f reads; set iff feature_weights is
     info: dict[str, Any] = field(default_factory=dict)  # fitting statistics (CV accuracy, C, n) for the file
+    threshold: "Threshold | None" = None  # below it the prompt abstains (qcls/heads/thresholds.py)
 
     def __post_init__(self):
         n = len(self.labels)
@@ -121,7 +125,7 @@ class PromptHead:
         idx = [self.labels.index(x) for x in labels]
         sw = None if self.score_weights is None else self.score_weights[np.ix_(idx, idx)]
         fw = None if self.feature_weights is None else self.feature_weights[idx]
-        return PromptHead(list(labels), self.bias[idx], sw, fw, self.read, dict(self.info))
+        return PromptHead(list(labels), self.bias[idx], sw, fw, self.read, dict(self.info), self.threshold)
 
 
 @dataclass

@@ -2,6 +2,8 @@
 cache from them), parts join into one file per format, and a clash with an input column is refused."""
 from __future__ import annotations
 
+import csv
+import io
 import json
 
 import pytest
@@ -9,11 +11,13 @@ import pytest
 from qcls.bulk.outputs import Columns, Format, output_format
 
 PROMPTS = [("category", ["dress", "tee"]), ("audience", ["boy", "girl", "none"])]
-RESULT = (("tee", "girl"), (0.1 + 0.2, 1 / 3), ((0.7, 0.30000000000000004), (1 / 3, 0.5, 1 / 6)))
+# audience abstained (its most probable label fell short of its threshold): no label, marked
+RESULT = (("tee", None), (0.1 + 0.2, 1 / 2), ((0.7, 0.30000000000000004), (1 / 3, 0.5, 1 / 6)), (False, True))
+NO_FULL = RESULT[:2] + (None,) + RESULT[3:]
 
 
 def records(cols: Columns) -> list[dict]:
-    r = RESULT if cols.all_labels else RESULT[:2] + (None,)
+    r = RESULT if cols.all_labels else NO_FULL
     return [cols.record({"query": "red, \"dress\"\n", "id": 1, "tags": ["a"]}, r, None),
             cols.record({"query": "", "id": 2, "tags": None}, None, "empty query: give at least one character")]
 
@@ -31,8 +35,10 @@ def test_part_round_trip_and_join(tmp_path, ext, all_labels):
         fmt.write_part(p, recs)
     back = fmt.read_part(parts[0])
     assert [cols.parse(r) for r in back] == [cols.parse(r) for r in recs] == [
-        RESULT if all_labels else RESULT[:2] + (None,), None]
+        RESULT if all_labels else NO_FULL, None]
     assert back[0]["query"] == "red, \"dress\"\n" and back[1]["error"] == recs[1]["error"]
+    assert back[0]["audience"] in (None, "") and back[0]["audience_abstained"] in (True, "true")
+    assert back[0]["category_abstained"] in (False, "false")
     out = tmp_path / ("out" + ext)
     fmt.join(parts, out)
     assert not list(tmp_path.glob("*.tmp"))
@@ -43,15 +49,20 @@ def test_part_round_trip_and_join(tmp_path, ext, all_labels):
         import pyarrow.parquet as pq
         t = pq.read_table(out)
         assert t.num_rows == 4 and t.column_names == cols.names and t.column("tags").to_pylist()[0] == '["a"]'
+        assert t.column("audience_abstained").to_pylist() == [True, None] * 2
+        assert t.column("audience").to_pylist() == [None, None] * 2
     else:
         text = out.read_text(encoding="utf-8")
         assert text.startswith(("\t" if ext == ".tsv" else ",").join(cols.names) + "\n")
+        row = next(csv.DictReader(io.StringIO(text), delimiter="\t" if ext == ".tsv" else ","))
+        assert (row["audience"], row["audience_abstained"], row["category_abstained"]) == ("", "true", "false")
 
 
 def test_result_columns_and_clash():
     cols = Columns.build(["query"], PROMPTS, True)
-    assert cols.names == ["query", "category", "category_prob", "category:dress", "category:tee", "audience",
-                          "audience_prob", "audience:boy", "audience:girl", "audience:none", "error"]
+    assert cols.names == ["query", "category", "category_prob", "category_abstained", "category:dress",
+                          "category:tee", "audience", "audience_prob", "audience_abstained", "audience:boy",
+                          "audience:girl", "audience:none", "error"]
     with pytest.raises(ValueError, match=r"\['category_prob'\] have the names of result columns"):
         Columns.build(["query", "category_prob"], PROMPTS, False)
 

@@ -101,7 +101,7 @@ def test_batches_do_not_depend_on_the_slicing(slice_rows):
     distinct queries gives, so a resumed run batches a chunk as the uninterrupted run did."""
     queries = _log(500, seed=1)
     cache = ResultCache(100)
-    cache.absorb([("q0", (("dress",), (0.5,), None)), ("q3", (("tee",), (0.5,), None))])
+    cache.absorb([("q0", (("dress",), (0.5,), None, (False,))), ("q3", (("tee",), (0.5,), None, (False,)))])
     new = list(dict.fromkeys(q for q in queries if cache.get(q) is None))
     one_shot = [new[i:i + 4] for i in range(0, len(new), 4)]
     clf = FakeClassifier(step=4)
@@ -116,7 +116,7 @@ def test_batches_do_not_depend_on_the_slicing(slice_rows):
 def test_every_row_answered_from_the_cache_the_chunk_or_its_error():
     queries = _log(300, seed=2)
     cache = ResultCache(100)
-    cached = (("dress",), (0.25,), None)  # differs from what the fake would say: must come from the cache
+    cached = (("dress",), (0.25,), None, (False,))  # differs from what the fake would say: must come from the cache
     cache.absorb([("q1", cached)])
     cols = Columns.build(["query"], PROMPTS, False)
     tally = Tally()
@@ -202,7 +202,7 @@ def test_table_in_pieces_equals_one_piece(monkeypatch):
     pytest.importorskip("pyarrow")
     from qcls.bulk import outputs
     cols = Columns.build(["query", "id"], PROMPTS, True)
-    recs = [cols.record({"query": f"q{i}", "id": i}, (("tee",), (0.5,), ((0.5, 0.5),)), None) for i in range(50)]
+    recs = [cols.record({"query": f"q{i}", "id": i}, (("tee",), (0.5,), ((0.5, 0.5),), (False,)), None) for i in range(50)]
     fmt = Format("parquet", cols)
     whole = fmt.table(recs)
     monkeypatch.setattr(outputs, "TABLE_PIECE", 7)

@@ -48,3 +48,16 @@ def test_compact_body_has_winners_only(calibrated):
     assert p["label"] == "dress" and "labels" not in p and "meta" not in body["results"][0]
     assert ("raw_label" in p) == calibrated
     assert len(classify_body("demo", [result()], compact=True)) < len(classify_body("demo", [result()])) / 2
+
+
+@pytest.mark.parametrize("compact", [False, True])
+def test_an_abstained_prompt_validates_with_a_null_label(compact):
+    r = result(calibrated=True)
+    r.prompts[0].label, r.prompts[0].abstained = None, True
+    body = json.loads(classify_body("demo", [r], compact=compact))
+    (CompactClassifyResponse if compact else ClassifyResponse).model_validate(body)
+    p = body["results"][0]["prompts"][0]
+    assert p["label"] is None and p["abstained"] is True and p["prob"] == 0.7
+    if not compact:
+        assert body == json.loads(ClassifyResponse(model="demo", results=[QueryOut.of(r)]).model_dump_json())
+        assert [lab["prob"] for lab in p["labels"]] == [0.7, 0.3]  # every label's probability kept

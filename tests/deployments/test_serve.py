@@ -143,6 +143,10 @@ def test_prompts_health_and_docs(http, demo_classifier):
     assert {"/v1/classify", "/v1/prompts", "/healthz"} <= set(spec["paths"])
     body = spec["paths"]["/v1/classify"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert set(body["properties"]) == {"query", "queries", "compact"}
+    for name in ("PromptOut", "CompactPromptOut"):  # abstention is documented: a flag, and a label that may be null
+        out = spec["components"]["schemas"][name]["properties"]
+        assert out["abstained"]["type"] == "boolean" and "threshold" in out["abstained"]["description"]
+        assert {"type": "null"} in out["label"]["anyOf"]
     assert http.get("/docs").status_code == 200
 
 
@@ -156,6 +160,8 @@ def test_compact_response_has_the_same_winners(http):
         assert c["query"] == f["query"] and c["ok"] and "meta" not in c
         assert [(p["prompt"], p["label"]) for p in c["prompts"]] == [(p["prompt"], p["label"]) for p in f["prompts"]]
         assert all("labels" not in p for p in c["prompts"])
+        assert [p["abstained"] for p in c["prompts"]] == [p["abstained"] for p in f["prompts"]] == \
+            [False] * len(f["prompts"])  # the served head file has no thresholds
         assert [p["prob"] for p in c["prompts"]] == pytest.approx([p["prob"] for p in f["prompts"]], rel=1e-4)
 
 

@@ -1,0 +1,152 @@
+"""Fitting abstention thresholds for a head on its fitting split (`qcls calibrate --target-precision` /
+`--target-coverage`): per prompt the head's out-of-fold probabilities (its read and L2 strength refitted in the
+same stratified folds that chose that strength: qcls/eval/heads.py `cross_validate`), then the threshold rule
+of qcls/heads/thresholds.py, written into the prompt's entry of the head file."""
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+
+from qcls.eval import heads as H
+from qcls.heads import thresholds as T
+from qcls.heads.head import Head, PromptHead, Tap
+
+
+def out_of_fold(ph: PromptHead, states: np.ndarray, taps: list[Tap], scores: np.ndarray, gold: np.ndarray,
+                seed: int = 0) -> np.ndarray:
+    """[n, L] probabilities of each labelled query from a head fitted without its fold: the head's read, raw
+    scores if it reads them, its C, its folds (info.cv_folds) and the folds' seed, as cross_validate split them.
+    `states` [n, taps, H], `scores` [n, L] and `gold` [n] in the head's label order."""
+    LogisticRegression, StratifiedKFold, StandardScaler = H._sklearn()
+    with_scores = ph.score_weights is not None
+    x = H.features(states, taps, ph.read, scores if with_scores else None) if ph.read else scores
+    folds, C, n_labels = int(ph.info.get("cv_folds", H.FOLDS)), float(ph.info["C"]), len(ph.labels)
+    out = np.zeros((len(gold), n_labels))
+    for tr, te in StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed).split(np.zeros(len(gold)), gold):
+        scaler = StandardScaler().fit(x[tr])
+        with warnings.catch_warnings(), H.one_thread():
+            warnings.simplefilter("ignore")
+            lr = LogisticRegression(C=C, max_iter=2000).fit(scaler.transform(x[tr]), gold[tr])
+        out[np.ix_(te, lr.classes_)] = lr.predict_proba(scaler.transform(x[te]))
+    return out
+
+
+def fit(head: Head, probs: dict[str, tuple[np.ndarray, np.ndarray, list[str]]], precision: dict[str, float],
+        coverage: dict[str, float], fallback: str | None, source: str) -> dict[str, dict[str, Any]]:
+    """Set the thresholds of `head`'s prompts in place from held-out `probs` (per prompt: [n, L] probabilities,
+    [n] gold indices, the labels in that order). A prompt whose target precision the split cannot reach keeps
+    no threshold (it answers every query, as before) and its report says `reached: False` with the best
+    precision any threshold gives; nothing is relaxed. Returns per prompt the fit's report."""
+    out = {}
+    for name in dict.fromkeys([*precision, *coverage]):
+        ph = head.prompts.get(name)
+        if ph is None or name not in probs:
+            out[name] = {"reached": False, "reason": "no head or no labelled query for this prompt"}
+            continue
+        p, gold, _ = probs[name]
+        top, right = p.max(1), p.argmax(1) == gold
+        got = T.fit_precision(top, right, precision[name]) if name in precision else \
+            T.fit_coverage(top, right, coverage[name])
+        got["probabilities"] = source
+        if got["reached"]:
+            fitted = {k: _round(v) for k, v in got.items() if k != "reached"}
+            ph.threshold = T.Threshold(got["threshold"], fallback=fallback, fitted=fitted)
+        else:
+            ph.threshold = None
+        out[name] = got
+    return out
+
+
+def _round(v):
+    return round(v, 4) if isinstance(v, float) and v != 1.0 else v
+
+
+def head_probs(head: Head, sets: dict, taps: list[Tap]) -> dict[str, tuple[np.ndarray, np.ndarray, list[str]]]:
+    """Per prompt with a head: out-of-fold probabilities of its labelled queries (qcls/eval/head_fitting.py
+    StateSets), in the head's label order."""
+    out = {}
+    for name, ss in sets.items():
+        ph = head.prompts.get(name)
+        if ph is None or "C" not in ph.info:
+            continue
+        states, scores, gold = ss.labelled()
+        if not len(gold):
+            continue
+        idx = [ss.labels.index(lab) for lab in ph.labels]  # the set's label order → the head's
+        remap = np.array([ph.labels.index(lab) for lab in ss.labels])
+        out[name] = (out_of_fold(ph, states, taps, scores[:, idx], remap[gold]), remap[gold], list(ph.labels))
+    return out
+
+
+def table(fits: dict[str, dict[str, Any]], split: str) -> list[str]:
+    """Lines for the calibrate report: per prompt the target, the threshold, and the precision and coverage it
+    gives on the fitting split's held-out probabilities; an unreachable target says so."""
+    lines = [f"thresholds (fitted on {split}, out-of-fold probabilities; precision and coverage on that split):"]
+    for name, f in fits.items():
+        target = (f"precision ≥ {f['target_precision']}" if "target_precision" in f else
+                  f"coverage ≥ {f['target_coverage']}" if "target_coverage" in f else "")
+        if f.get("reached"):
+            lines.append(f"  {name}: {target}: threshold {f['threshold']:.4f} → precision {f['precision']:.3f}, "
+                         f"coverage {f['coverage']:.3f} (n={f['n']})")
+        elif "best_precision" in f:
+            lines.append(f"  {name}: {target} NOT REACHED on this split: the best precision any threshold gives is "
+                         f"{f['best_precision']:.3f} (coverage {f['best_coverage']:.3f}); no threshold written, "
+                         "the prompt answers every query (lower the target or label more queries)")
+        else:
+            lines.append(f"  {name}: {target} not fitted: {f.get('reason')}")
+    return lines
+
+
+def for_file(args, cfg, data, targets) -> dict[str, Any]:
+    """`qcls calibrate --thresholds-for FILE`: thresholds for an existing head file's learned heads (those fitted
+    under this config's templates), its heads unchanged, written to --out (default: the file itself)."""
+    from pathlib import Path
+
+    from qcls.classifier import Classifier
+    from qcls.eval.head_fitting import read_set
+    from qcls.heads import files
+    from qcls.heads.files import template_sha256
+    from qcls.heads.startup import resolve_path
+
+    path = resolve_path(args.thresholds_for)
+    head = files.load(path)
+    specs = {p.name: p for p in cfg.prompts}
+    served = {}  # per config prompt, the file's head fitted under its template (a variant, maybe)
+    for name, spec in specs.items():
+        sha = template_sha256(spec.template, spec.label_prefix)
+        fitting = [ph for ph in head.candidates(name) if ph.info.get("template_sha256") in (sha, None)
+                   and sorted(ph.labels) == sorted(spec.labels)]
+        if fitting:
+            served[name] = fitting[0]
+    view = Head(served, head.method, head.meta)
+    taps = view.taps()
+    clf = Classifier(cfg.model_copy(update={"calibration": None}), taps=taps)
+    probs = head_probs(view, read_set(clf, data), taps)
+    fits = fit(view, probs, *targets, args.fallback, "out-of-fold")  # sets the thresholds on the file's heads
+    out = Path(args.out) if args.out else path
+    out.parent.mkdir(parents=True, exist_ok=True)
+    files.save(head, out)
+    return {"thresholds_only": True, "file": str(out.resolve()), "override": f"calibration={out}",
+            "method": head.method, "split": str(data.path), "n_queries": len(data.examples),
+            "model": cfg.model.name, "thresholds": fits}
+
+
+def targets(args, cfg) -> tuple[dict[str, float], dict[str, float]] | None:
+    """(per prompt target precision, per prompt target coverage) of calibrate's options, or None when neither
+    is asked for."""
+    names = [p.name for p in cfg.prompts]
+    precision = T.parse_targets(args.target_precision, names, "--target-precision")
+    coverage = T.parse_targets(args.target_coverage, names, "--target-coverage")
+    both = sorted(set(precision) & set(coverage))
+    if both:
+        raise ValueError(f"prompts {both} have both a target precision and a target coverage: give one per prompt")
+    if args.thresholds_for and not (precision or coverage):
+        raise ValueError("--thresholds-for fits thresholds: give --target-precision or --target-coverage")
+    return (precision, coverage) if precision or coverage else None
+
+
+def lines(res: dict[str, Any]) -> list[str]:
+    """The calibrate report's threshold lines (none when no threshold was asked for)."""
+    return table(res["thresholds"], res["split"]) if res.get("thresholds") else []

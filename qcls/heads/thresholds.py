@@ -1,0 +1,188 @@
+"""Abstention thresholds: per prompt the least probability its winner needs before qcls answers.
+
+A prompt's threshold rides in the head file beside the head it was fitted for (qcls/heads/files.py, the
+prompt entry's `threshold` key), so whatever loads or reloads that file serves the thresholds with it:
+
+    threshold:
+      min_prob: 0.62                 # the winner's probability must be ≥ this …
+      labels: {jeans: 0.8}           # … or ≥ this when the winner is one of these labels (optional)
+      fallback: none                 # the label an abstaining prompt reports (optional; default: no label)
+      fitted: {target_precision: 0.95, precision: 0.951, coverage: 0.62, n: 151, on: …}   # how it was chosen
+
+Applied on the host while results are built (`apply`): a prompt whose winner falls short keeps every label's
+probability, is marked `abstained` and reports no winner (or the fallback).
+
+Fitting (`fit_precision`, `fit_coverage`) works on one prompt's winner probabilities and whether each winner
+was right, from held-out predictions (out-of-fold for a head: qcls/eval/out_of_fold.py). The candidate
+thresholds are the distinct winner probabilities; threshold t answers the queries whose winner probability is
+≥ t (its coverage) and its precision is the share of those answered correctly. For a target precision the
+threshold chosen is the LOWEST candidate whose precision is ≥ the target: of all thresholds that reach the
+target it answers the most queries. Precision need not rise with t, so higher candidates may fall below the
+target again; the one chosen still reaches it on the fitting split. When that is the lowest candidate (every
+query answered already reaches the target) the threshold is 0: nothing needs to abstain, and a held-out query
+less confident than any fitting query is not refused for it. When no candidate reaches the target the
+fit says so (`reached` False, the best precision any threshold gives and its coverage) and no threshold is
+chosen: the target is never silently relaxed. For a target coverage the threshold chosen is the HIGHEST
+candidate whose coverage is ≥ the target (ties in probability may make the coverage exceed it).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Iterable
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+
+@dataclass(frozen=True)
+class Threshold:
+    min_prob: float
+    labels: dict[str, float] = field(default_factory=dict)  # per winner label, instead of min_prob
+    fallback: str | None = None
+    fitted: dict[str, Any] = field(default_factory=dict)  # the fit's target and statistics (for the file)
+
+    def __post_init__(self):
+        for what, v in [("min_prob", self.min_prob), *((f"labels.{k}", v) for k, v in self.labels.items())]:
+            if not 0.0 <= v <= 1.0:
+                raise ValueError(f"threshold {what} = {v}: a probability between 0 and 1")
+
+    def needed(self, label: str) -> float:
+        return self.labels.get(label, self.min_prob)
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"min_prob": float(self.min_prob)}
+        if self.labels:
+            out["labels"] = {k: float(v) for k, v in self.labels.items()}
+        if self.fallback is not None:
+            out["fallback"] = self.fallback
+        if self.fitted:
+            out["fitted"] = dict(self.fitted)
+        return out
+
+
+class ThresholdEntry(BaseModel):
+    """A prompt entry's `threshold` in the head file (qcls/heads/files.py)."""
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    min_prob: float = Field(ge=0, le=1)
+    labels: dict[str, Annotated[float, Field(ge=0, le=1)]] = Field(default_factory=dict)
+    fallback: str | None = None
+    fitted: dict[str, Any] = Field(default_factory=dict)
+
+
+def threshold_of(t: ThresholdEntry | None, labels: list[str], where: str) -> Threshold | None:
+    """The prompt's threshold (None: it always answers); per-label thresholds must name its labels."""
+    from qcls.heads.files import CalibrationError
+    if t is None:
+        return None
+    unknown = sorted(set(t.labels) - set(labels))
+    if unknown:
+        raise CalibrationError(f"{where}: threshold.labels names {unknown}, which are not among its labels "
+                               f"{labels}", "fix the label names or drop those entries")
+    return Threshold(t.min_prob, dict(t.labels), t.fallback, dict(t.fitted))
+
+
+def apply(prompts: Iterable, head) -> None:
+    """Mark the PromptResults whose winner falls short of their prompt's threshold (in place). `head`: the
+    served Head (or None); a prompt without a head or a threshold is left as it is."""
+    if head is None:
+        return
+    heads = head.prompts
+    for r in prompts:
+        ph = heads.get(r.prompt)
+        t = ph.threshold if ph is not None else None
+        if t is None or r.label is None or r.prob is None or r.prob >= t.needed(r.label):
+            continue
+        r.label, r.abstained = t.fallback, True
+
+
+@dataclass
+class Curve:
+    """Precision and coverage of every candidate threshold, highest first (one prompt, one split)."""
+    thresholds: np.ndarray  # the distinct winner probabilities, descending
+    coverage: np.ndarray  # share of queries with winner probability ≥ the threshold
+    precision: np.ndarray  # share of those whose winner is right
+    n: int
+    errors: int  # wrong winners when every query is answered
+
+
+def curve(top_prob: np.ndarray, correct: np.ndarray) -> Curve:
+    """`top_prob` [n]: each query's winner probability; `correct` [n]: whether its winner is the gold label."""
+    p = np.asarray(top_prob, dtype=np.float64)
+    ok = np.asarray(correct, dtype=bool)
+    if p.shape != ok.shape or p.ndim != 1 or not len(p):
+        raise ValueError(f"a threshold curve needs one probability and one correctness per query "
+                         f"(got {p.shape} and {ok.shape})")
+    order = np.argsort(-p, kind="stable")
+    ps, oks = p[order], ok[order]
+    hits = np.cumsum(oks)
+    # the last position of each distinct probability: a threshold answers every query tied with it
+    last = np.flatnonzero(np.append(ps[1:] != ps[:-1], True))
+    answered = last + 1
+    return Curve(ps[last], answered / len(p), hits[last] / answered, len(p), int((~ok).sum()))
+
+
+def answered(top_prob: np.ndarray, winners: list[str], t: Threshold) -> np.ndarray:
+    """[n] bool: which queries a threshold answers (per-label thresholds included), as `apply` decides."""
+    return np.array([p >= t.needed(w) for p, w in zip(top_prob, winners)], dtype=bool)
+
+
+def summary(answered_: np.ndarray, correct: np.ndarray) -> dict[str, Any]:
+    """Coverage, precision of the answered and the share of the errors avoided (wrong winners not given)."""
+    a, ok = np.asarray(answered_, dtype=bool), np.asarray(correct, dtype=bool)
+    errors = int((~ok).sum())
+    n_ans = int(a.sum())
+    wrong = int((a & ~ok).sum())
+    return {"n": int(len(a)), "answered": n_ans, "coverage": n_ans / len(a) if len(a) else None,
+            "precision": (n_ans - wrong) / n_ans if n_ans else None,
+            "errors_avoided": (errors - wrong) / errors if errors else None}
+
+
+def fit_precision(top_prob: np.ndarray, correct: np.ndarray, target: float) -> dict[str, Any]:
+    """The lowest threshold whose answered set has precision ≥ `target` (module docstring). Returns
+    {reached, threshold (None when not reached), precision, coverage, n, best_precision, best_coverage}."""
+    if not 0.0 < target <= 1.0:
+        raise ValueError(f"target precision {target}: give a share in (0, 1], e.g. 0.95")
+    c = curve(top_prob, correct)
+    ok = np.flatnonzero(c.precision >= target)
+    best = int(np.argmax(c.precision[::-1]))  # the best precision, at its largest coverage
+    best = len(c.precision) - 1 - best
+    out: dict[str, Any] = {"target_precision": float(target), "n": c.n,
+                           "best_precision": float(c.precision[best]), "best_coverage": float(c.coverage[best])}
+    if not len(ok):
+        return {**out, "reached": False, "threshold": None, "precision": None, "coverage": None}
+    k = ok[-1]
+    t = 0.0 if k == len(c.thresholds) - 1 else float(c.thresholds[k])
+    return {**out, "reached": True, "threshold": t, "precision": float(c.precision[k]),
+            "coverage": float(c.coverage[k])}
+
+
+def fit_coverage(top_prob: np.ndarray, correct: np.ndarray, target: float) -> dict[str, Any]:
+    """The highest threshold that answers at least `target` of the queries."""
+    if not 0.0 < target <= 1.0:
+        raise ValueError(f"target coverage {target}: give a share in (0, 1], e.g. 0.8")
+    c = curve(top_prob, correct)
+    k = int(np.flatnonzero(c.coverage >= target - 1e-12)[0])
+    return {"target_coverage": float(target), "n": c.n, "reached": True, "threshold": float(c.thresholds[k]),
+            "precision": float(c.precision[k]), "coverage": float(c.coverage[k])}
+
+
+def parse_targets(values: list[str] | None, prompts: list[str], flag: str) -> dict[str, float]:
+    """`--target-precision 0.95` (every prompt) and/or `--target-precision category=0.9` (one prompt; wins
+    over the plain value) → per prompt its target."""
+    default, per = None, {}
+    for v in values or []:
+        for part in v.split(","):
+            name, sep, num = part.rpartition("=")
+            try:
+                x = float(num)
+            except ValueError:
+                raise ValueError(f"{flag} {part!r}: give a share such as 0.95, or PROMPT=0.95") from None
+            if not 0.0 < x <= 1.0:
+                raise ValueError(f"{flag} {part!r}: the target is a share in (0, 1]")
+            if not sep:
+                default = x
+            elif name not in prompts:
+                raise ValueError(f"{flag} {part!r}: no prompt {name!r} (prompts: {', '.join(prompts)})")
+            else:
+                per[name] = x
+    return {p: per.get(p, default) for p in prompts if per.get(p, default) is not None}

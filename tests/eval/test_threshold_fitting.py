@@ -1,0 +1,88 @@
+"""Fitting abstention thresholds (qcls/eval/threshold_fitting.py): out-of-fold probabilities from the folds that
+chose the head's C, and `qcls calibrate --target-coverage / --target-precision / --thresholds-for` writing them
+into the head file."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from qcls.eval import heads as H
+from qcls.eval import models
+from qcls.eval.sweep import main as sweep_main
+from qcls.eval.calibrate import main
+from qcls.eval.threshold_fitting import out_of_fold
+from qcls.heads.files import load as load_head
+from qcls.heads.head import PromptHead, Read, Tap
+from tests.eval.test_calibrate import head_set, tiny
+
+
+def test_out_of_fold_uses_the_folds_that_chose_C():
+    """Held-out winners of the same stratified folds: their accuracy is cross_validate's at that C."""
+    rng = np.random.default_rng(0)
+    y = np.repeat(np.arange(3), 12)
+    states = (rng.normal(size=(36, 1, 5)) + y[:, None, None] * 0.7).astype(np.float32)
+    taps = [Tap(2, "position")]
+    x = H.features(states, taps, Read(2, "position"), None)
+    C = 0.1
+    cv = H.cross_validate(x, y, 3, [C], 3)
+    ph = PromptHead(["a", "b", "c"], np.zeros(3), None, np.zeros((3, 5)), Read(2, "position"),
+                    {"C": C, "cv_folds": 3})
+    p = out_of_fold(ph, states, taps, np.zeros((36, 3)), y)
+    assert p.shape == (36, 3) and np.allclose(p.sum(1), 1)
+    assert np.mean(p.argmax(1) == y) == pytest.approx(cv[C]["accuracy"])
+    assert np.mean(-np.log(p[np.arange(36), y])) == pytest.approx(cv[C]["log_loss"], rel=1e-3)
+
+
+def test_calibrate_writes_thresholds(tiny_dirs, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    dev = head_set(tmp_path / "dev.jsonl")
+    assert main(["--eval", str(dev), "--method", "head", "--layer", "1", "--read", "position",
+                 "--target-coverage", "0.5", "--fallback", "none", "--out", "h.yaml", *tiny(tiny_dirs["qwen3"])]) == 0
+    text = capsys.readouterr().out
+    assert "thresholds (fitted on" in text and "coverage" in text
+    head = load_head(tmp_path / "h.yaml")
+    for name in ("category", "audience"):
+        t = head.prompts[name].threshold
+        assert t.fallback == "none" and t.fitted["target_coverage"] == 0.5 and t.fitted["coverage"] >= 0.5
+        assert t.fitted["probabilities"] == "out-of-fold"
+    # thresholds only, for the existing file, into another: its heads unchanged
+    assert main(["--eval", str(dev), "--thresholds-for", "h.yaml", "--target-precision", "1.0",
+                 "--target-precision", "audience=0.01", "--out", "t.yaml", "--json",
+                 *tiny(tiny_dirs["qwen3"])]) == 0
+    res = json.loads(capsys.readouterr().out)
+    new = load_head(tmp_path / "t.yaml")
+    assert np.array_equal(new.prompts["category"].bias, head.prompts["category"].bias)
+    aud = res["thresholds"]["audience"]
+    assert aud["reached"] and new.prompts["audience"].threshold.min_prob == aud["threshold"]
+    cat = res["thresholds"]["category"]
+    if cat["reached"]:  # the split decides whether precision 1 can be reached; either way it is said
+        assert cat["precision"] == 1.0 and new.prompts["category"].threshold.min_prob == cat["threshold"]
+    else:
+        assert new.prompts["category"].threshold is None and cat["best_precision"] < 1.0
+    assert main(["--eval", str(dev), "--thresholds-for", "h.yaml", *tiny(tiny_dirs["qwen3"])]) == 2
+    assert "give --target-precision or --target-coverage" in capsys.readouterr().err
+    # a sweep job on another split with that file: the curve, and coverage / precision at its thresholds
+    ev, out = head_set(tmp_path / "ev.jsonl", 20, offset=40), tmp_path / "run"
+    assert sweep_main([*tiny(tiny_dirs["qwen3"]), f"eval.path={ev}", f"calibration={tmp_path / 'h.yaml'}",
+                       "eval.batch1_queries=0", "eval.agreement_with_exact=false", f"hydra.run.dir={out}"]) == 0
+    result = json.loads((out / "result.json").read_text())
+    rows = [json.loads(x) for x in (out / "predictions.jsonl").read_text().splitlines()]
+    for name in ("category", "audience"):
+        b = result["coverage"]["per_prompt"][name]
+        at, t = b["at_threshold"], head.prompts[name].threshold.min_prob
+        cal = np.array([list(r["prompts"][name]["calibrated_probs"].values()) for r in rows])
+        gold = np.array([list(r["prompts"][name]["probs"]).index(r["prompts"][name]["gold"]) for r in rows])
+        answered = cal.max(1) >= t  # worked out here from the job's own predictions
+        right = cal.argmax(1) == gold
+        assert at["coverage"] == pytest.approx(answered.mean())
+        assert at["precision"] == (pytest.approx(right[answered].mean()) if answered.any() else None)
+        wrong = (~right).sum()
+        assert at["errors_avoided"] == (pytest.approx(1 - (answered & ~right).sum() / wrong) if wrong else None)
+        assert b["precision_at_coverage"]["1"] == pytest.approx(right.mean())
+        assert ("tfidf" in at) == (at["answered"] > 0) and "tfidf_precision_at_coverage" in b
+        assert all(r["prompts"][name]["abstained"] == (not a) for r, a in zip(rows, answered))
+    summary = (out / "summary.md").read_text()
+    assert "## Abstention: precision against coverage" in summary and (out / "precision_coverage.png").is_file()
+    models.release()
