@@ -17,7 +17,7 @@ import uuid
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from qcls.check.served import served_check
@@ -33,7 +33,7 @@ RELOAD_GUARD_S = 900.0  # a hang guard on the build, as `qcls reload`'s wait
 
 class FieldError(BaseModel):
     prompt: int | None = Field(description="the prompt's position in the request (null: the whole set)")
-    field: str | None = Field(description="name, template, label_prefix, labels or label_end (null: the prompt)")
+    field: str | None = Field(description="name, template, label_prefix, label_end or labels (null: the whole set)")
     message: str
 
 
@@ -141,7 +141,8 @@ def add_playground(app: FastAPI, svc: "QclsDeployment") -> None:
 
     @app.get("/v1/check", summary="What `qcls check` knows of the served prompts: label tokens, shared first tokens, "
              "tokens per forward and their projected T4 time")
-    async def check(query_tokens: int = 8) -> dict[str, Any]:
+    async def check(query_tokens: int = Query(8, ge=1, description="tokens per query (at most max_query_tokens)")
+                    ) -> dict[str, Any]:
         return served_check(svc.clf, query_tokens)
 
     @app.put("/v1/prompts", response_model=PromptsUpdateResult, summary="Replace the prompt set (validated, then "
@@ -150,8 +151,12 @@ def add_playground(app: FastAPI, svc: "QclsDeployment") -> None:
     async def put_prompts(request: Request) -> Response:
         def answer(status: int, result: PromptsUpdateResult) -> Response:
             return Response(result.model_dump_json(), status_code=status, media_type="application/json")
+        body, limit = await request.body(), svc.cfg.serve.max_body_bytes
+        if len(body) > limit:
+            return answer(413, PromptsUpdateResult(ok=False, detail=f"request body is {len(body)} bytes, over "
+                                                   f"serve.max_body_bytes={limit}"))
         try:
-            update = PromptsUpdate.model_validate_json(await request.body())
+            update = PromptsUpdate.model_validate_json(body)
         except ValidationError as e:
             return answer(422, PromptsUpdateResult(ok=False, detail="invalid request: " + "; ".join(
                 err["msg"] for err in e.errors(include_url=False))))

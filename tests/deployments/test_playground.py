@@ -209,3 +209,27 @@ def test_the_key_goes_as_a_bearer_token_and_a_narrow_window_has_one_column(brows
     assert "authorization" not in first.value.headers and keyed.value.headers["authorization"] == "Bearer k3y"
     assert first.value.url == f"{app[1]}/v1/check"
     context.close()
+
+
+def test_with_a_key_the_page_is_open_and_its_json_routes_are_not():
+    """No browser, no Ray: the API key's middleware over the page's routes."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from qcls.deployments.api_key import PAGE_PATHS, protect
+    from qcls.deployments.playground import STATIC, static_text
+
+    app = FastAPI()
+    for path in PAGE_PATHS:
+        app.get(path)(lambda: "page")
+    app.get("/v1/check")(lambda: {})
+    app.put("/v1/prompts")(lambda: {})
+    protect(app, "s3cret")
+    c = TestClient(app)
+    assert set(PAGE_PATHS) == {"/", *(f"/static/{name}" for name in STATIC)}
+    for path in PAGE_PATHS:
+        assert c.get(path).status_code == 200, path
+    assert c.get("/v1/check").status_code == 401 and c.put("/v1/prompts").status_code == 401
+    assert c.get("/v1/check", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+    page = static_text("index.html")
+    assert all(f'static/{name}' in page for name in STATIC)  # relative: the page works under a route prefix

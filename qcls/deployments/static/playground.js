@@ -1,7 +1,7 @@
 // qcls playground: classify queries and edit the served prompt set. Plain JavaScript, no build step.
 "use strict";
 const STAGES = ["queue_wait", "cache", "tokenize", "prepare", "forward", "score", "postprocess"];
-const FIELDS = ["name", "template", "label_prefix", "labels"];
+const FIELDS = ["name", "template", "label_prefix", "label_end", "labels"];
 const BASE = location.pathname.endsWith("/") ? location.pathname : location.pathname + "/";
 const $ = (id) => document.getElementById(id);
 
@@ -23,7 +23,12 @@ async function api(method, path, body) {
   const key = $("api-key").value.trim();
   if (key) headers["Authorization"] = "Bearer " + key;
   if (body !== undefined) headers["Content-Type"] = "application/json";
-  const res = await fetch(BASE + path, {method, headers, body: body === undefined ? undefined : JSON.stringify(body)});
+  let res;
+  try {
+    res = await fetch(BASE + path, {method, headers, body: body === undefined ? undefined : JSON.stringify(body)});
+  } catch (e) {
+    return {status: 0, data: {detail: "the server did not answer (" + e.message + ")"}};
+  }
   let data = null;
   try { data = await res.json(); } catch (e) { data = {detail: res.statusText}; }
   if (res.status === 401) data.detail = "this server needs an API key: enter it above (" + (data.detail || "") + ")";
@@ -148,6 +153,8 @@ function promptEditor(p, i) {
       value: p ? p.template : "Query: {query}\nLabel:"})),
     ...field("label_prefix", "label prefix (JSON string)", el("input", {type: "text", id: id("label_prefix"),
       value: JSON.stringify(p ? p.label_prefix : " ")})),
+    ...field("label_end", "label end (JSON string; null: the tokenizer's end token)", el("input", {type: "text",
+      id: id("label_end"), value: JSON.stringify(p ? p.label_end : null)})),
     ...field("labels", "labels, one per line", el("textarea", {id: id("labels"), rows: 4,
       value: p ? p.labels.map((l) => l.label).join("\n") : ""})));
   if (p) {
@@ -169,10 +176,13 @@ function promptEditor(p, i) {
 function editedPrompts() {
   return [...document.querySelectorAll(".prompt-edit")].map((fs) => {
     const v = (f) => fs.querySelector(`#p${fs.dataset.index}-${f}`).value;
-    let prefix = v("label_prefix");
-    try { prefix = JSON.parse(prefix); } catch (e) { /* a bare string: taken as written */ }
-    return {name: v("name").trim(), template: v("template"), label_prefix: prefix,
-            labels: v("labels").split("\n").map((l) => l.trim()).filter((l) => l)};
+    const json = (f, empty) => {  // a JSON string (or null); anything else is taken as written
+      const text = v(f);
+      if (!text.trim()) return empty;
+      try { return JSON.parse(text); } catch (e) { return text; }
+    };
+    return {name: v("name").trim(), template: v("template"), label_prefix: json("label_prefix", ""),
+            label_end: json("label_end", null), labels: v("labels").split("\n").map((l) => l.trim()).filter((l) => l)};
   });
 }
 
@@ -208,7 +218,8 @@ function yamlOf(prompts, name) {
   return "# @package _global_\n# written by the qcls playground: save as DIR/prompts/" + name + ".yaml, then\n" +
     "# qcls --config-dir DIR classify prompts=" + name + " …  (or qcls --config-dir DIR reload … prompts=" + name +
     ")\nprompts:\n" + prompts.map((p) => `  - name: ${s(p.name)}\n    template: ${s(p.template)}\n` +
-    `    label_prefix: ${s(p.label_prefix)}\n    labels: [${p.labels.map(s).join(", ")}]\n`).join("");
+    `    label_prefix: ${s(p.label_prefix)}\n` + (p.label_end != null ? `    label_end: ${s(p.label_end)}\n` : "") +
+    `    labels: [${p.labels.map(s).join(", ")}]\n`).join("");
 }
 
 function download() {
