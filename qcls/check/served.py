@@ -49,6 +49,7 @@ def served_check(clf: "Classifier", query_tokens: int = 8) -> dict[str, Any]:
     layer_params = layers * (pc.layer_linear + pc.layer_other)
     return {"model": cfg.model.name, "strategy": cfg.strategy, "fingerprint": clf.fingerprint,
             "prompts": prompts, "prefix_pool_tokens": pool_tokens, "depth": clf.depth.as_dict(),
+            "limits": {"max_queries_per_request": cfg.max_queries_per_request, "max_query_tokens": cfg.max_query_tokens},
             "forward": [{**asdict(f), "t4_ms": round(t4_ms(layer_params, f.tokens), 2)} for f in forwards],
             "t4_model": "layer weights (fp16) at 75 % of 320 GB/s + GEMM FLOPs at 50 % of 65 TFLOP/s "
                         "(docs/design.md §8; a projection, not a measurement)"}

@@ -70,9 +70,9 @@ def validate_prompts(svc: "QclsDeployment", raw: list[dict[str, Any]]) -> tuple[
             for err in e.errors(include_url=False):
                 where = str(err["loc"][0]) if err["loc"] else None
                 errors.append(FieldError(prompt=i, field=where, message=err["msg"].removeprefix("Value error, ")))
-    names = [s.name for s in specs]
+    names = [str(given.get("name")) if isinstance(given, dict) else None for given in raw]
     errors += [FieldError(prompt=i, field="name", message=f"another prompt is named {n!r}: names must be distinct")
-               for i, n in enumerate(names) if n in names[:i]]
+               for i, n in enumerate(names) if n is not None and n in names[:i]]
     if errors:
         return None, errors
     strategy = get_strategy(clf.cfg.strategy)
@@ -80,7 +80,9 @@ def validate_prompts(svc: "QclsDeployment", raw: list[dict[str, Any]]) -> tuple[
         try:
             PromptLayout.from_spec(clf.tokenizer, spec, strategy, clf.depth.scores)
         except LabelSetError as e:
-            errors.append(FieldError(prompt=i, field="labels", message=" ".join(str(e).split("\n"))))
+            text = " ".join(str(e).split("\n"))
+            where = "label_end" if "label_end" in text else "template" if "{query}" in text else "labels"
+            errors.append(FieldError(prompt=i, field=where, message=text))
     if errors:
         return None, errors
     try:

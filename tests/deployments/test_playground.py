@@ -2,7 +2,8 @@
 Ray Serve (an app of its own on the shared Ray): two queries' bars against the API's own answer, two identical labels refused
 beside their field while the old prompts keep serving, an applied edit answering with the new prompt, the YAML it
 downloads composing as a `--config-dir` prompt set, the key sent as a bearer token, keyboard use and a narrow
-window. QCLS_WRITE_SCREENSHOT=1 writes docs/playground.png (the README's screenshot)."""
+window. QCLS_WRITE_SCREENSHOT=1 writes docs/playground.png (the README's screenshot). Without a browser or Ray: the
+routes' validation, reload and refusals over a tiny model, and the page's files open under an API key."""
 from __future__ import annotations
 
 import os
@@ -233,3 +234,86 @@ def test_with_a_key_the_page_is_open_and_its_json_routes_are_not():
     assert c.get("/v1/check", headers={"Authorization": "Bearer s3cret"}).status_code == 200
     page = static_text("index.html")
     assert all(f'static/{name}' in page for name in STATIC)  # relative: the page works under a route prefix
+
+
+class Replica:
+    """The parts of a QclsDeployment the playground's routes use: the serving Classifier and its Reloader."""
+
+    def __init__(self, clf):
+        from qcls.deployments.reload import Reloader
+
+        self.clf, self.replicas = clf, 1
+        self.reloader = Reloader(lambda: self.clf, self._swap, {})
+        self.reloader.request(None)  # Serve's reconfigure() at start-up: later requests build in a thread
+
+    @property
+    def cfg(self):  # as deployed with `self.replicas` replicas
+        serve = self.clf.cfg.serve.model_copy(update={"num_replicas": self.replicas})
+        return self.clf.cfg.model_copy(update={"serve": serve})
+
+    def _swap(self, clf):
+        self.clf = clf
+
+    def reload_state(self):
+        return self.reloader.state.as_dict()
+
+
+@pytest.fixture(scope="module")
+def tiny_routes(tiny_dirs):
+    """The playground's routes over a tiny Qwen3 (real Qwen tokenizer), without Ray; (client, replica)."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from qcls.classifier import Classifier
+    from qcls.deployments.playground import add_playground
+    from tests.check.test_report import PROMPTS
+    from tests.conftest import tiny_cfg
+
+    replica = Replica(Classifier(tiny_cfg(tiny_dirs["qwen3_qwentok"], PROMPTS)))
+    app = FastAPI()
+    add_playground(app, replica)
+    return TestClient(app), replica
+
+
+def edited(replica, **changes) -> list[dict]:
+    out = [p.model_dump() for p in replica.cfg.prompts]
+    out[0].update(changes)
+    return out
+
+
+def test_each_problem_comes_back_beside_its_prompt_and_field(tiny_routes):
+    client, replica = tiny_routes
+    before = replica.clf.fingerprint
+    second = dict(edited(replica)[1])
+    body = {"prompts": [edited(replica, template="no placeholder", labels=["dress", "dress"])[0],
+                        {**second, "label_end": "two words"}, second]}  # (a label_end is tokenized once all parse)
+    r = client.put("/v1/prompts", json=body)
+    assert r.status_code == 422 and r.json()["ok"] is False
+    where = {(e["prompt"], e["field"]) for e in r.json()["errors"]}
+    assert where == {(0, "template"), (0, "labels"), (2, "name")}, r.json()
+    r = client.put("/v1/prompts", json={"prompts": [edited(replica)[0], {**second, "label_end": "two words"}]})
+    assert r.status_code == 422 and [(e["prompt"], e["field"]) for e in r.json()["errors"]] == [(1, "label_end")]
+    assert "must be one token" in r.json()["errors"][0]["message"]
+    assert client.put("/v1/prompts", json={"prompt": []}).status_code == 422
+    assert replica.clf.fingerprint == before  # nothing was built or swapped
+
+
+def test_a_valid_set_validates_then_serves_and_several_replicas_are_refused(tiny_routes):
+    client, replica = tiny_routes
+    new = edited(replica, name="kind", labels=["coat", "dress", "other"])
+    r = client.put("/v1/prompts", json={"prompts": new, "dry_run": True})
+    assert r.status_code == 200 and r.json()["detail"] == "valid" and replica.clf.prompt_names[0] == "category"
+    r = client.put("/v1/prompts", json={"prompts": new})
+    assert r.status_code == 200 and r.json()["prompts"] == ["kind", "audience"], r.json()
+    assert replica.clf.prompt_names == ["kind", "audience"] and r.json()["fingerprint"] == replica.clf.fingerprint
+    assert [lab.label for lab in replica.clf.classify(["red coat"])[0].prompts[0].labels] == ["coat", "dress", "other"]
+    check = client.get("/v1/check").json()
+    assert [lab["label"] for lab in check["prompts"][0]["labels"]] == ["coat", "dress", "other"]
+    assert check["limits"]["max_queries_per_request"] == replica.cfg.max_queries_per_request
+    replica.replicas = 2
+    try:
+        r = client.put("/v1/prompts", json={"prompts": edited(replica, name="kind2")})
+        assert r.status_code == 409 and "qcls" in r.json()["detail"] and "reload" in r.json()["detail"]
+        assert replica.clf.prompt_names == ["kind", "audience"]
+    finally:
+        replica.replicas = 1

@@ -44,10 +44,15 @@ async function classify() {
   const queries = queryLines();
   if (!queries.length) { setStatus("status", "type a query first", true); return; }
   setStatus("status", "classifying " + queries.length + " quer" + (queries.length > 1 ? "ies" : "y") + " …");
-  const {status, data} = await api("POST", "v1/classify", {queries});
-  const results = data.results || [];
-  if (status !== 200 && !results.length) { setStatus("status", data.detail || "HTTP " + status, true); return; }
-  setStatus("status", results.length + " result(s), configuration " + (data.fingerprint || "?"));
+  // at most max_queries_per_request a request: more go as several requests at once (the replica batches them)
+  const per = (facts && facts.limits.max_queries_per_request) || 16;
+  const chunks = [];
+  for (let i = 0; i < queries.length; i += per) chunks.push(queries.slice(i, i + per));
+  const answers = await Promise.all(chunks.map((c) => api("POST", "v1/classify", {queries: c})));
+  const results = answers.flatMap((a) => a.data.results || []);
+  const failed = answers.find((a) => a.status !== 200 && !(a.data.results || []).length);
+  if (failed) { setStatus("status", failed.data.detail || "HTTP " + failed.status, true); if (!results.length) return; }
+  else setStatus("status", results.length + " result(s), configuration " + (answers[0].data.fingerprint || "?"));
   $("results").replaceChildren(...results.map(renderResult));
 }
 
