@@ -43,6 +43,8 @@ def wheel_env(tmp_path_factory, demo_cfg_overrides):
     where = subprocess.run([str(py), "-c", "import qcls; print(qcls.__file__)"], capture_output=True, text=True,
                            cwd=tmp, env=env, check=True).stdout.strip()
     assert where.startswith(str(site)), where  # the wheel's copy, not the checkout
+    for name in ("index.html", "playground.css", "playground.js"):  # the playground page (package data)
+        assert (site / "qcls" / "deployments" / "static" / name).is_file(), name
     return tmp, env
 
 

@@ -1,4 +1,4 @@
-"""The API key: with one configured, every route but /healthz answers 401 without `Authorization: Bearer <key>`.
+"""The API key: with one configured, every route but /healthz (and the playground page's files) answers 401 without `Authorization: Bearer <key>`.
 
 Where the key comes from, first found: `serve.api_key` (in the config: visible wherever the config is), the file
 `serve.api_key_file` (its first line; read by each replica, so on a cluster it must exist on every node), or the
@@ -17,6 +17,9 @@ from qcls.errors import ConfigError
 
 ENV_API_KEY = "QCLS_API_KEY"
 OPEN_PATHS = ("/healthz",)  # load balancers and Serve's own checks probe it without a key
+# the playground page and its files (playground.py): no data in them, and a browser cannot send a bearer header to
+# load a page; the page sends the key it is given on every JSON route
+PAGE_PATHS = ("/", "/static/playground.css", "/static/playground.js")
 SCHEME = "bearer"
 
 
@@ -81,7 +84,7 @@ class RequireKey:
         path, root = scope.get("path", ""), scope.get("root_path", "")
         if root and path.startswith(root):
             path = path[len(root):] or "/"
-        if path in OPEN_PATHS:
+        if path in OPEN_PATHS or path in PAGE_PATHS:
             return True
         for name, value in scope.get("headers", ()):
             if name == b"authorization":

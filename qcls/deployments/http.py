@@ -24,6 +24,7 @@ from pydantic import BaseModel, ValidationError
 
 from qcls.deployments.api_key import protect, resolve_api_key
 from qcls.deployments.encode import classify_body
+from qcls.deployments.playground import add_playground
 from qcls.deployments.schemas import (ClassifyRequest, ClassifyResponse, CompactClassifyResponse, ErrorResponse,
                                       HealthResponse, PromptInfo, PromptsResponse, QueryOut, ReloadInfo,
                                       is_json_error, validation_messages)
@@ -143,5 +144,6 @@ def build_http_app(svc: "QclsDeployment") -> FastAPI:
                               device=str(svc.clf.loaded.device), detail=broken)
         return json_response(body, 503 if broken else 200, retry_after)
 
+    add_playground(app, svc)
     protect(app, resolve_api_key(cfg.serve))
     return app

@@ -56,6 +56,7 @@ def serve_main(overrides: list[str], blocking: bool = True, log_to_driver: bool 
             raise
         raise clean from e
     base = f"http://{s.host}:{s.port}{s.route_prefix.rstrip('/')}"
+    print(f"[qcls] playground: {base}/ (try queries, edit the prompts)", file=sys.stderr, flush=True)
     print(f"[qcls] serving: POST {base}/v1/classify · GET {base}/v1/prompts · GET {base}/healthz · "
           f"docs {base}/docs", file=sys.stderr, flush=True)
     fast = direct_urls(s.app_name, s.host) if s.ingress == "direct" else []
