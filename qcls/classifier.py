@@ -130,7 +130,8 @@ class Classifier:
                 raise ConfigError(f"this configuration reads {depth.layers} of the model's {depth.total} decoder "
                                   f"layers ({depth.reason}), but only the first {loaded.layers} are loaded",
                                   "start a new deployment (or Classifier) for it: the weights it needs were not "
-                                  "loaded")
+                                  "loaded; to change prompts and heads freely on a running server, start it with "
+                                  "engine.layer_exit=false (every layer loaded)")
             warn(f"loading {self.cfg.model.name} again with {depth.layers} layers: {depth.reason}")
             self.depth = depth
             loaded = self._load(backend)
