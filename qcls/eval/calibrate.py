@@ -19,6 +19,8 @@ EPILOG = """examples:
   qcls calibrate --eval /data/my_dev.jsonl --out calibration/mine.yaml model=qwen3_4b model.source=local model.path=/m
   qcls calibrate --method contextual               # bias = -log p(label | "N/A", "[MASK]"), T = 1
   qcls calibrate --method head                     # a learned head on the hidden state (layer/read by CV)
+  qcls calibrate --method head --layer-rule best   # each prompt's most accurate read, whatever the depth costs
+  qcls calibrate --method head --max-layer 9       # no read after layer 9: at most 9 layers run per forward
   qcls calibrate --method head --layer 12 --read both --with-scores prompts=ecommerce8
   qcls calibrate --method head --target-precision 0.95 --target-precision audience=0.9   # + abstention thresholds
   qcls calibrate --thresholds-for calibration/mine.yaml --target-coverage 0.8 --out calibration/mine_t.yaml
@@ -28,10 +30,13 @@ of the gold labels; calibrated score = (score + b) / T), temperature (T only), b
 (Zhao et al. 2021: b = -log p_cf measured on content-free inputs, T = 1; the split is only used to print
 the before/after metrics), head (per prompt a multinomial logistic regression on the hidden state the engine
 reads: --layer final or N = the residual stream after N layers, --read position | query_mean | both; auto
-(the default) tries ~15 layers and final / every kind and keeps per prompt the one with the lowest
-cross-validated log-loss; the L2
-strength is chosen by --cv-folds-fold cross-validation on the split; --with-scores appends the raw label
-scores as features; the weights go into FILE.safetensors beside FILE.yaml). A calibration holds for the model,
+(the default) tries ~15 layers and final / every kind, cross-validated; the forward stops after the deepest
+layer any prompt reads, so the depth is chosen for the prompt set: --layer-rule one-se (default) = the
+shallowest exit at which every prompt's CV log-loss is within one standard error (over the folds) of its own
+best, best = per prompt the lowest CV log-loss whatever it costs; --max-layer N caps the depth; the table of
+candidate exits (per prompt CV accuracy, log-loss ± SE, cost = layers run / N) is printed and stored in the
+file's meta.depth; the L2 strength is chosen by --cv-folds-fold cross-validation on the split; --with-scores
+appends the raw label scores as features (the forward then runs every layer); the weights go into FILE.safetensors beside FILE.yaml). A calibration holds for the model,
 prompts and scoring strategy it was fitted under; a head for the model's weights, prompt templates and label
 sets (refused at start-up otherwise). The metrics printed are on the split it was fitted on (optimistic;
 a head's CV accuracy is held out within the split); `qcls sweep -m ... eval=test` reports held-out numbers.
@@ -58,7 +63,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--limit", type=int, metavar="N", help="use the first N queries of the split")
     ap.add_argument("--layer", default="auto", metavar="auto|final|N",
                     help="head: the layer read: the final norm's output, the residual stream after N layers, or "
-                         "auto (default: ~15 layers and final tried, chosen per prompt by cross-validation)")
+                         "auto (default: ~15 layers and final tried, chosen by cross-validation and --layer-rule)")
+    ap.add_argument("--layer-rule", default="one-se", choices=["one-se", "best"],
+                    help="head, --layer auto: one-se (default) = the shallowest exit (the forward stops after the "
+                         "deepest layer any prompt reads) at which every prompt's CV log-loss is within one "
+                         "standard error of its own best; best = every prompt its lowest CV log-loss, whatever it "
+                         "costs")
+    ap.add_argument("--max-layer", type=int, metavar="N", help="head: no read after N layers (nor final, unless N "
+                    "is the model's depth): a cap on the forward's cost")
     ap.add_argument("--read", default="auto", choices=["position", "query_mean", "both", "auto"],
                     help="head: the read position, the mean over the query's tokens, both, or auto (default: "
                          "chosen per prompt by cross-validation)")
@@ -171,7 +183,7 @@ def fit_head(args: argparse.Namespace, cfg, data, out: Path, targets=None) -> di
     from qcls.backends import sources
     from qcls.backends.registry import get_backend
     from qcls.classifier import Classifier
-    from qcls.eval import calibrated_metrics, head_fitting
+    from qcls.eval import calibrated_metrics, head_depth, head_fitting
     from qcls.eval import heads as H
     from qcls.eval.scores import PromptScores
     from qcls.heads import files
@@ -182,11 +194,13 @@ def fit_head(args: argparse.Namespace, cfg, data, out: Path, targets=None) -> di
     notes = head_fitting.check_fit_split(data, cfg.prompts, args.cv_folds)  # before the model loads
     cfg = cfg.model_copy(update={"calibration": None})  # the states and raw scores, not another head's
     layers = num_layers(sources.load_config(get_backend(cfg.backend.name).source(cfg)))
-    reads = H.candidate_reads(args.layer, args.read, layers)
+    reads = head_depth.within(H.candidate_reads(args.layer, args.read, layers), layers, args.max_layer)
     taps = H.taps_of(reads)
     clf = Classifier(cfg, taps=taps)
     sets = head_fitting.read_set(clf, data)
-    head = head_fitting.fit(clf, sets, taps, reads, args.with_scores, args.cv_folds, str(data.path))
+    head = head_fitting.fit(clf, sets, taps, reads, args.with_scores, args.cv_folds, str(data.path),
+                            rule=args.layer_rule, max_layer=args.max_layer)
+    depth = head.meta["depth"]
     fits = None
     if targets:
         from qcls.eval import threshold_fitting
@@ -212,6 +226,7 @@ def fit_head(args: argparse.Namespace, cfg, data, out: Path, targets=None) -> di
             "override": f"calibration={shown}", "method": "head", "split": str(data.path),
             "n_queries": len(data.examples), "strategy": cfg.strategy, "model": cfg.model.name,
             "per_prompt": cols["per_prompt"], "mean": cols["mean"], "notes": notes, "thresholds": fits,
+            "depth": depth,
             "heads": {p: {"read": ph.read.as_dict() if ph.read else None, "scores": ph.score_weights is not None,
                           **{k: v for k, v in ph.info.items() if k in ("n", "C", "cv_folds", "cv_accuracy",
                                                                         "cv_log_loss")}}
@@ -257,7 +272,8 @@ def _baseline_lines(res: dict[str, Any], llm: dict[str, float] | None = None, na
 
 def _head_table(res: dict[str, Any]) -> str:
     """Per prompt the read chosen, the L2 strength and the cross-validated accuracy (held out within the split),
-    beside the raw scores' accuracy on the split."""
+    beside the raw scores' accuracy on the split; then the depth table (qcls/eval/head_depth.py)."""
+    from qcls.eval import head_depth
     head = ("prompt", "n", "read", "C", "accuracy: raw scores", "head (cross-validated)")
     rows = []
     for p, h in res["heads"].items():
@@ -269,6 +285,7 @@ def _head_table(res: dict[str, Any]) -> str:
              f"{res['heads'][next(iter(res['heads']))]['cv_folds'] if res['heads'] else 3}-fold cross-validated "
              "within this split; `qcls sweep … eval=test eval.fit_method=head` measures it on held-out queries):"]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [head] + rows]
+    lines += head_depth.table_lines(res["depth"]) if res.get("depth") else []
     lines += _baseline_lines(res, {p: h["cv_accuracy"] for p, h in res["heads"].items()}, "head (cv)")
     lines += _threshold_lines(res)
     lines += [f"note: {n}" for n in res.get("notes", [])]

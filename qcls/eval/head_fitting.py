@@ -8,6 +8,7 @@ from typing import Sequence
 
 import numpy as np
 
+from qcls.eval import head_depth
 from qcls.eval import heads as H
 from qcls.eval.dataset import EvalSet
 from qcls.eval.scores import EvalRunError
@@ -62,22 +63,37 @@ def check_fit_split(data: EvalSet, prompts, folds: int) -> list[str]:
 
 
 def fit(clf, sets: dict[str, StateSet], taps: list[Tap], reads: Sequence[Read], with_scores: bool, folds: int,
-        fitted_on: str, seed: int = 0) -> Head:
-    """Every prompt's head (prompts without labelled queries get none) and the metadata that pins the file."""
+        fitted_on: str, seed: int = 0, rule: str = "one-se", max_layer: int | None = None) -> Head:
+    """Every prompt's head (prompts without labelled queries get none), its read chosen for the prompt set as a
+    whole by `rule` (qcls/eval/head_depth.py; recorded in `meta.depth`), and the metadata that pins the file."""
     cfg = clf.cfg
     fitted_on = _shown(fitted_on)
     specs = {p.name: p for p in cfg.prompts}
-    prompts = {}
+    num_layers = fp.num_layers(clf.loaded.model.config)
+    tried, labelled = {}, {}
     for name, ss in sets.items():
-        states, scores, gold = ss.labelled()
+        labelled[name] = ss.labelled()
+        states, scores, gold = labelled[name]
         if not len(gold):
             continue
         H.check_split(gold, ss.labels, folds, name, fitted_on)
-        ph = H.fit_prompt(states, taps, scores, gold, ss.labels, reads, with_scores, folds=folds, seed=seed)
+        tried[name] = H.cv_reads(states, taps, scores, gold, len(ss.labels), reads, with_scores, folds=folds,
+                                 seed=seed)
+    choice = head_depth.choose(tried, num_layers, rule, max_layer,
+                               "the heads read the raw label scores (--with-scores)" if with_scores else None)
+    prompts = {}
+    for name, chosen in choice.reads.items():
+        states, scores, gold = labelled[name]
+        ph = H.fit_read(states, taps, scores, gold, sets[name].labels, chosen, tried[name], with_scores, folds)
         ph.info["template_sha256"] = template_sha256(specs[name].template, specs[name].label_prefix)
         prompts[name] = ph
-    return Head(prompts, "head", pin(clf, fitted_on, with_scores, {n: int((s.gold >= 0).sum())
-                                                                     for n, s in sets.items()}))
+    unheaded = [n for n in sets if n not in prompts]
+    if unheaded:
+        choice.notes.append(f"{', '.join(unheaded)}: no head (no labelled query), so a forward serving "
+                            f"{'it' if len(unheaded) == 1 else 'them'} runs all {num_layers} layers")
+    meta = pin(clf, fitted_on, with_scores, {n: int((s.gold >= 0).sum()) for n, s in sets.items()})
+    meta["depth"] = choice.as_meta()
+    return Head(prompts, "head", meta)
 
 
 def _shown(path: str) -> str:
@@ -128,12 +144,14 @@ def sweep_block(spec, cfg, loaded, per: dict, fit_data: EvalSet, data: EvalSet, 
     from qcls.eval import calibrated_metrics, metrics
     from qcls.heads import files
     hs = spec.head
-    reads = H.candidate_reads(str(hs.layer), hs.read, fp.num_layers(loaded.model.config))
+    n_layers = fp.num_layers(loaded.model.config)
+    reads = head_depth.within(H.candidate_reads(str(hs.layer), hs.read, n_layers), n_layers, hs.max_layer)
     taps = H.taps_of(reads)
     notes = check_fit_split(fit_data, cfg.prompts, hs.cv_folds)
     clf = Classifier(cfg.model_copy(update={"calibration": None}), loaded=loaded, taps=taps)
     fit_sets, eval_sets = read_set(clf, fit_data), read_set(clf, data)
-    head = fit(clf, fit_sets, taps, reads, hs.scores, hs.cv_folds, str(fit_data.path))
+    head = fit(clf, fit_sets, taps, reads, hs.scores, hs.cv_folds, str(fit_data.path), rule=hs.layer_rule,
+               max_layer=hs.max_layer)
     del clf
     files.save(head, out_dir / "head.yaml")
     logits = head_scores(head, eval_sets, taps)
@@ -144,8 +162,20 @@ def sweep_block(spec, cfg, loaded, per: dict, fit_data: EvalSet, data: EvalSet, 
     block["heads"] = {p: {"read": ph.read.as_dict() if ph.read else None, "scores": ph.score_weights is not None,
                           **{k: ph.info[k] for k in ("C", "cv_accuracy", "cv_log_loss") if k in ph.info}}
                       for p, ph in head.prompts.items()}
+    block["depth"] = head.meta["depth"]
+    block["forward"] = head_depth.forward_costs(serving_reads(head, list(per)), head.meta["num_layers"])
     block["learning_curve"] = curve(head, fit_sets, eval_sets, taps, hs.curve_sizes, hs.curve_draws)
     return block, {p: metrics.softmax(v) for p, v in logits.items()}
+
+
+def serving_reads(head: Head | None, prompts: list[str]) -> dict[str, int | str | None]:
+    """Per prompt the layer its head reads, None where the forward must run all layers for it (no head, or a
+    head that reads the raw scores)."""
+    out: dict[str, int | str | None] = {}
+    for p in prompts:
+        ph = head.prompts.get(p) if head is not None else None
+        out[p] = ph.read.layer if ph is not None and ph.read is not None and ph.score_weights is None else None
+    return out
 
 
 def curve(head: Head, fit_sets: dict[str, StateSet], eval_sets: dict[str, StateSet], taps: list[Tap],

@@ -14,6 +14,7 @@ from typing import Sequence
 import numpy as np
 
 from qcls.errors import ConfigError, missing_package
+from qcls.eval.head_depth import ReadCV, most_accurate
 from qcls.heads.head import PromptHead, Read, Tap
 
 CS = tuple(float(c) for c in np.logspace(-3, 2, 11))  # L2 strengths tried: C = 1/λ, half a decade apart
@@ -102,8 +103,9 @@ def fit_affine(x: np.ndarray, y: np.ndarray, n_labels: int, C: float) -> Fitted:
 def cross_validate(x: np.ndarray, y: np.ndarray, n_labels: int, Cs: Sequence[float], folds: int,
                    seed: int = 0, standardise: bool = True) -> dict[float, dict[str, float]]:
     """Per C: mean held-out log-loss, accuracy and macro-F1 (of the pooled held-out winners) over stratified
-    folds of (x, y). Each fold walks the Cs from the strongest penalty up, starting every fit from the previous
-    solution (the same optimum, far fewer iterations). `standardise=False` fits on x as it is (a sparse TF-IDF
+    folds of (x, y), and each fold's mean log-loss (`fold_log_loss`: the one-SE rule's standard error,
+    qcls/eval/head_depth.py). Each fold walks the Cs from the strongest penalty up, starting every fit from the
+    previous solution (the same optimum, far fewer iterations). `standardise=False` fits on x as it is (a sparse TF-IDF
     matrix: qcls/eval/baseline.py)."""
     from qcls.eval.metrics import macro_f1
     LogisticRegression, StratifiedKFold, StandardScaler = _sklearn()
@@ -131,7 +133,8 @@ def cross_validate(x: np.ndarray, y: np.ndarray, n_labels: int, Cs: Sequence[flo
     gold = np.concatenate(golds)
     return {C: {"log_loss": float(np.mean(np.concatenate(losses[C]))),
                 "accuracy": float(np.mean(np.concatenate(hits[C]))),
-                "macro_f1": macro_f1(np.concatenate(preds[C]), gold, n_labels)} for C in Cs}
+                "macro_f1": macro_f1(np.concatenate(preds[C]), gold, n_labels),
+                "fold_log_loss": [float(np.mean(f)) for f in losses[C]]} for C in Cs}
 
 
 def best_C(cv: dict[float, dict[str, float]]) -> float:
@@ -139,31 +142,44 @@ def best_C(cv: dict[float, dict[str, float]]) -> float:
     return min(cv, key=lambda c: (cv[c]["log_loss"], -c))
 
 
+def cv_reads(states: np.ndarray, taps: list[Tap], scores: np.ndarray, gold: np.ndarray, n_labels: int,
+             reads: Sequence[Read], with_scores: bool, *, Cs: Sequence[float] = CS, folds: int = FOLDS,
+             seed: int = 0) -> list[ReadCV]:
+    """Every candidate read of one prompt cross-validated on (states, gold), each at its best C: the table the
+    depth rule chooses from (qcls/eval/head_depth.py). `states` [n, taps, H], `scores` [n, L] raw, `gold` [n]."""
+    out = []
+    for read in reads:
+        cv = cross_validate(features(states, taps, read, scores if with_scores else None), gold, n_labels, Cs,
+                            folds, seed)
+        C = best_C(cv)
+        out.append(ReadCV.from_folds(read, C, cv[C]["log_loss"], cv[C]["fold_log_loss"], cv[C]["accuracy"]))
+    return out
+
+
+def fit_read(states: np.ndarray, taps: list[Tap], scores: np.ndarray, gold: np.ndarray, labels: list[str],
+             chosen: ReadCV, tried: Sequence[ReadCV], with_scores: bool, folds: int) -> PromptHead:
+    """The head of one prompt on the chosen read and C, refitted on every fitting query, with its statistics."""
+    x = features(states, taps, chosen.read, scores if with_scores else None)
+    f = fit_affine(x, gold, len(labels), chosen.C)
+    n_state = x.shape[1] - (len(labels) if with_scores else 0)
+    info = {"n": int(len(gold)), "C": chosen.C, "cv_folds": folds, "cv_accuracy": round(chosen.accuracy, 4),
+            "cv_log_loss": round(chosen.log_loss, 4), "cv_log_loss_se": round(chosen.se, 4),
+            "fit_accuracy": round(float(np.mean((x @ f.weights.T + f.bias).argmax(1) == gold)), 4)}
+    if len(tried) > 1:
+        info["reads_tried"] = {r.name: {"C": r.C, "cv_accuracy": round(r.accuracy, 4),
+                                        "cv_log_loss": round(r.log_loss, 4), "cv_log_loss_se": round(r.se, 4)}
+                               for r in tried}
+    return PromptHead(list(labels), f.bias, f.weights[:, n_state:] if with_scores else None, f.weights[:, :n_state],
+                      chosen.read, info)
+
+
 def fit_prompt(states: np.ndarray, taps: list[Tap], scores: np.ndarray, gold: np.ndarray, labels: list[str],
                reads: Sequence[Read], with_scores: bool, *, Cs: Sequence[float] = CS, folds: int = FOLDS,
                seed: int = 0) -> PromptHead:
-    """The head of one prompt: every candidate read × C cross-validated on (states, gold), the one with the
-    lowest held-out log-loss refitted on all of them. `states` [n, taps, H], `scores` [n, L] raw, `gold` [n]."""
-    best = None
-    tried = {}
-    for read in reads:
-        x = features(states, taps, read, scores if with_scores else None)
-        cv = cross_validate(x, gold, len(labels), Cs, folds, seed)
-        C = best_C(cv)
-        tried[f"{read.kind}@{read.layer}"] = {"C": C, **cv[C]}
-        if best is None or cv[C]["log_loss"] < best[2]["log_loss"]:
-            best = (read, C, cv[C], x)
-    read, C, stats, x = best
-    f = fit_affine(x, gold, len(labels), C)
-    n_state = x.shape[1] - (len(labels) if with_scores else 0)
-    info = {"n": int(len(gold)), "C": C, "cv_folds": folds, "cv_accuracy": round(stats["accuracy"], 4),
-            "cv_log_loss": round(stats["log_loss"], 4),
-            "fit_accuracy": round(float(np.mean((x @ f.weights.T + f.bias).argmax(1) == gold)), 4)}
-    if len(tried) > 1:
-        info["reads_tried"] = {k: {"C": v["C"], "cv_accuracy": round(v["accuracy"], 4),
-                                   "cv_log_loss": round(v["log_loss"], 4)} for k, v in tried.items()}
-    return PromptHead(list(labels), f.bias, f.weights[:, n_state:] if with_scores else None, f.weights[:, :n_state],
-                      read, info)
+    """The head of one prompt alone: the candidate read with the lowest held-out log-loss, whatever its depth
+    (a prompt set chooses its reads together: qcls/eval/head_fitting.py)."""
+    tried = cv_reads(states, taps, scores, gold, len(labels), reads, with_scores, Cs=Cs, folds=folds, seed=seed)
+    return fit_read(states, taps, scores, gold, labels, most_accurate(tried), tried, with_scores, folds)
 
 
 def learning_curve(fit_x: np.ndarray, fit_y: np.ndarray, eval_x: np.ndarray, eval_y: np.ndarray, n_labels: int,

@@ -108,6 +108,8 @@ def evaluate(spec: EvalSpec, cfg: QclsConfig, out_dir: Path) -> tuple[dict[str, 
     if served is None and clf.head is not None and any(ph.threshold for ph in clf.head.prompts.values()):
         body["coverage"]["note"] = ("the head file's thresholds are not reported: this job fits its own "
                                     f"{spec.fit_method} on eval.fit_on (eval.fit_on=null scores with the file)")
+    # a calibration fitted in the job reads the raw scores (all layers); a loaded head file reads what it reads
+    body["forward"] = _forward(body["calibration"], None if fit_data is not None else clf.head, per, loaded)
     full_head = loaded.full_head() is not None
     del clf, results  # the job's engine goes before the exact pass builds another on the same weights
     models.free_memory()
@@ -138,6 +140,17 @@ def _calibration(spec, cfg, clf, per, fit_data: EvalSet | None, data: EvalSet, o
         block["heads"] = clf.heads_meta
         return block, {p: metrics.softmax(v) for p, v in calibrated_metrics.file_logits(per).items()}
     return None, None
+
+
+def _forward(calibration: dict | None, head, per: dict, loaded) -> dict[str, Any]:
+    """What the forward costs with the heads behind the calibrated columns (a head fitted in the job, or the
+    loaded file's): per prompt the layer read and layers run / N (qcls/eval/head_depth.py)."""
+    from qcls.eval.head_depth import forward_costs
+    from qcls.eval.head_fitting import serving_reads
+    from qcls.heads.fingerprint import num_layers
+    if calibration and calibration.get("forward"):
+        return calibration["forward"]
+    return forward_costs(serving_reads(head if calibration else None, list(per)), num_layers(loaded.model.config))
 
 
 def _head_split(clf, data: EvalSet, cfg: QclsConfig, spec: EvalSpec) -> EvalSet | None:

@@ -12,6 +12,7 @@ from typing import Any
 from qcls.eval import plots
 from qcls.eval import report_baselines as baselines
 from qcls.eval import report_coverage
+from qcls.eval import report_depth as depth
 from qcls.eval.report_baselines import dig as _get
 
 CAL = ("accuracy", "nll", "ece")
@@ -70,6 +71,7 @@ def row(job: Job, out_dir: Path, vary: list[str]) -> dict[str, Any]:
         out[f"mean_{k}"] = _get(r, "mean", k)
     for k in CAL:
         out[f"cal_{k}"] = _get(r, "calibration", "mean", "calibrated", k)
+    out["forward_cost"] = _get(r, "forward", "forward_cost")
     out["agreement_exact"] = _get(r, "agreement_with_exact", "mean")
     out["agreement_method"] = _get(r, "agreement_with_exact", "method") or _get(r, "agreement_with_exact", "reason")
     for side, key in (("b1", "batch1"), ("batch", "full_batch")):
@@ -119,6 +121,9 @@ def build(dirs: list[Path], out_dir: Path | None = None) -> dict[str, Any]:
     ok = [x for x in rows if x["status"] == "ok"]
     if any(x["b1_p50_ms"] is not None for x in ok):
         images["accuracy_latency"] = plots.accuracy_latency(ok, out_dir / "accuracy_latency.png")
+    cost_pts, tfidf = depth.points(ok, by_rel), depth.tfidf(ok, by_rel)
+    if depth.wanted(cost_pts):
+        images["accuracy_cost"] = depth.plot(cost_pts, tfidf, out_dir / "accuracy_cost.png")
     if any(k.startswith("curve[") for x in ok for k in x):
         images["learning_curve"] = plots.learning_curve(ok, out_dir / "learning_curve.png")
     if ok:
@@ -130,7 +135,9 @@ def build(dirs: list[Path], out_dir: Path | None = None) -> dict[str, Any]:
     abstention, img = report_coverage.section(ok, by_rel, out_dir)
     images.update(img)
     (out_dir / "summary.csv").write_text(_csv(rows), encoding="utf-8")
-    (out_dir / "summary.md").write_text(_markdown(rows, fixed, jobs, images, by_rel, abstention), encoding="utf-8")
+    cost_lines = depth.section(cost_pts, tfidf) if depth.wanted(cost_pts) else []
+    (out_dir / "summary.md").write_text(_markdown(rows, fixed, jobs, images, by_rel, cost_lines, abstention),
+                                        encoding="utf-8")
     return {"dir": out_dir, "rows": rows, "jobs": len(rows), "failed": sum(x["status"] != "ok" for x in rows),
             "images": images}
 
@@ -164,7 +171,8 @@ def _csv(rows: list[dict[str, Any]]) -> str:
 TABLE = [("job", "job"), ("label", "configuration"), ("mean_accuracy", "accuracy"), ("mean_macro_f1", "macro-F1"),
          ("majority_accuracy", "majority acc"), ("base_accuracy", "TF-IDF acc"), ("base_macro_f1", "TF-IDF F1"),
          ("mean_nll", "NLL"), ("mean_brier", "Brier"), ("mean_ece", "ECE"), ("cal_accuracy", "acc (cal/head)"),
-         ("cal_nll", "NLL (cal/head)"), ("cal_ece", "ECE (cal/head)"), ("agreement_exact", "agree exact"),
+         ("cal_nll", "NLL (cal/head)"), ("cal_ece", "ECE (cal/head)"), ("forward_cost", "forward cost"),
+         ("agreement_exact", "agree exact"),
          ("b1_p50_ms", "p50 ms b=1"), ("b1_p90_ms", "p90 ms b=1"), ("batch_p50_ms", "p50 ms full batch"),
          ("batch_p90_ms", "p90 ms full batch"), ("batch_size", "batch"), ("b1_tokens_per_forward", "tokens/fwd b=1"),
          ("batch_tokens_per_forward", "tokens/fwd batch"), ("startup_s", "start-up s"), ("load_s", "load s"),
@@ -182,7 +190,7 @@ def _span(values: list[str]) -> str:
 
 
 def _markdown(rows: list[dict[str, Any]], fixed: list[str], jobs: list[Job], images: dict[str, Path],
-              by_job: dict[str, Job], abstention: list[str] = ()) -> str:
+              by_job: dict[str, Job], cost_lines: list[str], abstention: list[str] = ()) -> str:
     ok = [x for x in rows if x["status"] == "ok"]
     failed = [x for x in rows if x["status"] != "ok"]
     sets = sorted({f"{_get(j.result, 'eval', 'path')} ({_get(j.result, 'eval', 'n_queries')} queries)"
@@ -204,6 +212,7 @@ def _markdown(rows: list[dict[str, Any]], fixed: list[str], jobs: list[Job], ima
         lines += ["", "## Accuracy per prompt", ""]
         lines += _md_table(["job", "configuration"] + [p[9:-1] for p in prompts],
                            [[x["job"], x["label"]] + [_fmt(x.get(p), 3) for p in prompts] for x in ok])
+    lines += cost_lines
     lines += baselines.section(ok, by_job)
     lines += abstention
     curve = list(dict.fromkeys(k for x in ok for k in x if k.startswith("curve[")))
@@ -233,8 +242,10 @@ def _markdown(rows: list[dict[str, Any]], fixed: list[str], jobs: list[Job], ima
               "the config's `calibration` file). `majority acc`, `TF-IDF acc`, `TF-IDF F1`: the baselines of "
               "qcls/eval/baseline.py (the fitting split's most frequent label; a character n-gram TF-IDF + "
               "logistic regression fitted on `eval.fit_on`, else cross-validated on the scored split). "
-              "`agree exact`: share of queries whose winner equals the `exact` strategy's (how: result.json "
-              "`agreement_with_exact.method`). Latency: p50/p90 ms of requests of one query and of full "
-              "batches (`engine.max_batch_size`), from the results' stage timings. Per-job details: "
+              "`forward cost`: layers run / N of the forward the heads need (the deepest read; all N without a "
+              "head, for raw scores or a calibration). `agree exact`: share of queries whose winner equals the "
+              "`exact` strategy's (how: result.json `agreement_with_exact.method`). Latency: p50/p90 ms of "
+              "requests of one query and of full batches (`engine.max_batch_size`), from the results' stage "
+              "timings. Per-job details: "
               "`<job>/result.json`, `<job>/predictions.jsonl`.", ""]
     return "\n".join(lines)

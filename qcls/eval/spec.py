@@ -18,6 +18,10 @@ class HeadSpec(BaseModel):
 
     layer: int | Literal["final", "auto"] = "auto"  # the residual stream after N layers, the final norm, or auto
     read: Literal["position", "query_mean", "both", "auto"] = "auto"
+    # how `auto` chooses the depth for the prompt set (qcls/eval/head_depth.py): one-se = the shallowest exit
+    # within one standard error of every prompt's best; best = each prompt's most accurate read, whatever it costs
+    layer_rule: Literal["one-se", "best"] = "one-se"
+    max_layer: int | None = Field(default=None, ge=1)  # no read after this many layers (nor final unless ≥ N)
     scores: bool = False  # the raw label scores as features too
     cv_folds: int = Field(default=3, ge=2)
     # the learning curve: held-out accuracy of heads fitted on this many fitting queries (and on all of them)

@@ -31,8 +31,10 @@ means no gold label for that prompt; refusals name the row (docs/evaluation.md).
   eval.path=FILE     absolute, or relative to the current directory, then to the repository root
   eval.limit=N       score the first N queries (of each split)
   eval.fit_on=FILE   also fit a per-prompt calibration on FILE and report metrics with and without it
-  eval.fit_method=head   …a learned head instead (eval.head.layer / read / scores / cv_folds are axes too),
-                     with a learning curve (eval.head.curve_sizes, curve_draws)
+  eval.fit_method=head   …a learned head instead (eval.head.layer / read / scores / cv_folds / layer_rule /
+                     max_layer are axes too), with a learning curve (eval.head.curve_sizes, curve_draws);
+                     e.g. -m eval=test eval.fit_method=head eval.head.layer=3,6,9,12,final: the report adds
+                     accuracy against forward cost (layers run / N) per prompt, Pareto front and TF-IDF
   eval.batch1_queries=N   queries also timed alone (batch 1); eval.agreement_with_exact=false skips the
                      extra exact pass that trie / first_token jobs need for winner agreement
 
@@ -48,8 +50,8 @@ backend package, a bad dataset line) is a failed job with its reason; the sweep 
 or value, or an eval.path / eval.fit_on that is not a file, stops the sweep before any job runs (exit 2).
 
 Report: at the end of every run the callback writes summary.md, summary.csv (one row per job, sorted by
-mean accuracy, failed jobs with reasons), accuracy_latency.png (Pareto front marked) and reliability.png
-(best job) into the sweep folder. `--report DIR ...` rebuilds it from jobs' result.json files (several
+mean accuracy, failed jobs with reasons), accuracy_latency.png (Pareto front marked), reliability.png
+(best job) and, where a head reads an earlier layer, accuracy_cost.png (per prompt) into the sweep folder. `--report DIR ...` rebuilds it from jobs' result.json files (several
 folders are merged; written into --out, default the first DIR).
 
 Calibration and heads: `qcls calibrate` fits a per-prompt temperature and label biases (or, with --method

@@ -100,6 +100,54 @@ def test_calibrate_head_writes_a_file_that_classifies(tiny_dirs, tmp_path, capsy
     models.release()
 
 
+def test_calibrate_head_chooses_the_depth_for_the_prompt_set(tiny_dirs, tmp_path, capsys):
+    """--layer auto on the 2-layer tiny model: candidates after layer 1 (cost 0.5) and final (1.0). The file
+    stores per candidate exit each prompt's CV accuracy, log-loss and SE, loads as before, and the rules and
+    --max-layer give the exits their definitions say."""
+    dev = head_set(tmp_path / "dev.jsonl")
+    got = {}
+    for name, extra in (("one-se", []), ("best", ["--layer-rule", "best"]), ("max1", ["--max-layer", "1"])):
+        out = tmp_path / f"{name}.yaml"
+        assert main(["--eval", str(dev), "--method", "head", "--read", "position", "--json", "--out", str(out), *extra,
+                     *tiny(tiny_dirs["qwen3"])]) == 0
+        res = json.loads(capsys.readouterr().out)
+        head = load_head(out)  # a valid head file, loaded as before
+        got[name] = head.meta["depth"]
+        assert res["depth"] == got[name] and set(head.prompts) == {"category", "audience"}
+    d = got["one-se"]
+    assert d["rule"] == "one-se" and d["num_layers"] == 2
+    assert [(r["exit_layer"], r["layers_run"], r["forward_cost"]) for r in d["candidates"]] == [(1, 1, 0.5),
+                                                                                               ("final", 2, 1.0)]
+    for row in d["candidates"]:
+        for p in ("category", "audience"):
+            v = row["prompts"][p]
+            assert set(v) == {"read", "cv_accuracy", "cv_log_loss", "cv_log_loss_se", "within_one_se"}
+            assert 0 <= v["cv_accuracy"] <= 1 and v["cv_log_loss"] > 0 and v["cv_log_loss_se"] >= 0
+    # the stored table decides as the rule says: the first exit where every prompt is within one SE
+    assert d["exit_layer"] == next(r["exit_layer"] for r in d["candidates"] if r["all_within_one_se"])
+    # best: each prompt's lowest CV log-loss over both reads; the exit is the deepest of them
+    final = d["candidates"][-1]["prompts"]
+    assert got["best"]["exit_layer"] == ("final" if any(v["read"] == "position@final" for v in final.values())
+                                         else 1) == d["most_accurate"]["exit_layer"]
+    m = got["max1"]
+    assert m["max_layer"] == 1 and m["exit_layer"] == 1 and [r["exit_layer"] for r in m["candidates"]] == [1]
+    assert main(["--eval", str(dev), "--method", "head", "--layer", "final", "--max-layer", "1",
+                 *tiny(tiny_dirs["qwen3"])]) == 2
+    assert "max layer 1: the reads asked for (layer final) all lie deeper" in capsys.readouterr().err
+    models.release()
+
+
+def test_calibrate_head_prints_the_depth_table(tiny_dirs, tmp_path, capsys):
+    dev = head_set(tmp_path / "dev.jsonl")
+    assert main(["--eval", str(dev), "--method", "head", "--read", "position", "--out", str(tmp_path / "h.yaml"),
+                 *tiny(tiny_dirs["qwen3"])]) == 0
+    text = capsys.readouterr().out
+    assert "depth (rule one-se): exit after" in text and "of 2 layers" in text
+    assert "category: read, acc, log-loss ± SE" in text and "1 (1/2)" in text and "final (2/2)" in text
+    assert sum(line.lstrip().startswith("→") for line in text.splitlines()) == 1
+    models.release()
+
+
 def test_calibrate_head_refuses_a_thin_split_before_loading(tmp_path, capsys):
     thin = write_set(tmp_path / "thin.jsonl", FIT10)  # category 'none' never occurs there
     assert main(["--eval", str(thin), "--method", "head", "prompts=default"]) == 2
@@ -128,6 +176,9 @@ def test_sweep_fits_a_head_per_job_with_a_learning_curve(tiny_dirs, tmp_path):
         curve = block["learning_curve"]
         assert curve["sizes"] == ["10", "20", "all"] and len(curve["per_prompt"]["audience"]["10"]) == 2
         assert block["heads"]["audience"]["read"]["layer"] == (1 if job == "0" else "final")
+        # the forward the head needs: 1 of the tiny model's 2 layers, or all of them for the final read
+        assert r["forward"]["forward_cost"] == (0.5 if job == "0" else 1.0) and r["forward"]["num_layers"] == 2
+        assert block["depth"]["exit_layer"] == (1 if job == "0" else "final")
         head_file = out / job / "head.yaml"
         clf = Classifier(compose([*tiny(tiny_dirs["qwen3"]), f"calibration={head_file}"]))
         rows = read_jsonl(out / job / "predictions.jsonl")
@@ -138,4 +189,9 @@ def test_sweep_fits_a_head_per_job_with_a_learning_curve(tiny_dirs, tmp_path):
                 assert max(abs(s.prob - want[s.label]) for s in p.labels) < 1e-4
     summary = (out / "summary.md").read_text()
     assert "## Learning curve" in summary and (out / "learning_curve.png").is_file()
+    # the head's layer as a sweep axis: per prompt accuracy against forward cost, beside TF-IDF
+    cost = summary.split("## Accuracy against forward cost")[1].split("\n## ")[0]
+    assert "### category" in cost and "### audience" in cost and "TF-IDF + LR (no LLM)" in cost
+    assert "@1 | 1/2 | 0.500 |" in cost and "| position@final | 2/2 | 1.000 |" in cost
+    assert (out / "accuracy_cost.png").is_file() and "forward cost" in summary.split("## Accuracy per prompt")[0]
     models.release()
