@@ -62,7 +62,11 @@ def assert_same(served, local: QueryResult) -> None:
         assert sp["label"] == rp["label"], (s["query"], sp["prompt"])
         assert sp["prob"] == pytest.approx(rp["prob"], **TOL)
         assert [lab["label"] for lab in sp["labels"]] == [lab["label"] for lab in rp["labels"]]
-        assert [lab["score"] for lab in sp["labels"]] == pytest.approx([lab["score"] for lab in rp["labels"]], **TOL)
+        scores = [lab["score"] for lab in rp["labels"]]
+        if None in scores:  # the forward stopped at the heads' layer: no label scores, on either side
+            assert [lab["score"] for lab in sp["labels"]] == scores
+        else:
+            assert [lab["score"] for lab in sp["labels"]] == pytest.approx(scores, **TOL)
         assert [lab["prob"] for lab in sp["labels"]] == pytest.approx([lab["prob"] for lab in rp["labels"]], **TOL)
         assert [lab["tokens"] for lab in sp["labels"]] == [lab["tokens"] for lab in rp["labels"]]
 

@@ -88,7 +88,9 @@ def test_the_documented_cluster_config_is_a_valid_serve_config_for_the_builder()
 
     from qcls.deployments.app import deployment_options
 
-    [block] = [b for b in re.findall(r"```yaml\n(.*?)```", docs_serving(), re.S) if "build_app" in b]
+    # the cluster config (the reload example beside it is checked by the reload tests)
+    [block] = [b for b in re.findall(r"```yaml\n(.*?)```", docs_serving(), re.S)
+               if "build_app" in b and "user_config" not in b]
     [app] = ServeDeploySchema.model_validate(yaml.safe_load(block)).applications
     assert app.import_path == "qcls.deployments.app:build_app"
     opts = deployment_options(compose(app.args["overrides"]))
