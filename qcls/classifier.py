@@ -1,7 +1,6 @@
 """config → Classifier (load, prompts, prefix cache, graphs, warm-up) → classify(queries) → results."""
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -19,13 +18,13 @@ from qcls.engine.engine import FastEngine
 from qcls.errors import ConfigError
 from qcls.engine.layout import PromptLayout
 from qcls.heads import startup as heads
-from qcls.heads import thresholds
 from qcls.heads.depth import Depth, plan_depth
 from qcls.heads.fingerprint import num_layers
 from qcls.heads.head import Tap
 from qcls.progress import step, step_note, warn
 from qcls.result_cache import ResultCache
-from qcls.results import STAGES, LabelScore, PromptResult, QueryResult
+from qcls.result_builder import ResultBuilder, check_finite
+from qcls.results import STAGES, QueryResult
 from qcls.scoring.reference import ReferenceEngine
 from qcls.scoring.strategies import get_strategy
 from qcls.scoring.tokenization import QueryEncoder, QueryError, encode_query
@@ -91,9 +90,9 @@ class Classifier:
         self.cache = ResultCache(cfg.engine.result_cache_entries)
         torch.manual_seed(cfg.seed)
         self._headed = [self.head is not None and n in self.head.prompts for n in self.prompt_names]
-        # what _build reads per prompt, looked up once here rather than per prompt of every result
-        self._result_plan = [(lay.tokens.name, lay.tokens.labels, lay.label_token_counts, h)
-                             for lay, h in zip(self.layouts, self._headed)]
+        # what building a result reads per prompt, looked up once here rather than per prompt of every result
+        self._build = ResultBuilder([(lay.tokens.name, lay.tokens.labels, lay.label_token_counts, h)
+                                     for lay, h in zip(self.layouts, self._headed)], self.depth.scores, self.head).build
         with step(f"building the {cfg.engine.kind} engine", self.startup_s, "engine"):
             self.engine = self._build_engine()
         self.notes = cal_notes + list(loaded.notes) + list(getattr(self.engine, "notes", []))
@@ -198,7 +197,7 @@ class Classifier:
             second = self.start([WARMUP_QUERY] * b)  # host slot and device event gets its first use here
             self.finish(first)
             done = self.finish(second)
-            _check_finite(done[0], self.loaded.dtype)
+            check_finite(done[0], self.loaded.dtype)
             t = done[0].timings_ms
             self.device_ms[b] = t["forward"] + t["score"]
 
@@ -323,53 +322,3 @@ class Classifier:
             for k, (i, _, _) in enumerate(chunk):
                 states[i] = st[:, k * n_p:(k + 1) * n_p]
         return results, states
-
-    def _build(self, scores: list[list[float]], heads_: list[list[float]], probs_: list[list[float]] | None = None,
-               hprobs_: list[list[float]] | None = None) -> list[PromptResult]:
-        """Per prompt: probabilities (softmax in float64: the fast engine's from the device, engine/probs.py, else
-        computed here) and winner; with a head (or calibration) the probabilities and the winner are the head's,
-        and the raw winner and raw probabilities are kept beside them."""
-        out = []
-        append = out.append
-        if probs_ is None:
-            probs_, hprobs_ = [_softmax(v) for v in scores], [_softmax(v) for v in heads_]
-        for (name, names, counts, headed), vals, hvals, probs, hprobs in zip(self._result_plan, scores, heads_, probs_,
-                                                                             hprobs_):
-            if not self.depth.scores:  # the forward stopped at the heads' layer: no label scores, no raw winner
-                hbest = _argmax(hvals, max(hvals))
-                append(PromptResult(name, names[hbest], hprobs[hbest],
-                                    [LabelScore(n, None, p, c, None, h) for n, p, c, h in zip(names, hprobs, counts, hvals)]))
-                continue
-            best = _argmax(vals, max(vals))
-            if not headed:  # no head, or none for this prompt: the LLM's own label scores
-                append(PromptResult(name, names[best], probs[best], list(map(LabelScore, names, vals, probs, counts))))
-                continue
-            hbest = _argmax(hvals, max(hvals))
-            append(PromptResult(name, names[hbest], hprobs[hbest],
-                                list(map(LabelScore, names, vals, hprobs, counts, probs, hvals)), names[best],
-                                probs[best]))
-        thresholds.apply(out, self.head)  # read from the served head each time: a reloaded file's thresholds hold
-        return out
-
-
-def _check_finite(result: QueryResult, dtype: torch.dtype) -> None:
-    """Scores that are not finite at warm-up come from the weights and dtype, not the query: refuse to start
-    rather than serve NaN. (fp16 overflows where a model's residual stream exceeds 65504, as gemma-3-270m's
-    does at ~1e5.)"""
-    bad = [p.prompt for p in result.prompts
-           if not all(math.isfinite(x.score if x.score is not None else x.head_score) for x in p.labels)]
-    if bad:
-        raise ConfigError(f"the warm-up query's scores are not finite under prompts {bad} in {dtype}: the "
-                          "model's activations overflow that dtype", "backend.dtype=float32")
-
-
-def _argmax(vals: list[float], top: float) -> int:
-    """The first index of the largest value (max over indices by value, as before: a NaN compares as it did)."""
-    return vals.index(top) if top == top else max(range(len(vals)), key=vals.__getitem__)
-
-
-def _softmax(vals: list[float]) -> list[float]:
-    top = max(vals)
-    exps = [math.exp(v - top) for v in vals]
-    z = sum(exps)  # each term ≤ 1 and one is exactly 1: plain float64 summation loses nothing that shows
-    return [e / z for e in exps]
