@@ -158,7 +158,9 @@ def groups_text() -> str:
     groups = ", ".join(f"{g} ({', '.join(group_options(g))})" for g in
                        ("model", "prompts", "backend", "scoring", "engine", "serve", "gpu", "eval"))
     return textwrap.fill(f"config groups: {groups}; keys such as force_single_token_labels=true, "
-                         "max_query_tokens=N, cache_dir=DIR. See README.md.", 110)
+                         "max_query_tokens=N, cache_dir=DIR, engine.layer_exit=false (every layer runs and the LLM's "
+                         "own scores show beside a head's; by default the forward stops at the deepest layer the heads "
+                         "read). See README.md.", 110)
 
 
 def build_parser() -> argparse.ArgumentParser:
