@@ -59,7 +59,9 @@ def test_own_prompts_labelled_csv_head_and_learning_curve(tiny_dirs, tmp_path, m
     assert (tmp_path / "head.yaml").is_file() and (tmp_path / "head.safetensors").is_file()
     clf = Classifier(compose([*base, "calibration=head.yaml"], config_dir=conf))  # 4. classify with the head
     r = clf.classify(["red sundress for her 1"])[0]
-    assert r.meta["heads"]["with_head"] == ["kind", "who"] and all(p.raw_label is not None for p in r.prompts)
+    assert r.meta["heads"]["with_head"] == ["kind", "who"]
+    # both heads read layer 1 of 2: the forward stops there, so no label scores and no raw winner
+    assert r.meta["layers"]["layers"] == 1 and all(p.raw_label is None for p in r.prompts)
     assert main([*cd, "classify", *base, "calibration=head.yaml", "blue zip hoodie mens"]) == 0
     del clf
     out = tmp_path / "curve"  # 5. the learning curve on the held-out CSV, beside the baselines
