@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -111,33 +111,33 @@ class Classifier:
     def _plan_depth(self, model_config) -> Depth:
         total = num_layers(model_config) if model_config is not None else 0
         depth = plan_depth(total, self.head, self.prompt_names, enabled=self.cfg.engine.layer_exit,
-                           engine=self.cfg.engine.kind, taps=self.taps)
+                           engine=self.cfg.engine.kind, taps=self.taps, default_head=self.heads.default)
         return depth  # without a config (no head reads states) it is the whole depth, counted once loaded
 
     def _load(self, backend) -> LoadedModel:
         d = self.depth
-        what = f"the first {d.layers} of {d.total} layers of " if d.stops_early else ""
+        what = f"the first {d.loads} of {d.total} layers of " if d.loads_part else ""
         with step(f"loading {what}{self.cfg.model.name} with backend {backend.name}", self.startup_s, "load"):
-            return backend.load(self.cfg, d.layers if d.stops_early else None)
+            return backend.load(self.cfg, d.loads_part)
 
     def _settle_depth(self, loaded: LoadedModel, backend, given: bool) -> LoadedModel:
         """The depth again with the model in hand (a default head dropped by the weights check needs every layer);
         weights given by the caller (`loaded`) with fewer layers than this configuration reads are refused."""
         depth = self._plan_depth(loaded.source_config)
-        if depth.layers > loaded.layers:
+        if (depth.layers if given else depth.loads) > loaded.layers:
             if given:
                 raise ConfigError(f"this configuration reads {depth.layers} of the model's {depth.total} decoder "
                                   f"layers ({depth.reason}), but only the first {loaded.layers} are loaded",
                                   "start a new deployment (or Classifier) for it: the weights it needs were not "
                                   "loaded; to change prompts and heads freely on a running server, start it with "
-                                  "engine.layer_exit=false (every layer loaded)")
-            warn(f"loading {self.cfg.model.name} again with {depth.layers} layers: {depth.reason}")
+                                  "engine.layer_exit=false or with the model's default head (every layer loaded)")
+            warn(f"loading {self.cfg.model.name} again with {depth.loads} layers: {depth.reason}")
             self.depth = depth
             loaded = self._load(backend)
         if depth.scores != self.depth.scores:
             self.depth = depth
             self.layouts = self._prepare_prompts()
-        self.depth = depth
+        self.depth = replace(depth, loaded=loaded.layers)  # what is loaded, whoever loaded it
         return loaded
 
     def _check_head(self, check, against) -> None:

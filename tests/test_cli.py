@@ -46,6 +46,7 @@ def test_classify_json_and_bad_query(demo_cfg_overrides):
     # the demo's heads read middle layers: the forward stops there and no label scores are computed
     layers = good["meta"]["layers"]
     assert layers["layers"] < layers["of"] and not layers["label_scores"] and "prompt '" in layers["why"]
+    assert layers["loaded"] == layers["of"]  # the model's default head: every layer loaded, the forward stops early
     assert all(lab["score"] is None and lab["head_score"] is not None for lab in cat["labels"])
     assert set(good["timings_ms"]) == {"tokenize", "prepare", "forward", "score", "postprocess", "total"}
     assert literal["ok"]  # after `--`, key=value is a query

@@ -184,13 +184,13 @@ def build(cfg: QclsConfig, query_tokens: int = 8) -> CheckReport:
                       cfg.engine.kind, cfg.backend.name, None if budget is None else _gib(budget))
     rep.head, head = head_check(cfg, mc, rep.problems)
     depth = plan_depth(num_layers(mc), head, [p.name for p in cfg.prompts], enabled=cfg.engine.layer_exit,
-                       engine=cfg.engine.kind)
+                       engine=cfg.engine.kind, default_head=bool(rep.head and rep.head["default"]))
     rep.depth = depth.as_dict()
     layouts, rep.prompts, problems = prompt_checks(cfg, tokenizer, depth.scores)
     rep.problems = problems + rep.problems
     if layouts:
         rep.prefix_pool_tokens, rep.forward = forward_tokens(cfg, layouts, query_tokens)
-    rep.backends, refusal = backend_fits(cfg, mc, depth.layers if depth.stops_early else None)
+    rep.backends, refusal = backend_fits(cfg, mc, depth.loads_part)
     if refusal:
         rep.problems.append(refusal)
     if cfg.backend.name in BACKENDS and not memory.applies(cfg.backend.name, mc):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from qcls.check.report import BackendFit, CheckReport, PromptCheck
+from qcls.heads.depth import Depth
 
 
 def _prompt(p: PromptCheck) -> list[str]:
@@ -48,8 +49,7 @@ def format_report(rep: CheckReport) -> str:
         out += [*[f"  note: {n}" for n in rep.head["notes"]], ""]
     if rep.depth:
         d = rep.depth
-        out += [f"forward: {d['layers']} of {d['of']} decoder layers ({d['why']})"
-                + ("; only those layers are loaded, no label scores" if d["layers"] < d["of"] else ""), ""]
+        out += [Depth(d["layers"], d["of"], d["why"], d["loaded"]).line(), ""]
     budget = f"{rep.budget_gib:.2f} GiB" if rep.budget_gib is not None else \
         "none (no GPU here: set gpu=t4 or gpu_memory_gib=N)"
     out.append(f"GPU memory estimate per backend (from the model config; budget {budget}):")

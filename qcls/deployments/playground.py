@@ -110,9 +110,9 @@ def depth_problem(clf, new: QclsConfig) -> str | None:
     if depth.layers <= clf.loaded.layers:
         return None
     return (f"these prompts need {depth.layers} of the model's {depth.total} decoder layers ({depth.reason}), but "
-            f"this replica loaded the first {clf.loaded.layers} only (its head's layer: docs/design.md §11); deploy "
-            "it anew, e.g. with calibration=null (every prompt on the LLM's own label scores) or a head fitted for "
-            "these prompts")
+            f"this replica loaded the first {clf.loaded.layers} only (the layer of the head file it was started with: "
+            "docs/design.md §11); deploy it anew without naming that file (the model's default head loads every "
+            "layer) or with engine.layer_exit=false, or fit a head for these prompts")
 
 
 async def reload_to(svc: "QclsDeployment", cfg: QclsConfig) -> dict[str, Any]:

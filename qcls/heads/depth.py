@@ -3,7 +3,9 @@
 A prompt whose answer comes from a head that reads the residual stream after layer L needs layers 1…L and
 nothing after them: not the later layers, not the final norm, not the LM head's label rows. When every prompt
 is answered so, the forward stops after the deepest layer any of them reads, only those layers are loaded, and
-no label scores are computed (results carry no raw scores). Anything that needs the LLM's own label scores or
+no label scores are computed (results carry no raw scores). The model's default head is the exception to the
+loading (not to the forward): a choice the user did not make must not limit what a reload or a playground edit
+may ask later, so every layer is loaded; naming the head file (calibration=…) loads only the layers it reads. Anything that needs the LLM's own label scores or
 the final state (a prompt without a head, a head that reads scores or the final norm's output, a calibration,
 the reference engine, engine.layer_exit=false) keeps the whole depth, and the plan says which prompt forced it.
 """
@@ -19,6 +21,7 @@ class Depth:
     layers: int  # decoder layers the forward runs (and the backend loads)
     total: int  # the model's decoder layers
     reason: str  # one line: why this depth
+    loaded: int = 0  # decoder layers loaded, when more than the forward runs (0: as many as it runs)
 
     @property
     def stops_early(self) -> bool:
@@ -29,17 +32,34 @@ class Depth:
     def scores(self) -> bool:
         return not self.stops_early
 
+    @property
+    def loads(self) -> int:
+        return max(self.loaded, self.layers)
+
+    @property
+    def loads_part(self) -> int | None:
+        """The layers a backend loads (None: every one)."""
+        return self.loads if self.loads < self.total else None
+
     def line(self) -> str:
-        return f"forward: {self.layers} of {self.total} decoder layers ({self.reason})"
+        s = f"forward: {self.layers} of {self.total} decoder layers ({self.reason})"
+        if not self.stops_early:
+            return s
+        if self.loads < self.total:
+            return s + "; only those layers are loaded, no label scores"
+        return s + (f"; no label scores; all {self.total} layers loaded, since the head is the model's default "
+                    f"(name its file, calibration=PATH, to load only {self.layers})")
 
     def as_dict(self) -> dict:
-        return {"layers": self.layers, "of": self.total, "label_scores": self.scores, "why": self.reason}
+        return {"layers": self.layers, "of": self.total, "loaded": self.loads, "label_scores": self.scores,
+                "why": self.reason}
 
 
 def plan_depth(total: int, head: Head | None, prompts: list[str], *, enabled: bool = True, engine: str = "fast",
-               taps: list[Tap] = ()) -> Depth:
+               taps: list[Tap] = (), default_head: bool = False) -> Depth:
     """The depth for these prompts (in config order) under `head` (None: raw scores everywhere); `taps`: hidden
-    states kept besides the heads' (fitting), which the forward must reach too."""
+    states kept besides the heads' (fitting), which the forward must reach too; `default_head`: the head is the
+    model's default, not one the user named (every layer is loaded)."""
     def full(why: str) -> Depth:
         return Depth(total, total, why)
 
@@ -66,4 +86,5 @@ def plan_depth(total: int, head: Head | None, prompts: list[str], *, enabled: bo
     if deepest >= total:  # a head for a deeper model: refused by the head checks with the numbers
         return full(f"a head reads layer {deepest} of {total}")
     return Depth(deepest, total, f"every prompt's answer comes from a head; the deepest reads layer {deepest}"
-                 + (f" (prompt '{by}')" if by else " (hidden states kept for fitting)"))
+                 + (f" (prompt '{by}')" if by else " (hidden states kept for fitting)"),
+                 loaded=total if default_head else 0)

@@ -68,7 +68,7 @@ def test_exit_loads_and_runs_only_the_heads_layers(tiny_dirs, tmp_path, family, 
     for b in (1, 4, 2, 3):
         assert_same_probs(on, off, QUERIES[:b])
     r = on.classify(QUERIES[:1])[0]
-    assert r.meta["layers"] == {"layers": read.layer, "of": total, "label_scores": False,
+    assert r.meta["layers"] == {"layers": read.layer, "of": total, "loaded": read.layer, "label_scores": False,
                                 "why": on.depth.reason} and "prompt 'audience'" in on.depth.reason
     for p in r.prompts:  # no raw scores: the final norm and the LM-head rows never ran
         assert p.raw_label is None and p.raw_prob is None and all(s.score is None for s in p.labels)
@@ -150,7 +150,8 @@ def test_gpu_exit_keeps_graphs_and_allocates_nothing_per_request(tiny_dirs, tmp_
 @pytest.mark.parametrize("model", ["gemma3_demo", "smollm2_demo"])
 def test_demo_models_with_their_heads_stop_at_the_heads_layer(model, demo_cfg_overrides):
     """Real weights and the shipped heads (fitted with the whole depth): the same probabilities with the exit on as
-    off (fp32, ≤ 1e-5), from a model of which only the read layers were loaded."""
+    off (fp32, ≤ 1e-5). The model's default head stops the forward but loads every layer (a choice the user did not
+    make must not refuse a later reload); the same file named as calibration=… loads only the read layers."""
     from qcls.compose import compose
     if model == "gemma3_demo":
         from tests.conftest import skip_without_gemma3_demo
@@ -158,12 +159,18 @@ def test_demo_models_with_their_heads_stop_at_the_heads_layer(model, demo_cfg_ov
     over = [o for o in demo_cfg_overrides if not o.startswith("model=")] + [f"model={model}"]
     on = Classifier(compose(over))
     off = Classifier(compose(over + ["engine.layer_exit=false"]))
+    named = Classifier(compose(over + [f"calibration={on.head_path}"]))
     reads = {ph.read.layer for ph in on.head.prompts.values()}
-    assert on.depth.layers == max(reads) < on.depth.total == off.depth.layers
-    assert len(on.loaded.model.model.layers) == on.depth.layers
-    assert n_params(on.loaded.model) < n_params(off.loaded.model)
-    assert weights_fingerprint(on.loaded.model) == weights_fingerprint(off.loaded.model)
-    assert_same_probs(on, off, ["mens slim fit jeans", "夏季女士碎花连衣裙", "boys hoodie", "red knit dress"])
+    assert on.heads.default and not named.heads.default
+    assert on.depth.layers == named.depth.layers == max(reads) < on.depth.total == off.depth.layers
+    assert len(on.loaded.model.model.layers) == on.depth.loads == on.depth.total
+    assert len(named.loaded.model.model.layers) == named.depth.loads == named.depth.layers
+    assert "all 18 layers loaded" in on.depth.line() or model != "gemma3_demo"
+    assert n_params(named.loaded.model) < n_params(on.loaded.model) == n_params(off.loaded.model)
+    assert weights_fingerprint(named.loaded.model) == weights_fingerprint(off.loaded.model)
+    qs = ["mens slim fit jeans", "夏季女士碎花连衣裙", "boys hoodie", "red knit dress"]
+    assert_same_probs(on, off, qs)
+    assert_same_probs(named, off, qs)
 
 
 @pytest.mark.parametrize("backend,options", [("fp16-offload", {"offload_layers": "true", "gpu_layers": 0}),

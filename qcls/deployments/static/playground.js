@@ -144,9 +144,9 @@ async function loadPrompts() {
   $("forward").textContent = "Tokens per forward (queries of " + data.forward[0].query_tokens + " tokens): " +
     data.forward.map((f) => `batch ${f.batch}: ${f.tokens} tokens, T4 ≈ ${f.t4_ms} ms`).join("; ") +
     `; prefix pool ${data.prefix_pool_tokens} tokens (computed once). T4: ${data.t4_model}.` +
-    (data.depth.layers < data.depth.of ? ` The forward stops at the heads' layer (${data.depth.layers} of ` +
+    (data.depth.loaded < data.depth.of ? ` Only the heads' layers are loaded (${data.depth.loaded} of ` +
      `${data.depth.of}): an edit that leaves a prompt without its head needs every layer and is refused here; ` +
-     "serve with calibration=null to edit freely." : "");
+     "serve without naming the head file (or with engine.layer_exit=false) to edit freely." : "");
   $("prompts").replaceChildren(...data.prompts.map((p, i) => promptEditor(p, i)));
 }
 
