@@ -20,6 +20,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -182,8 +183,11 @@ class Reloader:
                 return self._settle(gen, "refused", old, why)
             if gen != self._generation:
                 return
+            replaced = weakref.ref(old)
+            del old
             self._swap(new)
             self._settle(gen, "serving", new, None)
+            _free_when_replaced(replaced, new)
 
     def _settle(self, gen: int, status: str, clf: "Classifier", detail: str | None, changed: bool = True) -> None:
         with self._lock:
@@ -204,6 +208,23 @@ class Reloader:
 
 class RefusedReload(QclsError):
     """A reload that a running deployment cannot apply."""
+
+
+def _free_when_replaced(replaced: "weakref.ref[Classifier]", new: "Classifier", wait_s: float = 10.0) -> None:
+    """Once the queries queued on the replaced Classifier are answered, nothing holds it: give its memory (K/V
+    buffers, prefix cache, graph pools) back to the device, so that the next build reuses it instead of adding
+    to it (CUDA graph pools are only released by empty_cache, not handed to other allocations)."""
+    deadline = time.monotonic() + wait_s
+    while replaced() is not None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if replaced() is not None:
+        import gc
+        gc.collect()
+    if replaced() is not None:
+        log.warning("reload: the replaced configuration is still referenced %.0f s after the swap; its device "
+                    "memory stays allocated", wait_s)
+        return
+    _free_device_memory(new)
 
 
 def _free_device_memory(clf: "Classifier") -> None:

@@ -118,3 +118,46 @@ def test_a_bad_or_weight_changing_reload_is_refused_and_the_old_one_keeps_servin
     r.request({"overrides": [], "id": "back"})  # a roll-back to what serves: nothing built, the refusal still shown
     st = _wait(r)
     assert st.status == "serving" and st.request_id == "back" and "layer 20" in st.last_refusal
+
+
+def test_a_swapped_out_classifier_is_freed_once_its_queries_are_answered(tiny_dirs):
+    """The old configuration's engine (K/V buffers, prefix cache, graphs) must not outlive the swap: once the
+    queries queued on it are answered, nothing holds the old Classifier, and a reload's build after it reuses
+    its memory instead of adding to it."""
+    import asyncio
+    import gc
+    import weakref
+
+    from qcls.classifier import Classifier
+    from qcls.deployments.worker import EngineWorker, Pending
+    from tests.conftest import prompt, tiny_cfg
+
+    cfg = tiny_cfg(tiny_dirs["qwen3"], [prompt("category", ["shoe", "shirt"]), prompt("audience", ["men", "women"])])
+    first = Classifier(cfg)
+    worker, active = EngineWorker(first), [first]
+
+    def swap(clf):
+        worker.swap(clf)
+        active[0] = clf
+
+    r = Reloader(lambda: active[0], swap, {"overrides": []})
+    dump = cfg.model_dump(mode="json", exclude={"serve"})
+    r.request({"config": dump})  # Serve's call at start-up: what serves already
+    gone = weakref.ref(first)
+
+    async def answer(queries):
+        return [await f for f in worker.submit([Pending(q, 0.0) for q in queries])]
+
+    try:
+        assert all(x.ok for x in asyncio.run(answer(["red dress", "boots"])))
+        del first
+        for k in (1, 2):  # two reloads: each frees the one it replaced
+            r.request({"config": {**dump, "prompts": [{**p, "name": f"{p['name']}_v{k}"} for p in dump["prompts"]]}})
+            st = _wait(r)
+            assert st.status == "serving" and st.prompts == [f"category_v{k}", f"audience_v{k}"], st.detail
+            out = asyncio.run(answer(["red dress"]))
+            assert out[0].ok and [p.prompt for p in out[0].prompts] == st.prompts
+            assert gone() is None, gc.get_referrers(gone())  # freed by the reload itself, without a collection
+            gone = weakref.ref(active[0])
+    finally:
+        worker.close()
