@@ -96,6 +96,11 @@ mode_serving() {  # bench/load.py: engine, handle, HTTP (with a base: HTTP at 8 
     fi
 }
 
+mode_ops() {  # bench/load.py: three reloads under HTTP load at 8 clients for 60 s; a Zipf stream, cache on then off
+    step 160 ops-reload python bench/load.py "${APP[@]}" --reloads 3 --seconds 60
+    step 140 ops-zipf python bench/load.py "${APP[@]}" --zipf --seconds 20
+}
+
 mode_replicas() {  # N replicas against one (N ≤ the GPUs), then one replica killed under load (2 GPUs or more)
     local ns=1
     [ "$GPUS" -ge 2 ] && ns=1,2
