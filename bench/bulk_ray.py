@@ -7,7 +7,6 @@ them sorted by query hash. --kill N runs N actors again and SIGKILLs one --kill-
 every input row must come out exactly once with the clean run's labels.
 
     QCLS_BENCH_COMMIT=<sha> PYTHONPATH=. python bench/bulk_ray.py --actors 1 2 4 --kill 4   # GPU host
-    python bench/bulk_ray.py --model tiny --rows 20000 --actors 2 --kill 2 --kill-after-s 0.5 --no-append  # CPU smoke
 """
 from __future__ import annotations
 

@@ -91,7 +91,7 @@ mode_serving() {  # bench/load.py: engine, handle, HTTP (with a base: HTTP at 8 
 
 mode_ops() {  # bench/load.py: 3 reloads under HTTP load (8 clients, 60 s); a Zipf stream, cache on then off
     step "$(size 80 160)" ops-reload python bench/load.py "${APP[@]}" --reloads "$(size 1 3)" --seconds "$(size 10 60)"
-    [ -z "$QUICK" ] && step 140 ops-zipf python bench/load.py "${APP[@]}" --zipf --seconds 20
+    if [ -z "$QUICK" ]; then step 140 ops-zipf python bench/load.py "${APP[@]}" --zipf --seconds 20; fi
 }
 
 mode_replicas() {  # N replicas against one (N ≤ the GPUs), then one replica killed under load (2 GPUs or more)
@@ -99,8 +99,9 @@ mode_replicas() {  # N replicas against one (N ≤ the GPUs), then one replica k
     [ "$GPUS" -ge 2 ] && ns=1,2
     [ "$GPUS" -ge 4 ] && ns=1,2,4
     if [ -n "$QUICK" ] && [ "$GPUS" -lt 2 ]; then echo "== replicas: one GPU, nothing beyond serving's run"; return; fi
-    step 300 replicas python bench/replicas.py "${APP[@]}" --replicas "$ns" --seconds 5
-    [ "$GPUS" -ge 2 ] && step 200 replica-loss python bench/replica_loss.py "${APP[@]}" serve.num_replicas=2
+    # each N's run at most 150 s: 1, 2 and 4 replicas and the loss fit one 10-minute call on a 4-GPU machine
+    step "$(size 300 360)" replicas python bench/replicas.py "${APP[@]}" --replicas "$ns" --seconds 5 --run-timeout-s 150
+    [ "$GPUS" -ge 2 ] && step 180 replica-loss python bench/replica_loss.py "${APP[@]}" serve.num_replicas=2
 }
 
 mode_bulk() {  # bench/bulk.py (engine against `qcls bulk`); on several GPUs bench/bulk_ray.py, one actor killed
