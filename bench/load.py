@@ -190,10 +190,10 @@ def ops_table(stats: list[dict]) -> str:
         if s.get("swaps"):
             lines += [f"Reloads during {s['path']} c={s['concurrency']}: {s['errors']} failed requests of "
                       f"{s['requests']}; p99 outside the swap windows {s['p99_outside']:.2f} ms", "",
-                      "| reload | to | exit | command s | to the new fingerprint s | requests in the window | p99 ms | GPU MiB "
-                      "before → peak |", "|---" * 8 + "|"]
-            lines += [f"| {k + 1} | {w['prompts']} | {w['exit']} | {w['command_s']:.2f} | {w['to_new_s']:.2f} | {w['requests']} | "
-                      f"{w['p99']:.2f} | {w['mib']} |" for k, w in enumerate(s["swaps"])]
+                      "| reload | to | exit | command s | to the new fingerprint s | requests in the window | p99 ms "
+                      "| GPU MiB before → peak |", "|---" * 8 + "|"]
+            lines += [f"| {k + 1} | {w['prompts']} | {w['exit']} | {w['command_s']:.2f} | {w['to_new_s']:.2f} | "
+                      f"{w['requests']} | {w['p99']:.2f} | {w['mib']} |" for k, w in enumerate(s["swaps"])]
     return "\n".join(lines) + "\n" if lines else ""
 
 
