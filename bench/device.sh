@@ -90,8 +90,8 @@ mode_serving() {  # bench/load.py: engine, handle, HTTP (with a base: HTTP at 8 
 }
 
 mode_ops() {  # bench/load.py: 3 reloads under HTTP load (8 clients, 60 s); a Zipf stream, cache on then off
-    step "$(size 80 160)" ops-reload python bench/load.py "${APP[@]}" --reloads "$(size 1 3)" --seconds "$(size 10 60)"
-    if [ -z "$QUICK" ]; then step 140 ops-zipf python bench/load.py "${APP[@]}" --zipf --seconds 20; fi
+    step "$(size 80 185)" ops-reload python bench/load.py "${APP[@]}" --reloads "$(size 1 3)" --seconds "$(size 10 60)"
+    if [ -z "$QUICK" ]; then step 115 ops-zipf python bench/load.py "${APP[@]}" --zipf --seconds 15; fi
 }
 
 mode_replicas() {  # N replicas against one (N ≤ the GPUs), then one replica killed under load (2 GPUs or more)
