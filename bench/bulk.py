@@ -7,7 +7,6 @@ batches in flight) against `qcls bulk` single-process on the whole log with that
 engine), and a T4 projection. Ray Data over one or several actors: bench/bulk_ray.py.
 
     QCLS_BENCH_COMMIT=<sha> PYTHONPATH=. python bench/bulk.py                     # GPU: appends to RESULTS.md
-    PYTHONPATH=. python bench/bulk.py --model tiny --rows 2000 --batch-sizes 4 --no-append   # CPU smoke
 """
 from __future__ import annotations
 

@@ -7,16 +7,13 @@ them sorted by query hash. --kill N runs N actors again and SIGKILLs one --kill-
 every input row must come out exactly once with the clean run's labels.
 
     QCLS_BENCH_COMMIT=<sha> PYTHONPATH=. python bench/bulk_ray.py --actors 1 2 4 --kill 4   # GPU host
-    python bench/bulk_ray.py --model tiny --rows 20000 --actors 2 --kill 2 --kill-after-s 0.5 --no-append  # CPU smoke
 """
 from __future__ import annotations
 
 import json
 import os
 import signal
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -27,38 +24,6 @@ from bench import common as C  # noqa: E402
 from bench.querylog import log_in  # noqa: E402
 from qcls.bulk import ray_runner  # noqa: E402
 from qcls.bulk.options import BulkOptions  # noqa: E402
-
-
-class GpuSampler:
-    """nvidia-smi's utilization.gpu per GPU index, every `every` seconds, with the host's clock."""
-
-    def __init__(self, every: float = 0.5):
-        self.every, self.samples, self.stop = every, [], threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        cmd = ["nvidia-smi", "--query-gpu=index,utilization.gpu", "--format=csv,noheader,nounits"]
-        while not self.stop.wait(self.every):
-            try:
-                out = subprocess.run(cmd, capture_output=True, text=True, timeout=5).stdout
-            except (OSError, subprocess.SubprocessError):
-                return  # no nvidia-smi (a CPU run): no utilisation column
-            t = time.time()
-            for line in out.strip().splitlines():
-                idx, util = (x.strip() for x in line.split(","))
-                self.samples.append((t, idx, float(util)))
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        self.thread.join()
-
-    def mean(self, gpu: str, t0: float, t1: float) -> float | None:
-        xs = [u for t, i, u in self.samples if i == gpu and t0 <= t <= t1]
-        return sum(xs) / len(xs) if xs else None
 
 
 def one_run(log: Path, work: Path, overrides: list[str], n: int, kill_after: float | None, batch: int) -> dict:
@@ -83,7 +48,7 @@ def one_run(log: Path, work: Path, overrides: list[str], n: int, kill_after: flo
             kill.update(pid=victim, at=time.time(), after_full_s=round(time.time() - pool_full, 1),
                         rows_then=tally.rows)
 
-    with GpuSampler() as gpu:
+    with C.GpuSampler() as gpu:
         s = ray_runner.run(opts, observe=observe)
     first = s["started_at"] + s["startup_s"]  # the first actor ready: the timed seconds start here
     for a in s["per_actor"]:

@@ -9,7 +9,9 @@ import json
 import os
 import re
 import statistics
+import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -285,3 +287,36 @@ def free() -> None:
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+class GpuSampler:
+    """nvidia-smi's `field` (utilization.gpu, memory.used in MiB) per GPU index, every `every` seconds, with the
+    host's clock."""
+
+    def __init__(self, every: float = 0.5, field: str = "utilization.gpu"):
+        self.every, self.field, self.samples, self.stop = every, field, [], threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        cmd = ["nvidia-smi", f"--query-gpu=index,{self.field}", "--format=csv,noheader,nounits"]
+        while not self.stop.wait(self.every):
+            try:
+                out = subprocess.run(cmd, capture_output=True, text=True, timeout=5).stdout
+            except (OSError, subprocess.SubprocessError):
+                return  # no nvidia-smi (a CPU run): no GPU column
+            t = time.time()
+            for line in out.strip().splitlines():
+                idx, util = (x.strip() for x in line.split(","))
+                self.samples.append((t, idx, float(util)))
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+
+    def mean(self, gpu: str, t0: float, t1: float) -> float | None:
+        xs = [u for t, i, u in self.samples if i == gpu and t0 <= t <= t1]
+        return sum(xs) / len(xs) if xs else None

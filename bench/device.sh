@@ -1,14 +1,7 @@
 #!/usr/bin/env bash
-# The benchmarks a maintainer reruns on a GPU machine, by area, in one command of at most 10 minutes.
-#
-#     QCLS_BENCH_COMMIT=<sha> bash bench/device.sh all                 # every area, sized to fit ~8 minutes
-#     QCLS_BENCH_COMMIT=<sha> bash bench/device.sh latency host        # areas in full, in this order
-#     QCLS_BENCH_COMMIT=<sha> bash bench/device.sh latency@<base> serving@<base>   # this checkout against <base>
-#     bash bench/device.sh prepare <base>   # here, where git is: .dev/base-<base> = `git archive <base>`
-#
-# MODE@BASE runs the base checkout, this one, the base again, then bench/compare.py. The device copy has no .git
-# (QCLS_BENCH_COMMIT names the commit measured); .dev (named in the call's `carry`) holds base checkouts and the
-# wheels the device image lacks (bench/README.md, "What travels"). A mode is a function mode_NAME below.
+# The benchmarks a maintainer reruns on a GPU machine, by area, one command of at most 10 minutes:
+# `QCLS_BENCH_COMMIT=<sha> bash bench/device.sh MODE[@BASE] …` (bench/README.md: the modes, .dev and `carry`,
+# `prepare <base>`). The device copy has no .git: QCLS_BENCH_COMMIT names the commit measured.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -96,13 +89,19 @@ mode_serving() {  # bench/load.py: engine, handle, HTTP (with a base: HTTP at 8 
     fi
 }
 
+mode_ops() {  # bench/load.py: 3 reloads under HTTP load (8 clients, 60 s); a Zipf stream, cache on then off
+    step "$(size 80 185)" ops-reload python bench/load.py "${APP[@]}" --reloads "$(size 1 3)" --seconds "$(size 10 60)"
+    if [ -z "$QUICK" ]; then step 115 ops-zipf python bench/load.py "${APP[@]}" --zipf --seconds 15; fi
+}
+
 mode_replicas() {  # N replicas against one (N ≤ the GPUs), then one replica killed under load (2 GPUs or more)
     local ns=1
     [ "$GPUS" -ge 2 ] && ns=1,2
     [ "$GPUS" -ge 4 ] && ns=1,2,4
     if [ -n "$QUICK" ] && [ "$GPUS" -lt 2 ]; then echo "== replicas: one GPU, nothing beyond serving's run"; return; fi
-    step 300 replicas python bench/replicas.py "${APP[@]}" --replicas "$ns" --seconds 5
-    [ "$GPUS" -ge 2 ] && step 200 replica-loss python bench/replica_loss.py "${APP[@]}" serve.num_replicas=2
+    # each N's run at most 150 s: 1, 2 and 4 replicas and the loss fit one 10-minute call on a 4-GPU machine
+    step "$(size 300 360)" replicas python bench/replicas.py "${APP[@]}" --replicas "$ns" --seconds 5 --run-timeout-s 150
+    [ "$GPUS" -ge 2 ] && step 180 replica-loss python bench/replica_loss.py "${APP[@]}" serve.num_replicas=2
 }
 
 mode_bulk() {  # bench/bulk.py (engine against `qcls bulk`); on several GPUs bench/bulk_ray.py, one actor killed
@@ -128,7 +127,7 @@ mode_fidelity() {  # bench/fidelity.py: fp16 against fp32, per strategy and with
     step "$(size 50 300)" fidelity python bench/fidelity.py --model qwen3_4b ${QUICK:+--queries 4 --head-queries 2}
 }
 
-ALL="tests latency exit host serving bulk prefix fidelity backends replicas"
+ALL="tests latency exit host serving bulk prefix fidelity backends replicas ops"
 modes=("$@")
 [ ${#modes[@]} -eq 0 ] && modes=(all)
 for arg in "${modes[@]}"; do

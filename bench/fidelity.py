@@ -1,7 +1,6 @@
 """How close fp16 scores come to the float32 truth, the fast engine against plain transformers (GPU; not a test).
 
     PYTHONPATH=. python bench/fidelity.py                      # random-weight Qwen3-4B on a GPU
-    PYTHONPATH=. python bench/fidelity.py --model tiny --queries 4   # smoke run anywhere
 
 One random-weight model in float32 (the truth) and its float16 copy, the final norm scaled ×20 so that logits
 are as sharp as a trained model's, `prompts=ecommerce8` and the first N queries of the shipped dev split. Each

@@ -1,7 +1,6 @@
 """Latency of the fast engine on random-weight Qwen3 and Gemma3 shapes (GPU; not a test).
 
     PYTHONPATH=. python bench/latency.py --models qwen3_4b qwen3_8b      # on a GPU machine
-    PYTHONPATH=. python bench/latency.py --models tiny --iters 5         # smoke run anywhere
 
 Real Qwen tokenizer; the prompt sets: 2 zero-shot (`prompts=default`), 8 e-commerce (`prompts=ecommerce8`, two
 with Chinese multi-token labels) and the same 8 with single-token labels. Appends a section to bench/RESULTS.md.

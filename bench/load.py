@@ -4,6 +4,13 @@ engine called directly, the DeploymentHandle and HTTP (each replica's own port, 
     python -m bench.load                                   # starts the CPU demo app in-process, then measures
     python bench/load.py model=qwen3_4b serve.num_gpus=1   # any Hydra overrides for the app it starts
     python bench/load.py --random-qwen3 qwen3_4b serve.num_gpus=1 prompts=ecommerce8   # GPU: random weights
+    python bench/load.py … --reloads 3 --seconds 60    # HTTP at 8 clients, 3 reloads (`qcls reload`'s path)
+    python bench/load.py … --zipf                      # a Zipf query stream, result cache on then off
+
+`--reloads N`: N reloads spread over the run, alternating prompts=ecommerce8_fewshot and the app's own prompts;
+per reload the command's seconds, the seconds to the first answer from the new configuration (fingerprint),
+p99 of the requests started during the swap against outside, peak GPU memory (nvidia-smi, all GPUs) during it.
+`--zipf`: queries drawn from bench/querylog.py's log; the hit p50 is over answers with meta.cache == "hit".
 
 Rows: `engine b1` / `engine b4`: Classifier.classify of 1 and 4 queries in this process once the app has stopped;
 `handle`: DeploymentHandle calls; `http ...`: single-query POSTs (bench/http_client.py) to each replica's own
@@ -17,17 +24,20 @@ import asyncio
 import datetime as dt
 import gc
 import json
+import multiprocessing
 import os
 import platform
 import socket
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import common as C  # noqa: E402
-from bench.paths import closed_loop, engine_levels, handle_caller, http_caller  # noqa: E402
+from bench.querylog import zipf_log  # noqa: E402
+from bench.paths import QUERIES, closed_loop, engine_levels, handle_caller, http_caller, pct  # noqa: E402
 
 GOAL_HTTP_MS, GOAL_HANDLE_MS, GOAL_SHARE, GOAL_BATCH = 2.0, 1.0, 0.8, 3.5
 
@@ -82,11 +92,16 @@ def measure(a, overrides: list[str]) -> tuple[list[dict], dict]:
     if "proxy" in a.paths and direct:
         paths.append((routed_name, http_caller(routed)))
 
+    queries = [q for q in zipf_log(200_000) if q] if a.zipf else QUERIES
+
     async def drive() -> None:  # one event loop for every level: Serve's router may be bound to it
         try:
             for name, caller in paths:
                 for conc in a.concurrency:
-                    stats.append((await closed_loop(name, conc, caller, a.requests, a.seconds)).stats())
+                    swaps = Reloads(a.reloads, reload_sets(overrides), a.seconds)
+                    lv, _ = await asyncio.gather(closed_loop(name, conc, caller, a.requests, a.seconds, queries),
+                                                 asyncio.to_thread(swaps.run))
+                    stats.append({**lv.stats(), **ops_stats(lv, swaps, a.zipf)})
                     st = stats[-1]
                     print(f"[bench] {name} c={conc}: {st['rps']:.1f}/s p50 {st['p50']:.2f} p99 {st['p99']:.2f} ms, "
                           f"batch {st['batch']:.2f}, errors {st['errors']}, bench CPU {st['client_cpu']:.2f} cores",
@@ -105,6 +120,81 @@ def measure(a, overrides: list[str]) -> tuple[list[dict], dict]:
         stats[:0] = [lv.stats() for lv in engine_levels(clf, a.requests, a.seconds)]
         info["tokens_per_forward"] = clf.classify(["maxi dress"])[0].meta.get("tokens_per_forward")
     return stats, info
+
+
+def reload_sets(overrides: list[str]) -> list[list[str]]:
+    """The two configurations the reloads alternate: the few-shot prompt set, then the app's own."""
+    return [[*(o for o in overrides if not o.startswith("prompts=")), "prompts=ecommerce8_fewshot"], overrides]
+
+
+class Reloads:
+    """`n` reloads through `qcls reload`'s own function, spread over `seconds`, with GPU memory sampled meanwhile."""
+
+    def __init__(self, n: int, sets: list[list[str]], seconds: float):
+        self.n, self.sets, self.seconds, self.windows, self.memory = n, sets, seconds, [], {}
+
+    def run(self) -> None:
+        if not self.n:
+            return
+        import ray
+        spawn = multiprocessing.get_context("spawn")  # as `qcls reload` runs: its own process, synchronous handles
+        t_start, wall = time.perf_counter(), time.time() - time.perf_counter()
+        with C.GpuSampler(0.2, "memory.used") as gpu:
+            for k in range(self.n):
+                time.sleep(max(0.0, t_start + (k + 1) * self.seconds / (self.n + 1) - time.perf_counter()))
+                t0, want = time.perf_counter(), self.sets[k % 2]
+                p = spawn.Process(target=reload_on, args=(ray.get_runtime_context().gcs_address, want))
+                p.start()
+                p.join()
+                self.windows.append((t0, time.perf_counter(), p.exitcode,
+                                     next((o for o in want if o.startswith("prompts=")), "the default prompts")))
+        for t, _gpu, mib in gpu.samples:  # every GPU's memory.used, summed per sample time
+            self.memory[t - wall] = self.memory.get(t - wall, 0) + int(mib)
+
+
+def reload_on(address: str, overrides: list[str]) -> None:
+    """`qcls reload OVERRIDES` on this benchmark's cluster (RAY_ADDRESS: another may run on the machine)."""
+    os.environ["RAY_ADDRESS"] = address
+    from qcls.deployments.reload_cli import reload_main
+    sys.exit(reload_main(overrides))
+
+
+def ops_stats(lv, swaps: Reloads, zipf: bool) -> dict:
+    """Per reload window: requests started in it, their p99, seconds to the new fingerprint, peak GPU MiB; the
+    p99 outside every window; with a Zipf stream, the cache hits' p50."""
+    out = {}
+    if zipf:
+        hits = sorted(r[0] for r in lv.rows if r[6] == "hit")
+        out.update(hits=len(hits), hit_p50=pct(hits, 50))
+    if swaps.windows:
+        rows, inside, swap_rows = sorted(lv.rows, key=lambda r: r[4]), set(), []
+        for t0, t1, exitcode, prompts in swaps.windows:
+            old = next((r[5] for r in reversed(rows) if r[4] < t0), None)
+            first_new = min((r[4] + r[0] / 1e3 for r in rows if r[4] >= t0 and r[5] != old), default=float("nan"))
+            win = [i for i, r in enumerate(rows) if t0 <= r[4] <= t1]
+            inside.update(win)
+            mem = [m for t, m in sorted(swaps.memory.items()) if t0 <= t <= t1]
+            before = [m for t, m in sorted(swaps.memory.items()) if t < t0]
+            swap_rows.append({"prompts": prompts, "exit": exitcode, "command_s": t1 - t0, "to_new_s": first_new - t0,
+                              "requests": len(win), "p99": pct(sorted(rows[i][0] for i in win), 99),
+                              "mib": f"{before[-1]} → {max(mem)}" if mem and before else "n/a"})
+        out.update(swaps=swap_rows, p99_outside=pct(sorted(r[0] for i, r in enumerate(rows) if i not in inside), 99))
+    return out
+
+
+def ops_table(stats: list[dict]) -> str:
+    lines = []
+    for s in stats:
+        if "hit_p50" in s:
+            lines.append(f"{s['path']} c={s['concurrency']}: {s['hits']} cache hits, hit p50 {s['hit_p50']:.2f} ms")
+        if s.get("swaps"):
+            lines += [f"Reloads during {s['path']} c={s['concurrency']}: {s['errors']} failed requests of "
+                      f"{s['requests']}; p99 outside the swap windows {s['p99_outside']:.2f} ms", "",
+                      "| reload | to | exit | command s | to the new fingerprint s | requests in the window | p99 ms "
+                      "| GPU MiB before → peak |", "|---" * 8 + "|"]
+            lines += [f"| {k + 1} | {w['prompts']} | {w['exit']} | {w['command_s']:.2f} | {w['to_new_s']:.2f} | "
+                      f"{w['requests']} | {w['p99']:.2f} | {w['mib']} |" for k, w in enumerate(s["swaps"])]
+    return "\n".join(lines) + "\n" if lines else ""
 
 
 def config_line(c) -> str:
@@ -165,7 +255,7 @@ def report(stats: list[dict], info: dict, header: dict, note: str) -> str:
             + "; the benchmark process (the handle caller) has them too"}
     g = goals(stats)
     return "\n".join([f"## {when}: load bench (bench/load.py), {note}", "", *(f"- {k}: {v}" for k, v in head.items()),
-                      "", table(stats),
+                      "", table(stats), ops_table(stats),
                       *(["Goals (serving at engine speed):", *(f"- {x}" for x in g), ""] if g else [])]) + "\n"
 
 
@@ -173,7 +263,7 @@ def parse_args(argv=None):
     ap = C.parser(__doc__)
     ints = lambda v: [int(x) for x in v.split(",")]  # noqa: E731
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for the app this script starts")
-    ap.add_argument("--concurrency", type=ints, default=[1, 4, 8, 16])
+    ap.add_argument("--concurrency", type=ints, help="default 1,4,8,16; 8 with --reloads or --zipf")
     ap.add_argument("--paths", type=lambda v: set(v.split(",")), default={"engine", "handle", "http", "proxy"},
                     help="any of engine,handle,http,proxy (default all)")
     ap.add_argument("--requests", type=int, default=5000, help="at most this many requests per level")
@@ -181,7 +271,13 @@ def parse_args(argv=None):
     ap.add_argument("--note", default="", help="what was run, for the results heading")
     ap.add_argument("--json", type=Path, help="also write the rows and run info here")
     ap.add_argument("--random-qwen3", choices=["qwen3_4b", "qwen3_8b", "tiny"], help="serve random weights of this shape")
-    return ap.parse_args(argv)
+    ap.add_argument("--reloads", type=int, default=0, help="this many reloads during each HTTP level")
+    ap.add_argument("--zipf", action="store_true", help="a Zipf query stream over HTTP, result cache on, then off")
+    a = ap.parse_args(argv)
+    if a.reloads or a.zipf:
+        a.paths = {"http"}
+    a.concurrency = a.concurrency or ([8] if a.reloads or a.zipf else [1, 4, 8, 16])
+    return a
 
 
 def no_result_cache(overrides: list[str]) -> list[str]:
@@ -192,19 +288,24 @@ def no_result_cache(overrides: list[str]) -> list[str]:
     return ["engine.result_cache_entries=0", *overrides]
 
 
-def app_overrides(random_qwen3: str | None, overrides: list[str]) -> list[str]:
-    """The app's overrides: the random checkpoint if asked, no result cache unless set, loopback on a free port."""
+def app_overrides(random_qwen3: str | None, overrides: list[str], cache: bool = False) -> list[str]:
+    """The app's overrides: the random checkpoint if asked, no result cache unless set (or `cache`), loopback on
+    a free port."""
     model = C.checkpoint_overrides(random_qwen3) if random_qwen3 else []
-    return [*model, *no_result_cache(overrides), "serve.host=127.0.0.1", f"serve.port={free_port()}",
-            "serve.route_prefix=/"]
+    return [*model, *(overrides if cache else no_result_cache(overrides)), "serve.host=127.0.0.1",
+            f"serve.port={free_port()}", "serve.route_prefix=/"]
 
 
 def main(argv=None) -> int:
     a = parse_args(argv)
-    overrides = app_overrides(a.random_qwen3, a.overrides)
+    overrides = app_overrides(a.random_qwen3, a.overrides, cache=a.zipf)
     from qcls.compose import compose
     cfg = compose(overrides)
     stats, info = measure(a, overrides)
+    if a.zipf:  # the same stream again with the cache off
+        off, _ = measure(a, app_overrides(a.random_qwen3, a.overrides))
+        stats = [{**st, "path": f"{st['path']} zipf, cache {which}"} for which, sts in (("on", stats), ("off", off))
+                 for st in sts]
     header = {"device": describe_device(cfg), "overrides": " ".join(overrides) or "(defaults)",
               "bounds": f"≤ {a.requests} requests and ≤ {a.seconds:g} s per level after 5 warm-up requests per "
                         "client; closed-loop clients, one query per request, on loopback"}
@@ -212,7 +313,7 @@ def main(argv=None) -> int:
     if a.json:
         a.json.write_text(json.dumps({"stats": stats, "info": info, "header": header}, default=str))
     C.report(text, a.no_append)
-    return 1 if any(s["errors"] for s in stats) else 0
+    return 1 if any(s["errors"] or any(w["exit"] for w in s.get("swaps", [])) for s in stats) else 0
 
 
 if __name__ == "__main__":

@@ -4,7 +4,6 @@
         --b "prompts=ecommerce8 calibration=random_head:18:both:scores" --label "a head on layer 18 off / on"
     python -m bench.paired --model qwen3_4b --a prompts=ecommerce8 --b prompts=ecommerce8_fewshot \\
         --label "zero-shot / few-shot"
-    python -m bench.paired --model tiny --iters 5 --no-append --a ... --b ...   # CPU smoke run
 
 --a / --b are Hydra overrides (space-separated) on top of the model's config, --common goes to both; both
 Classifiers share the loaded weights. `calibration=random_head[:LAYER:READ[:scores]]` stands for a head file

@@ -45,8 +45,10 @@ def pct(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, max(0, round(p / 100 * len(xs) + 0.5) - 1))] if xs else float("nan")
 
 
-async def closed_loop(path: str, conc: int, make_call, max_requests: int, max_s: float) -> Level:
-    """`make_call(i)` gives client i a coroutine function q -> row (or raises with the error's text)."""
+async def closed_loop(path: str, conc: int, make_call, max_requests: int, max_s: float,
+                      queries: list[str] = QUERIES) -> Level:
+    """`make_call(i)` gives client i a coroutine function q -> row (or raises with the error's text); the
+    clients take `queries` in turn."""
     lv, sent = Level(path, conc), 0
     calls = [await make_call(i) for i in range(conc)]
 
@@ -58,7 +60,7 @@ async def closed_loop(path: str, conc: int, make_call, max_requests: int, max_s:
     async def client(i: int) -> None:
         nonlocal sent
         while sent < max_requests and time.perf_counter() < deadline:
-            q = QUERIES[(sent + i) % len(QUERIES)]
+            q = queries[(sent + i) % len(queries)]
             sent += 1
             try:
                 lv.rows.append(await calls[i](q))
@@ -79,7 +81,8 @@ async def closed_loop(path: str, conc: int, make_call, max_requests: int, max_s:
 
 def http_caller(url: str | list[str]):
     """Client i POSTs to url, or with several (every replica's own port) to urls[i % len(urls)]: the clients
-    spread evenly over the replicas."""
+    spread evenly over the replicas. Rows end in (start time, the answering configuration's fingerprint,
+    meta.cache)."""
     urls = [url] if isinstance(url, str) else list(url)
 
     async def make(i: int):
@@ -92,8 +95,10 @@ def http_caller(url: str | list[str]):
             ms = (time.perf_counter() - t0) * 1e3
             if status != 200:
                 raise HTTPError(f"{status}: {data[:200].decode(errors='replace')}")
-            r = orjson.loads(data)["results"][0]
-            return ms, r["batch_size"], r["timings_ms"]["total"], r["timings_ms"]["queue_wait"]
+            body = orjson.loads(data)
+            r = body["results"][0]
+            return (ms, r["batch_size"], r["timings_ms"]["total"], r["timings_ms"]["queue_wait"], t0,
+                    body.get("fingerprint"), r["meta"].get("cache"))
         call.close = client.close
         return call
     return make

@@ -2,7 +2,6 @@
 
     python -m bench.prefix                                 # random-weight Qwen3-4B, the shipped kernel shapes
     python -m bench.prefix --tuning T                      # other tree-kernel shapes (tree_plan.Tuning JSON)
-    python -m bench.prefix --model tiny --iters 3 --buckets 8 32   # smoke run anywhere
 
 The 8 e-commerce prompts with prefixes of 64, 256, 1k and 2k tokens and with a shared 1k-token block
 (bench/prefix_cases.py), each timed in alternation with the 64-token case at batch 1 and 4: the time a longer

@@ -2,7 +2,6 @@
 at full load, and what the clients saw until its replacement serves again.
 
     python bench/replica_loss.py --random-qwen3 qwen3_4b serve.num_gpus=1 prompts=ecommerce8 serve.num_replicas=2
-    python bench/replica_loss.py serve.num_replicas=2 --clients-per-replica 2   # CPU demo: plumbing only
     python bench/replica_loss.py ... --via proxy                               # through Serve's proxy instead
 
 `--via ports` (default): the clients spread over the replicas' own ports as behind a load balancer with health

@@ -4,7 +4,6 @@ then the same through Serve's proxy; one table and the goal "N replicas ≥ 0.9 
 the replica ports".
 
     python bench/replicas.py --random-qwen3 qwen3_4b serve.num_gpus=1 prompts=ecommerce8 --replicas 1,2,4
-    python bench/replicas.py --replicas 1,2 --seconds 2 --clients-per-replica 2   # CPU demo: plumbing only
 
 A replica count needing more GPUs than there are is not run and says so. Appends to bench/RESULTS.md and
 writes replicas.json to $OUT when set."""
