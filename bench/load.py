@@ -1,15 +1,9 @@
 """Load benchmark of the served classifier, on loopback only, bounded in requests and time: one table with the
-engine called directly, the DeploymentHandle and HTTP (each replica's own port, Serve's proxy or HAProxy).
-
-    python -m bench.load                                   # starts the CPU demo app in-process, then measures
-    python bench/load.py model=qwen3_4b serve.num_gpus=1   # any Hydra overrides for the app it starts
-    python bench/load.py --random-qwen3 qwen3_4b serve.num_gpus=1 prompts=ecommerce8   # GPU: random weights
-    python bench/load.py … --reloads 3 --seconds 60    # HTTP at 8 clients, 3 reloads (`qcls reload`'s path)
-    python bench/load.py … --zipf                      # a Zipf query stream, result cache on then off
-
+engine called directly, the DeploymentHandle and HTTP (each replica's own port, Serve's proxy or HAProxy), for
+the app it starts in-process from Hydra overrides (`--random-qwen3 SHAPE`: random weights; bench/README.md).
 `--reloads N`: N reloads spread over the run, alternating prompts=ecommerce8_fewshot and the app's own prompts;
 per reload the command's seconds, the seconds to the first answer from the new configuration (fingerprint),
-p99 of the requests started during the swap against outside, peak GPU memory (nvidia-smi, all GPUs) during it.
+p99 of the requests started during the swap against outside, peak GPU memory (nvidia-smi, the GPUs it sees) during it.
 `--zipf`: queries drawn from bench/querylog.py's log; the hit p50 is over answers with meta.cache == "hit".
 
 Rows: `engine b1` / `engine b4`: Classifier.classify of 1 and 4 queries in this process once the app has stopped;
@@ -29,6 +23,7 @@ import os
 import platform
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -99,8 +94,8 @@ def measure(a, overrides: list[str]) -> tuple[list[dict], dict]:
             for name, caller in paths:
                 for conc in a.concurrency:
                     swaps = Reloads(a.reloads, reload_sets(overrides), a.seconds)
-                    lv, _ = await asyncio.gather(closed_loop(name, conc, caller, a.requests, a.seconds, queries),
-                                                 asyncio.to_thread(swaps.run))
+                    lv, _ = await asyncio.gather(closed_loop(name, conc, caller, a.requests, a.seconds, queries,
+                                                             swaps.done), asyncio.to_thread(swaps.run))
                     stats.append({**lv.stats(), **ops_stats(lv, swaps, a.zipf)})
                     st = stats[-1]
                     print(f"[bench] {name} c={conc}: {st['rps']:.1f}/s p50 {st['p50']:.2f} p99 {st['p99']:.2f} ms, "
@@ -132,10 +127,11 @@ class Reloads:
 
     def __init__(self, n: int, sets: list[list[str]], seconds: float):
         self.n, self.sets, self.seconds, self.windows, self.memory = n, sets, seconds, [], {}
+        self.done = threading.Event()  # the load goes on until the last reload has answered for a second
 
     def run(self) -> None:
         if not self.n:
-            return
+            return self.done.set()
         import ray
         spawn = multiprocessing.get_context("spawn")  # as `qcls reload` runs: its own process, synchronous handles
         t_start, wall = time.perf_counter(), time.time() - time.perf_counter()
@@ -148,8 +144,12 @@ class Reloads:
                 p.join()
                 self.windows.append((t0, time.perf_counter(), p.exitcode,
                                      next((o for o in want if o.startswith("prompts=")), "the default prompts")))
-        for t, _gpu, mib in gpu.samples:  # every GPU's memory.used, summed per sample time
-            self.memory[t - wall] = self.memory.get(t - wall, 0) + int(mib)
+            time.sleep(1.0)
+        self.done.set()
+        mine = set(filter(None, os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")))  # (nvidia-smi lists all)
+        for t, gpu, mib in gpu.samples:  # the memory.used of the GPUs this run sees, summed per sample time
+            if not mine or gpu in mine:
+                self.memory[t - wall] = self.memory.get(t - wall, 0) + int(mib)
 
 
 def reload_on(address: str, overrides: list[str]) -> None:
@@ -175,9 +175,10 @@ def ops_stats(lv, swaps: Reloads, zipf: bool) -> dict:
             inside.update(win)
             mem = [m for t, m in sorted(swaps.memory.items()) if t0 <= t <= t1]
             before = [m for t, m in sorted(swaps.memory.items()) if t < t0]
+            after = [m for t, m in sorted(swaps.memory.items()) if t > t1 + 0.5] or ["n/a"]
             swap_rows.append({"prompts": prompts, "exit": exitcode, "command_s": t1 - t0, "to_new_s": first_new - t0,
                               "requests": len(win), "p99": pct(sorted(rows[i][0] for i in win), 99),
-                              "mib": f"{before[-1]} → {max(mem)}" if mem and before else "n/a"})
+                              "mib": f"{before[-1]} → {max(mem)} → {after[0]}" if mem and before else "n/a"})
         out.update(swaps=swap_rows, p99_outside=pct(sorted(r[0] for i, r in enumerate(rows) if i not in inside), 99))
     return out
 
@@ -191,7 +192,7 @@ def ops_table(stats: list[dict]) -> str:
             lines += [f"Reloads during {s['path']} c={s['concurrency']}: {s['errors']} failed requests of "
                       f"{s['requests']}; p99 outside the swap windows {s['p99_outside']:.2f} ms", "",
                       "| reload | to | exit | command s | to the new fingerprint s | requests in the window | p99 ms "
-                      "| GPU MiB before → peak |", "|---" * 8 + "|"]
+                      "| GPU MiB before → peak → 0.5 s after |", "|---" * 8 + "|"]
             lines += [f"| {k + 1} | {w['prompts']} | {w['exit']} | {w['command_s']:.2f} | {w['to_new_s']:.2f} | "
                       f"{w['requests']} | {w['p99']:.2f} | {w['mib']} |" for k, w in enumerate(s["swaps"])]
     return "\n".join(lines) + "\n" if lines else ""
@@ -266,7 +267,8 @@ def parse_args(argv=None):
     ap.add_argument("--concurrency", type=ints, help="default 1,4,8,16; 8 with --reloads or --zipf")
     ap.add_argument("--paths", type=lambda v: set(v.split(",")), default={"engine", "handle", "http", "proxy"},
                     help="any of engine,handle,http,proxy (default all)")
-    ap.add_argument("--requests", type=int, default=5000, help="at most this many requests per level")
+    ap.add_argument("--requests", type=int, help="at most this many requests per level (default 5000; with "
+                    "--reloads none: the run lasts --seconds, so that every reload falls inside it)")
     ap.add_argument("--seconds", type=float, default=3.0, help="at most this long per level")
     ap.add_argument("--note", default="", help="what was run, for the results heading")
     ap.add_argument("--json", type=Path, help="also write the rows and run info here")
@@ -277,6 +279,7 @@ def parse_args(argv=None):
     if a.reloads or a.zipf:
         a.paths = {"http"}
     a.concurrency = a.concurrency or ([8] if a.reloads or a.zipf else [1, 4, 8, 16])
+    a.requests = a.requests or (10**9 if a.reloads else 5000)
     return a
 
 

@@ -46,9 +46,9 @@ def pct(xs: list[float], p: float) -> float:
 
 
 async def closed_loop(path: str, conc: int, make_call, max_requests: int, max_s: float,
-                      queries: list[str] = QUERIES) -> Level:
+                      queries: list[str] = QUERIES, until=None) -> Level:
     """`make_call(i)` gives client i a coroutine function q -> row (or raises with the error's text); the
-    clients take `queries` in turn."""
+    clients take `queries` in turn; `until` (a threading.Event) keeps them going after max_s until it is set."""
     lv, sent = Level(path, conc), 0
     calls = [await make_call(i) for i in range(conc)]
 
@@ -59,7 +59,7 @@ async def closed_loop(path: str, conc: int, make_call, max_requests: int, max_s:
 
     async def client(i: int) -> None:
         nonlocal sent
-        while sent < max_requests and time.perf_counter() < deadline:
+        while sent < max_requests and (time.perf_counter() < deadline or (until and not until.is_set())):
             q = queries[(sent + i) % len(queries)]
             sent += 1
             try:
