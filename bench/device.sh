@@ -144,6 +144,7 @@ ALL="tests latency exit host serving bulk prefix fidelity backends replicas ops"
 modes=("$@")
 [ ${#modes[@]} -eq 0 ] && [ ${#lanes[@]} -eq 0 ] && modes=(all)
 for arg in "${modes[@]}"; do
+    [ "$arg" = quick ] && { QUICK=1 && continue; }  # the modes after it take the sizes they take under `all`
     mode=${arg%@*} base=
     [ "$mode" != "$arg" ] && base=${arg#*@}
     if [ "$mode" = all ]; then

@@ -67,9 +67,8 @@ async def closed_loop(path: str, conc: int, make_call, max_requests: int, max_s:
             except Exception as e:  # noqa: BLE001 - every failure is counted and the first one reported
                 lv.errors.append(f"{type(e).__name__}: {e}"[:300])
 
-    deadline = time.perf_counter() + max_s
-    t0 = time.perf_counter()
-    cpu0 = time.process_time()
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    deadline = t0 + max_s
     await asyncio.gather(*(client(i) for i in range(conc)))
     lv.wall_s, lv.cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
     for c in calls:

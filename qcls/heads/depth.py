@@ -5,9 +5,10 @@ nothing after them: not the later layers, not the final norm, not the LM head's 
 is answered so, the forward stops after the deepest layer any of them reads, only those layers are loaded, and
 no label scores are computed (results carry no raw scores). The model's default head is the exception to the
 loading (not to the forward): a choice the user did not make must not limit what a reload or a playground edit
-may ask later, so every layer is loaded; naming the head file (calibration=…) loads only the layers it reads. Anything that needs the LLM's own label scores or
-the final state (a prompt without a head, a head that reads scores or the final norm's output, a calibration,
-the reference engine, engine.layer_exit=false) keeps the whole depth, and the plan says which prompt forced it.
+may ask later, so every layer is loaded; naming the head file (calibration=…) loads only the layers it reads.
+Anything that needs the LLM's own label scores or the final state (a prompt without a head, a head that reads
+scores or the final norm's output, a calibration, the reference engine, engine.layer_exit=false) keeps the
+whole depth, and the plan says which prompt forced it.
 """
 from __future__ import annotations
 

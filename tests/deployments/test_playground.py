@@ -49,7 +49,7 @@ def browser():
 @pytest.fixture(scope="module")
 def app(serve_port, demo_cfg_overrides):
     """An app of its own on the shared Ray (its prompts change here): the LLM's own label scores (calibration=null),
-    so a new prompt runs on the layers loaded; the demo's head stops the forward at its layer (docs/design.md §11).
+    so every answer has raw scores to show.
     Yields (the replica's own URL, the URL through Serve's proxy)."""
     from ray import serve
 
