@@ -100,8 +100,8 @@ mode_serving() {  # bench/load.py: engine, handle, HTTP (with a base: HTTP at 8 
 }
 
 mode_ops() {  # bench/load.py: 3 reloads under HTTP load (8 clients, 60 s); a Zipf stream, cache on then off
-    step "$(size 80 185)" ops-reload python bench/load.py "${APP[@]}" --reloads "$(size 1 3)" --seconds "$(size 10 60)"
-    if [ -z "$QUICK" ]; then step 115 ops-zipf python bench/load.py "${APP[@]}" --zipf --seconds 15; fi
+    step "$(size 80 300)" ops-reload python bench/load.py "${APP[@]}" --reloads "$(size 1 3)" --seconds "$(size 10 60)"
+    if [ -z "$QUICK" ]; then step 200 ops-zipf python bench/load.py "${APP[@]}" --zipf --seconds 15; fi
 }
 
 mode_setup() { :; }  # nothing but the set-up above (the wheels)
