@@ -16,6 +16,7 @@ shape is refused: the old one keeps serving and `state()` (GET /v1/prompts, `qcl
 """
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import threading
@@ -218,11 +219,14 @@ def _free_when_replaced(replaced: "weakref.ref[Classifier]", new: "Classifier", 
     while replaced() is not None and time.monotonic() < deadline:
         time.sleep(0.02)
     if replaced() is not None:
-        import gc
         gc.collect()
-    if replaced() is not None:
-        log.warning("reload: the replaced configuration is still referenced %.0f s after the swap; its device "
-                    "memory stays allocated", wait_s)
+    held = replaced()
+    if held is not None:  # named by what holds it (a function's frame by the function's name), to find out why
+        by = sorted({getattr(getattr(r, "f_code", None), "co_name", None) or type(r).__name__
+                     for r in gc.get_referrers(held)})
+        del held
+        log.warning("reload: the replaced configuration is still referenced %.0f s after the swap (by %s); its "
+                    "device memory is given back when it is dropped, or reused by the next build", wait_s, by)
         return
     _free_device_memory(new)
 
@@ -231,8 +235,6 @@ def _free_device_memory(clf: "Classifier") -> None:
     """A failed build's tensors are garbage now: give their cached blocks back (an out-of-memory build, above all)."""
     device = getattr(clf.loaded, "device", None)
     if getattr(device, "type", None) == "cuda":
-        import gc
-
         import torch
         gc.collect()
         torch.cuda.empty_cache()
