@@ -215,11 +215,13 @@ def _free_when_replaced(replaced: "weakref.ref[Classifier]", new: "Classifier", 
     """Once the queries queued on the replaced Classifier are answered, nothing holds it: give its memory (K/V
     buffers, prefix cache, graph pools) back to the device, so that the next build reuses it instead of adding
     to it (CUDA graph pools are only released by empty_cache, not handed to other allocations)."""
-    deadline = time.monotonic() + wait_s
-    while replaced() is not None and time.monotonic() < deadline:
+    t0 = time.monotonic()
+    collections, collect_at = 0, t0 + 0.5
+    while replaced() is not None and time.monotonic() < t0 + wait_s:
+        if time.monotonic() >= collect_at:  # held by a reference cycle (an exception's traceback, say)
+            gc.collect()
+            collections, collect_at = collections + 1, collect_at + 1.0
         time.sleep(0.02)
-    if replaced() is not None:
-        gc.collect()
     held = replaced()
     if held is not None:  # named by what holds it (a function's frame by the function's name), to find out why
         by = sorted({getattr(getattr(r, "f_code", None), "co_name", None) or type(r).__name__
@@ -229,6 +231,8 @@ def _free_when_replaced(replaced: "weakref.ref[Classifier]", new: "Classifier", 
                     "device memory is given back when it is dropped, or reused by the next build", wait_s, by)
         return
     _free_device_memory(new)
+    log.info("reload: the replaced configuration was dropped %.2f s after the swap (%d garbage collections); its "
+             "device memory is given back", time.monotonic() - t0, collections)
 
 
 def _free_device_memory(clf: "Classifier") -> None:
