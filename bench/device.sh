@@ -100,7 +100,7 @@ mode_serving() {  # bench/load.py: engine, handle, HTTP (with a base: HTTP at 8 
 }
 
 mode_ops() {  # bench/load.py: 3 reloads under HTTP load (8 clients, 60 s); a Zipf stream, cache on then off
-    step "$(size 80 300)" ops-reload python bench/load.py "${APP[@]}" --reloads "$(size 1 3)" --seconds "$(size 10 60)"
+    step "$(size 120 300)" ops-reload python bench/load.py "${APP[@]}" --reloads "$(size 1 3)" --seconds "$(size 10 60)"
     if [ -z "$QUICK" ]; then step 200 ops-zipf python bench/load.py "${APP[@]}" --zipf --seconds 15; fi
 }
 
@@ -137,7 +137,7 @@ mode_exit() {  # bench/layer_exit.py: the forward at each depth a head can stop 
 }
 
 mode_fidelity() {  # bench/fidelity.py: fp16 against fp32, per strategy and with a learned head
-    step "$(size 50 300)" fidelity python bench/fidelity.py --model qwen3_4b ${QUICK:+--queries 4 --head-queries 2}
+    step "$(size 120 480)" fidelity python bench/fidelity.py --model qwen3_4b ${QUICK:+--queries 4 --head-queries 2}
 }
 
 ALL="tests latency exit host serving bulk prefix fidelity backends replicas ops"
