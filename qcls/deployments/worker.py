@@ -152,6 +152,8 @@ class EngineWorker:
                     device_s = self._device_s.get(len(chunk), 0.0)
                     self._busy_until = max(time.perf_counter(), self._busy_until) + device_s
                     self._launch_by = self._busy_until - max(LEAD_MIN_S, LEAD_SHARE * device_s)
+            # an idle replica must not keep the last batch's Classifier alive: after a reload, the replaced one
+            chunk = batch = job = None
 
     def _hold_s(self) -> float:
         """How much longer the waiting queries may gather before their batch is launched: none when the device
@@ -181,6 +183,7 @@ class EngineWorker:
                     loop.call_soon_threadsafe(self._deliver, mine, answer)
                 except RuntimeError:  # that caller's event loop is gone
                     pass
+            chunk = batch = mine = None  # (as in the launcher: nothing of the last batch outlives it)
 
     def _learn(self, results: list[QueryResult]) -> None:
         """Update the running mean of the device time of this batch size (a forward's time barely varies)."""

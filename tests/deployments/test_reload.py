@@ -122,8 +122,8 @@ def test_a_bad_or_weight_changing_reload_is_refused_and_the_old_one_keeps_servin
 
 def test_a_swapped_out_classifier_is_freed_once_its_queries_are_answered(tiny_dirs):
     """The old configuration's engine (K/V buffers, prefix cache, graphs) must not outlive the swap: once the
-    queries queued on it are answered, nothing holds the old Classifier, and a reload's build after it reuses
-    its memory instead of adding to it."""
+    queries queued on it are answered, nothing holds the old Classifier, even on an idle replica (no batch on the
+    new one yet), and a reload's build after it reuses its memory instead of adding to it."""
     import asyncio
     import gc
     import weakref
@@ -155,9 +155,13 @@ def test_a_swapped_out_classifier_is_freed_once_its_queries_are_answered(tiny_di
             r.request({"config": {**dump, "prompts": [{**p, "name": f"{p['name']}_v{k}"} for p in dump["prompts"]]}})
             st = _wait(r)
             assert st.status == "serving" and st.prompts == [f"category_v{k}", f"audience_v{k}"], st.detail
+            for _ in range(100):  # an idle replica: no batch on the new one has replaced anything of the old
+                if gone() is None:
+                    break
+                threading.Event().wait(0.05)
+            assert gone() is None, [type(x).__name__ for x in gc.get_referrers(gone())]
             out = asyncio.run(answer(["red dress"]))
             assert out[0].ok and [p.prompt for p in out[0].prompts] == st.prompts
-            assert gone() is None, gc.get_referrers(gone())  # freed by the reload itself, without a collection
             gone = weakref.ref(active[0])
     finally:
         worker.close()
