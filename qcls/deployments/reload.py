@@ -215,6 +215,8 @@ def _free_when_replaced(replaced: "weakref.ref[Classifier]", new: "Classifier", 
     """Once the queries queued on the replaced Classifier are answered, nothing holds it: give its memory (K/V
     buffers, prefix cache, graph pools) back to the device, so that the next build reuses it instead of adding
     to it (CUDA graph pools are only released by empty_cache, not handed to other allocations)."""
+    if getattr(getattr(new.loaded, "device", None), "type", None) != "cuda":
+        return  # nothing cached to give back
     t0 = time.monotonic()
     collections, collect_at = 0, t0 + 0.5
     while replaced() is not None and time.monotonic() < t0 + wait_s:
