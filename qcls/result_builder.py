@@ -17,7 +17,9 @@ class ResultBuilder:
     `scored`: the forward computes label scores (False: it stops at the heads' layer); `head`: the served file."""
 
     def __init__(self, plan: list[tuple[str, list[str], list[int], bool]], scored: bool, head: Head | None):
-        self.plan, self.scored, self.head = plan, scored, head
+        self.plan, self.scored = plan, scored
+        self.limits = thresholds.limits_of(head, [name for name, *_ in plan])
+        self.abstains = any(t is not None for t in self.limits)
 
     def build(self, scores: list[list[float]], heads_: list[list[float]], probs_: list[list[float]] | None = None,
               hprobs_: list[list[float]] | None = None) -> list[PromptResult]:
@@ -44,7 +46,8 @@ class ResultBuilder:
             append(PromptResult(name, names[hbest], hprobs[hbest],
                                 list(map(LabelScore, names, vals, hprobs, counts, probs, hvals)), names[best],
                                 probs[best]))
-        thresholds.apply(out, self.head)  # read from the served head each time: a reloaded file's thresholds hold
+        if self.abstains:
+            thresholds.apply(out, self.limits)
         return out
 
 

@@ -17,6 +17,14 @@ def _pyplot():
     return plt
 
 
+def saved(fig, path: Path) -> Path:
+    """The figure laid out, written to `path` and closed (every report figure ends so)."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _pyplot().close(fig)
+    return path
+
+
 def pareto_front(points: list[tuple[float, float]]) -> list[int]:
     """Indices of the points no other point beats (latency x lower-or-equal and accuracy y higher-or-equal,
     one of them strictly), ordered by latency."""
@@ -50,10 +58,7 @@ def accuracy_latency(rows: list[dict[str, Any]], path: Path) -> Path:
     ax.set_title("accuracy against latency")
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return saved(fig, path)
 
 
 def learning_curve(rows: list[dict[str, Any]], path: Path) -> Path:
@@ -81,10 +86,7 @@ def learning_curve(rows: list[dict[str, Any]], path: Path) -> Path:
     ax.set_title("learning curve of the head")
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return saved(fig, path)
 
 
 def pooled(predictions: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
@@ -123,7 +125,4 @@ def reliability(predictions: list[dict[str, Any]], path: Path, title: str) -> Pa
     axn.bar(edges[:-1], r["count"], width=width, align="edge", edgecolor="black", color="tab:gray")
     axn.set_xlabel("winner's probability")
     axn.set_ylabel("queries")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return saved(fig, path)

@@ -67,7 +67,7 @@ def section(ok: list[dict[str, Any]], by_job: dict[str, Any], out_dir: Path) -> 
 
 def plot(c: dict[str, Any], path: Path, title: str) -> Path:
     """Per prompt precision against coverage; the fitted threshold's point marked."""
-    from qcls.eval.plots import _pyplot
+    from qcls.eval.plots import _pyplot, saved
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 5))
     for p, b in c["per_prompt"].items():
@@ -83,7 +83,4 @@ def plot(c: dict[str, Any], path: Path, title: str) -> Path:
     ax.set_title(f"precision against coverage ({title})")
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return saved(fig, path)

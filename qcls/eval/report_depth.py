@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from qcls.eval.plots import _pyplot, pareto_front
+from qcls.eval.plots import _pyplot, pareto_front, saved
 from qcls.eval.report_baselines import dig
 
 
@@ -98,7 +98,4 @@ def plot(pts: dict[str, list[dict[str, Any]]], base: dict[str, float], path: Pat
     for ax in list(axes.flat)[len(names):]:
         ax.axis("off")
     fig.suptitle("accuracy against forward cost, per prompt")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return saved(fig, path)

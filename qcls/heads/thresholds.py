@@ -81,15 +81,17 @@ def threshold_of(t: ThresholdEntry | None, labels: list[str], where: str) -> Thr
     return Threshold(t.min_prob, dict(t.labels), t.fallback, dict(t.fitted))
 
 
-def apply(prompts: Iterable, head) -> None:
-    """Mark the PromptResults whose winner falls short of their prompt's threshold (in place). `head`: the
-    served Head (or None); a prompt without a head or a threshold is left as it is."""
-    if head is None:
-        return
-    heads = head.prompts
-    for r in prompts:
-        ph = heads.get(r.prompt)
-        t = ph.threshold if ph is not None else None
+def limits_of(head, prompts: list[str]) -> list[Threshold | None]:
+    """Per prompt name, in order, the threshold of `head` (the served Head, or None), or None where it always
+    answers: resolved once, when a Classifier is built."""
+    entries = head.prompts if head is not None else {}
+    return [entries[n].threshold if n in entries else None for n in prompts]
+
+
+def apply(prompts: Iterable, limits: list[Threshold | None]) -> None:
+    """Mark the PromptResults whose winner falls short of their threshold (in place); `limits`: limits_of's list,
+    one per result in the same order."""
+    for r, t in zip(prompts, limits):
         if t is None or r.label is None or r.prob is None or r.prob >= t.needed(r.label):
             continue
         r.label, r.abstained = t.fallback, True

@@ -90,14 +90,14 @@ def test_apply_marks_abstention_and_keeps_every_probability():
     head = Head({"p": ph}, "temperature_bias")
     low, b_ok, high = _result({"a": 0.55, "b": 0.3, "none": 0.15}), _result({"a": 0.3, "b": 0.55, "none": 0.15}), \
         _result({"a": 0.7, "b": 0.2, "none": 0.1})
-    thresholds.apply([low, b_ok, high], head)
+    thresholds.apply([low, b_ok, high], thresholds.limits_of(head, ["p"] * 3))
     assert (low.label, low.abstained, low.prob) == ("none", True, 0.55)
     assert [s.prob for s in low.labels] == [0.55, 0.3, 0.15]
     assert (b_ok.label, b_ok.abstained) == ("b", False)  # the per-label threshold of b
     assert (high.label, high.abstained) == ("a", False)
     ph.threshold = Threshold(0.6)
     r = _result({"a": 0.55, "b": 0.3, "none": 0.15})
-    thresholds.apply([r], head)
+    thresholds.apply([r], thresholds.limits_of(head, ["p"]))
     assert r.label is None and r.abstained
     assert pickle.loads(pickle.dumps(r)) == r  # a served result pickles with its mark
 
