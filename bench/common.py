@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from qcls.check.served import T4_BW, T4_BW_EFF, t4_projection  # noqa: F401 - the T4 model (docs/design.md §8)
 from qcls.eval.timing import commit  # the commit measured: git, or QCLS_BENCH_COMMIT on a copy without .git
 
 # QCLS_BENCH_RESULTS: another file to append to (the smoke tests write there, never into the log)
@@ -38,9 +39,6 @@ GEMMA3_SHAPES = {
                       query_pre_attn_scalar=256),
 }
 MODELS = sorted(SHAPES) + sorted(GEMMA3_SHAPES)
-# T4 (sm_75): ~320 GB/s, 65 TFLOP/s fp16 tensor-core peak. The projection assumes fractions of peak that
-# small-batch fp16 GEMMs reach on Turing (documented in README; a projection, not a measurement).
-T4_BW, T4_FLOPS, T4_BW_EFF, T4_FLOP_EFF = 320e9, 65e12, 0.75, 0.5
 
 
 def model_config(name: str):
@@ -165,11 +163,6 @@ def paired_p50(a, b, queries, iters: int, per_pair) -> tuple[float, float, float
     """p50 of a and of b (paired_samples), and the median over the pairs of per_pair(ms of a, ms of b)."""
     ta, tb = paired_samples(a, b, queries, iters)
     return median(ta), median(tb), median([per_pair(x, y) for x, y in zip(ta, tb)])
-
-
-def t4_projection(lbytes: int, lparams: int, tokens: int) -> float:
-    """ms on a T4: weight read at 75% of 320 GB/s plus GEMM FLOPs at 50% of 65 TFLOP/s (docs/design.md §8)."""
-    return (lbytes / (T4_BW * T4_BW_EFF) + 2 * lparams * tokens / (T4_FLOPS * T4_FLOP_EFF)) * 1e3
 
 
 KINDS = [("attention", r"fmha|attention|attn|prefix_kernel|row_kernel"), ("gemm", r"gemm|cutlass|xmma|sm\d+_|cublas|matmul"),

@@ -15,15 +15,21 @@ from qcls.scoring.tokenization import token_text
 if TYPE_CHECKING:
     from qcls.classifier import Classifier
 
-# The T4 projection of docs/design.md §8 (bench/common.py's t4_projection): the layers' fp16 weights read at 75 %
-# of 320 GB/s plus their GEMM FLOPs at 50 % of 65 TFLOP/s. A model, not a measurement.
+# The T4 projection of docs/design.md §8 (the benchmarks' too): the layers' weights read at 75 % of 320 GB/s plus
+# their GEMM FLOPs at 50 % of 65 TFLOP/s. A model, not a measurement.
 T4_BW, T4_BW_EFF, T4_FLOPS, T4_FLOP_EFF = 320e9, 0.75, 65e12, 0.5
 FP16_BYTES = 2
 
 
+def t4_projection(layer_bytes: int, layer_params: int, tokens: int) -> float:
+    """Projected ms of one forward of `tokens` tokens through decoder layers of `layer_params` parameters held in
+    `layer_bytes` bytes."""
+    return (layer_bytes / (T4_BW * T4_BW_EFF) + 2 * layer_params * tokens / (T4_FLOPS * T4_FLOP_EFF)) * 1e3
+
+
 def t4_ms(layer_params: int, tokens: int) -> float:
-    """Projected ms of one forward of `tokens` tokens through decoder layers of `layer_params` fp16 parameters."""
-    return (layer_params * FP16_BYTES / (T4_BW * T4_BW_EFF) + 2 * layer_params * tokens / (T4_FLOPS * T4_FLOP_EFF)) * 1e3
+    """The same for fp16 layers."""
+    return t4_projection(layer_params * FP16_BYTES, layer_params, tokens)
 
 
 def served_check(clf: "Classifier", query_tokens: int = 8) -> dict[str, Any]:
