@@ -21,7 +21,6 @@ import json
 import multiprocessing
 import os
 import platform
-import socket
 import sys
 import threading
 import time
@@ -33,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 from bench import common as C  # noqa: E402
 from bench.querylog import zipf_log  # noqa: E402
 from bench.paths import QUERIES, closed_loop, engine_levels, handle_caller, http_caller, pct  # noqa: E402
+from qcls.deployments.ports import free_port  # noqa: E402
 
 GOAL_HTTP_MS, GOAL_HANDLE_MS, GOAL_SHARE, GOAL_BATCH = 2.0, 1.0, 0.8, 3.5
 
@@ -45,12 +45,6 @@ def describe_device(cfg) -> str:
     cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                 if ln.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else "?"
     return f"cpu ({cpu}, {cores})"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def measure(a, overrides: list[str]) -> tuple[list[dict], dict]:

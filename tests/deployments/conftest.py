@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from qcls.compose import compose
-from tests.deployments.helpers import free_port
+from qcls.deployments.ports import free_port
 
 # engine.max_batch_size=4 is what one forward takes and what @serve.batch gathers. The tests of these apps compare
 # served forwards (batching, faults, metrics) with Classifier runs and repeat queries: the result cache off (its

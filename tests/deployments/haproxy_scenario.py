@@ -33,7 +33,7 @@ from qcls.config import ServeSpec  # noqa: E402
 from qcls.deployments.app import app_for  # noqa: E402
 from qcls.deployments.ingress import export_serve_env  # noqa: E402
 from qcls.deployments.replicas import wait_exited  # noqa: E402
-from tests.deployments.helpers import free_port  # noqa: E402
+from qcls.deployments.ports import free_port  # noqa: E402
 
 APP, CLIENTS = "hap", 4
 HANG_GUARD_S = 120.0  # a hang guard, never a bound: a request or a wait this long has hung

@@ -4,7 +4,6 @@ changes the prompt set with no failed request, and refused reloads that leave th
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 
 import httpx
