@@ -106,13 +106,14 @@ mode_ops() {  # bench/load.py: 3 reloads under HTTP load (8 clients, 60 s); a Zi
 
 mode_setup() { :; }  # nothing but the set-up above (the wheels)
 
-mode_replicas() {  # N replicas against one (N ≤ the GPUs); on 2 GPUs or more one killed under load, a reload on 2
+mode_replicas() {  # N replicas (≤ the GPUs; ports, HAProxy) against one; on 2 GPUs or more a loss, a reload
     local ns=1
     [ "$GPUS" -ge 2 ] && ns=1,2
     [ "$GPUS" -ge 4 ] && ns=1,2,4
     if [ -n "$QUICK" ] && [ "$GPUS" -lt 2 ]; then echo "== replicas: one GPU, nothing beyond serving's run"; return; fi
     # each N's run at most 150 s: 1, 2 and 4 replicas and the loss fit one 10-minute call on a 4-GPU machine
-    step "$(size 300 360)" replicas python bench/replicas.py "${APP[@]}" --replicas "$ns" --seconds 5 --run-timeout-s 150
+    step "$(size 300 360)" replicas python bench/replicas.py "${APP[@]}" serve.ingress=haproxy --replicas "$ns" \
+        --seconds 5 --run-timeout-s 150
     [ "$GPUS" -ge 2 ] && step 180 replica-loss python bench/replica_loss.py "${APP[@]}" serve.num_replicas=2
     [ "$GPUS" -ge 2 ] && step 150 reload-2 python bench/load.py "${APP[@]}" serve.num_replicas=2 --reloads 1 --seconds 30
 }

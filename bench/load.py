@@ -38,13 +38,9 @@ GOAL_HTTP_MS, GOAL_HANDLE_MS, GOAL_SHARE, GOAL_BATCH = 2.0, 1.0, 0.8, 3.5
 
 
 def describe_device(cfg) -> str:
-    cores = f"{os.cpu_count()} CPU cores"
-    if cfg.serve.num_gpus > 0:
-        import torch
-        return f"{torch.cuda.get_device_name()} (torch {torch.__version__}; {cores})"
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else "?"
-    return f"cpu ({cpu}, {cores})"
+    import torch
+    where = C.device_name() if cfg.serve.num_gpus > 0 else f"cpu ({platform.machine()})"
+    return f"{where} (torch {torch.__version__}; {os.cpu_count()} CPU cores)"
 
 
 def measure(a, overrides: list[str]) -> tuple[list[dict], dict]:
@@ -96,6 +92,7 @@ def measure(a, overrides: list[str]) -> tuple[list[dict], dict]:
                           f"batch {st['batch']:.2f}, errors {st['errors']}, bench CPU {st['client_cpu']:.2f} cores",
                           flush=True)
         finally:
+            info["reload_log"] = reload_log_lines() if a.reloads else []
             await serve.shutdown_async()  # on the loop the handle's router lives on
     try:
         asyncio.run(drive())
@@ -144,6 +141,15 @@ class Reloads:
         for t, gpu, mib in gpu.samples:  # the memory.used of the GPUs this run sees, summed per sample time
             if not mine or gpu in mine:
                 self.memory[t - wall] = self.memory.get(t - wall, 0) + int(mib)
+
+
+def reload_log_lines() -> list[str]:
+    """What the replicas logged about each reload (the build, the swap, the replaced one's memory)."""
+    import ray
+    time.sleep(2.0)  # the replaced configuration is dropped and its memory given back after the swap
+    logs = Path(ray._private.worker._global_node.get_logs_dir_path()) / "serve"
+    return [ln.strip() for f in sorted(logs.glob("replica_*.log")) for ln in f.read_text(errors="replace").splitlines()
+            if "reload:" in ln or "reload refused" in ln]
 
 
 def reload_on(address: str, overrides: list[str]) -> None:
@@ -251,6 +257,8 @@ def report(stats: list[dict], info: dict, header: dict, note: str) -> str:
     g = goals(stats)
     return "\n".join([f"## {when}: load bench (bench/load.py), {note}", "", *(f"- {k}: {v}" for k, v in head.items()),
                       "", table(stats), ops_table(stats),
+                      *(["Replica log, reloads:", "", "```", *info["reload_log"], "```", ""]
+                        if info.get("reload_log") else []),
                       *(["Goals (serving at engine speed):", *(f"- {x}" for x in g), ""] if g else [])]) + "\n"
 
 

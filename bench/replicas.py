@@ -1,7 +1,7 @@
 """Serving on N replicas, one GPU each: for each N, bench/load.py on a fresh Ray with
 `serve.num_replicas=N`, 8 × N closed-loop clients spread over every replica's own port (direct ingress),
-then the same through Serve's proxy; one table and the goal "N replicas ≥ 0.9 × N × one replica's rate on
-the replica ports".
+then the same through Serve's proxy (HAProxy with `serve.ingress=haproxy`); one table and the goal "N replicas
+≥ 0.9 × N × one replica's rate on its port", for the replica ports and for HAProxy.
 
     python bench/replicas.py --random-qwen3 qwen3_4b serve.num_gpus=1 prompts=ecommerce8 --replicas 1,2,4
 
@@ -44,7 +44,9 @@ def run_n(n: int, a) -> dict | None:
 
 
 def rows(runs: dict[int, dict]) -> list[dict]:
-    return [{"replicas": n, "kind": "proxy" if "proxy" in s["path"] else "ports", **s}
+    def kind(path: str) -> str:
+        return "ports" if "replica port" in path else "haproxy" if "HAProxy" in path else "proxy"
+    return [{"replicas": n, "kind": kind(s["path"]), **s}
             for n, r in sorted(runs.items()) for s in r["stats"]]
 
 
@@ -69,16 +71,18 @@ def goals(rs: list[dict], wanted: list[int], ran: set[int], gpus: int, need_gpus
                    if need_gpus and n > gpus else "its run failed (see the log above)")
             out.append(f"N={n}: not measured: {why}")
             continue
-        ports, proxy = by.get((n, "ports")), by.get((n, "proxy"))
-        if n > 1 and one and ports:
-            ok = ports["rps"] >= GOAL_SCALE * n * one["rps"]
-            out.append(f"N={n} replica ports: {ports['rps']:.0f} req/s ≥ {GOAL_SCALE:g} × {n} × {one['rps']:.0f} "
-                       f"(one replica) = {GOAL_SCALE * n * one['rps']:.0f}: {'met' if ok else 'NOT met'} "
-                       f"({ports['rps'] / (n * one['rps']):.0%} of linear); errors {ports['errors']}")
+        ports, proxy, haproxy = by.get((n, "ports")), by.get((n, "proxy")), by.get((n, "haproxy"))
+        for name, r in (("replica ports", ports if n > 1 else None), ("HAProxy", haproxy)):
+            if r and one:  # the goal of both: N replicas' rate against one replica's own port
+                ok = r["rps"] >= GOAL_SCALE * n * one["rps"]
+                out.append(f"N={n} {name}: {r['rps']:.0f} req/s ≥ {GOAL_SCALE:g} × {n} × {one['rps']:.0f} (one "
+                           f"replica's port) = {GOAL_SCALE * n * one['rps']:.0f}: {'met' if ok else 'NOT met'} "
+                           f"({r['rps'] / (n * one['rps']):.0%} of linear); p50 {r['p50']:.2f} ms; "
+                           f"errors {r['errors']}")
         if proxy and one:
             out.append(f"N={n} through Serve's proxy: {proxy['rps']:.0f} req/s = {proxy['rps'] / (n * one['rps']):.0%} "
                        f"of {n} × one replica's port rate; p50 {proxy['p50']:.2f} ms; errors {proxy['errors']}")
-        busy = [r for r in (ports, proxy) if r and r.get("client_cpu", 0) >= CLIENT_BOUND]
+        busy = [r for r in (ports, proxy, haproxy) if r and r.get("client_cpu", 0) >= CLIENT_BOUND]
         out += [f"N={n} {r['path']}: the benchmark process used {r['client_cpu']:.2f} cores: its clients (one "
                 "asyncio process) may be the limit here, not the replicas" for r in busy]
     return out

@@ -59,12 +59,20 @@ def test_replica_loss_through_the_proxy_does_not_claim_which_replica_answered():
 
 
 def test_serve_replicas_goal_against_one_replica():
-    def row(n, kind, rps):
-        return {"replicas": n, "kind": kind, "path": f"http ({kind})", "concurrency": 8 * n, "requests": 100,
-                "errors": 0, "first_error": "", "rps": rps, "p50": 1.0, "p99": 2.0, "batch": 4.0, "client_cpu": 0.3}
-    rs = [row(1, "ports", 500), row(1, "proxy", 175), row(2, "ports", 900), row(2, "proxy", 300), row(4, "ports", 1700)]
+    def stat(n, path, rps):
+        return {"path": path, "concurrency": 8 * n, "requests": 100, "errors": 0, "first_error": "", "rps": rps,
+                "p50": 1.0, "p99": 2.0, "batch": 4.0, "client_cpu": 0.3}
+    runs = {1: {"stats": [stat(1, "http (replica port)", 500), stat(1, "http (HAProxy)", 480)]},
+            2: {"stats": [stat(2, "http (2 replica ports)", 900), stat(2, "http (Serve proxy)", 300)]},
+            4: {"stats": [stat(4, "http (4 replica ports)", 1700), stat(4, "http (HAProxy)", 1850)]}}
+    rs = replicas.rows(runs)
+    assert [r["kind"] for r in rs] == ["ports", "haproxy", "ports", "proxy", "ports", "haproxy"]
     g = replicas.goals(rs, [1, 2, 4, 8], {1, 2, 4}, gpus=4, need_gpus=True)
-    assert any(x.startswith("N=2 replica ports: 900 req/s ≥ 0.9 × 2 × 500 (one replica) = 900: met") for x in g)
+    assert "N=2 replica ports: 900 req/s ≥ 0.9 × 2 × 500 (one replica's port) = 900: met" in "\n".join(g)
     assert any(x.startswith("N=4 replica ports") and "NOT met" in x for x in g)  # 1700 < 1800
+    assert any(x.startswith("N=4 HAProxy: 1850 req/s") and ": met (92% of linear)" in x for x in g)
+    assert any(x.startswith("N=1 HAProxy: 480 req/s") and "NOT met" not in x for x in g)  # 480 ≥ 450
+    assert any(x.startswith("N=2 through Serve's proxy: 300 req/s = 30%") for x in g)
+    assert not any(x.startswith("N=1 replica ports") for x in g)  # one replica is the yardstick itself
     assert "N=8: not measured: 8 replicas need 8 GPUs, 4 visible (no multi-GPU machine was lent)" in g
-    assert "| 2 | http (ports) | 16 | 100 | 0 | 900.0 | 450.0 |" in replicas.table(rs)
+    assert "| 2 | http (2 replica ports) | 16 | 100 | 0 | 900.0 | 450.0 |" in replicas.table(rs)
