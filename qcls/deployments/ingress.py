@@ -126,20 +126,23 @@ def proxy_middlewares() -> list:
 
 
 def direct_urls(app_name: str, host: str, wait_s: float = 3.0, n: int = 1) -> list[str]:
-    """The replicas' own HTTP addresses (direct ingress), from the target groups Serve publishes (its
-    controller lists a new replica's port within a control-loop tick or two), once there are n of them or
-    after wait_s; empty when this cluster's Serve controller runs without direct ingress."""
+    """The replicas' own HTTP addresses (direct ingress, also behind HAProxy), from the target groups Serve's
+    controller gives its proxy manager (it lists a new replica's port within a control-loop tick or two), once
+    there are n of them or after wait_s; empty when this cluster's Serve controller runs without direct ingress."""
     import time
 
+    import ray
     from ray.serve.context import _get_global_client
 
-    deadline = time.monotonic() + wait_s
+    deadline, controller = time.monotonic() + wait_s, _get_global_client()._controller
     while True:
-        groups = _get_global_client().get_serve_details().get("target_groups") or []
-        # a replica's own port serves its app under the app's route prefix, as the proxy does
-        urls = [f"http://{t['ip'] if host in ('0.0.0.0', '::') else host}:{t['port']}"
-                f"{g.get('route_prefix', '/').rstrip('/')}" for g in groups
-                if g.get("app_name") == app_name and g.get("protocol") == "HTTP" for t in g["targets"]]
+        # as the proxy manager asks: behind HAProxy, clients are told only HAProxy's address
+        groups = ray.get(controller.get_target_groups.remote(app_name, True))
+        # a replica's own port serves its app under the app's route prefix, as the proxy does (a group of an app
+        # without running replicas lists Serve's proxies: not a replica)
+        urls = [f"http://{t.ip if host in ('0.0.0.0', '::') else host}:{t.port}{g.route_prefix.rstrip('/')}"
+                for g in groups if g.app_name == app_name and str(getattr(g.protocol, "value", g.protocol)) == "HTTP"
+                for t in g.targets if not t.name.startswith("SERVE_PROXY_ACTOR")]
         if len(urls) >= n or time.monotonic() > deadline:
             return urls
         time.sleep(0.2)

@@ -215,13 +215,11 @@ def _free_when_replaced(replaced: "weakref.ref[Classifier]", new: "Classifier", 
     """Once the queries queued on the replaced Classifier are answered, nothing holds it: give its memory (K/V
     buffers, prefix cache, graph pools) back to the device, so that the next build reuses it instead of adding
     to it (CUDA graph pools are only released by empty_cache, not handed to other allocations)."""
-    if getattr(getattr(new.loaded, "device", None), "type", None) != "cuda":
-        return  # nothing cached to give back
     t0 = time.monotonic()
     collections, collect_at = 0, t0 + 0.5
     while replaced() is not None and time.monotonic() < t0 + wait_s:
         if time.monotonic() >= collect_at:  # held by a reference cycle (an exception's traceback, say)
-            gc.collect()
+            _collect_unfrozen(collections == 1)
             collections, collect_at = collections + 1, collect_at + 1.0
         time.sleep(0.02)
     held = replaced()
@@ -232,10 +230,24 @@ def _free_when_replaced(replaced: "weakref.ref[Classifier]", new: "Classifier", 
         log.warning("reload: the replaced configuration is still referenced %.0f s after the swap (by %s); its "
                     "device memory is given back when it is dropped, or reused by the next build", wait_s, by)
         return
+    if getattr(getattr(new.loaded, "device", None), "type", None) != "cuda":
+        return  # nothing cached to give back
     dropped_s, (before, after) = time.monotonic() - t0, _free_device_memory(new)
     log.warning("reload: the replaced configuration was dropped %.2f s after the swap (%d garbage collections); "
                 "memory reserved by torch %.2f → %.2f GiB (allocated %.2f GiB)", dropped_s, collections, before,
                 after, _allocated_gib(new))
+
+
+def _collect_unfrozen(unfreeze: bool) -> None:
+    """Serve freezes the garbage collector once a replica has started (RAY_SERVE_FREEZE_GC_ON_STARTUP): a cycle
+    among what the start-up built, the first configuration included, is never collected after that. Once, move
+    them back, collect, and freeze what is left (the request path keeps the shorter collections)."""
+    frozen = unfreeze and gc.get_freeze_count() > 0
+    if frozen:
+        gc.unfreeze()
+    gc.collect()
+    if frozen:
+        gc.freeze()
 
 
 def _free_device_memory(clf: "Classifier") -> tuple[float, float]:

@@ -120,10 +120,12 @@ def test_a_bad_or_weight_changing_reload_is_refused_and_the_old_one_keeps_servin
     assert st.status == "serving" and st.request_id == "back" and "layer 20" in st.last_refusal
 
 
-def test_a_swapped_out_classifier_is_freed_once_its_queries_are_answered(tiny_dirs):
+@pytest.mark.parametrize("frozen_cycle", [False, True], ids=["dropped", "frozen-cycle"])
+def test_a_swapped_out_classifier_is_freed_once_its_queries_are_answered(tiny_dirs, frozen_cycle):
     """The old configuration's engine (K/V buffers, prefix cache, graphs) must not outlive the swap: once the
     queries queued on it are answered, nothing holds the old Classifier, even on an idle replica (no batch on the
-    new one yet), and a reload's build after it reuses its memory instead of adding to it."""
+    new one yet), and a reload's build after it reuses its memory instead of adding to it. frozen-cycle: the first
+    one sits in a reference cycle and Serve froze the garbage collector after start-up, as replicas run."""
     import asyncio
     import gc
     import weakref
@@ -144,6 +146,9 @@ def test_a_swapped_out_classifier_is_freed_once_its_queries_are_answered(tiny_di
     dump = cfg.model_dump(mode="json", exclude={"serve"})
     r.request({"config": dump})  # Serve's call at start-up: what serves already
     gone = weakref.ref(first)
+    if frozen_cycle:
+        first.in_a_cycle = first
+        gc.freeze()
 
     async def answer(queries):
         return [await f for f in worker.submit([Pending(q, 0.0) for q in queries])]
@@ -164,4 +169,5 @@ def test_a_swapped_out_classifier_is_freed_once_its_queries_are_answered(tiny_di
             assert out[0].ok and [p.prompt for p in out[0].prompts] == st.prompts
             gone = weakref.ref(active[0])
     finally:
+        gc.unfreeze()
         worker.close()
