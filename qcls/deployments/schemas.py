@@ -59,17 +59,20 @@ class LabelOut(_Body):
                                      "((score + bias) / temperature for a calibration)")
 
 
-class PromptOut(_Body):
+class CompactPromptOut(_Body):
     prompt: str
     label: str | None = Field(description="the winner; null (or the fallback label) when the prompt abstained")
     prob: float | None = Field(description="the most probable label's probability")
-    labels: list[LabelOut] = Field(description="every label, in the prompt's label order")
     raw_label: str | None = Field(default=None, description="with a head or calibration: the winner by raw score")
     raw_prob: float | None = Field(default=None, description="with a head or calibration: the raw winner's "
                                    "probability")
     abstained: bool = Field(default=False, description="the most probable label's probability fell short of "
                             "the prompt's threshold (the head file's `threshold`): `label` is then null, or the "
                             "threshold's fallback label, and `prob` is the most probable label's probability")
+
+
+class PromptOut(CompactPromptOut):
+    labels: list[LabelOut] = Field(description="every label, in the prompt's label order")
 
 
 class QueryOut(_Body):
@@ -98,18 +101,6 @@ class ClassifyResponse(_Body):
     model: str
     fingerprint: str | None = fingerprint_field()
     results: list[QueryOut] = Field(description="one per query, in request order")
-
-
-class CompactPromptOut(_Body):
-    prompt: str
-    label: str | None = Field(description="the winner; null (or the fallback label) when the prompt abstained")
-    prob: float | None = Field(description="the most probable label's probability")
-    raw_label: str | None = Field(default=None, description="with a head or calibration: the winner by raw score")
-    raw_prob: float | None = Field(default=None, description="with a head or calibration: the raw winner's "
-                                   "probability")
-    abstained: bool = Field(default=False, description="the most probable label's probability fell short of "
-                            "the prompt's threshold (the head file's `threshold`): `label` is then null, or the "
-                            "threshold's fallback label, and `prob` is the most probable label's probability")
 
 
 class CompactQueryOut(_Body):
