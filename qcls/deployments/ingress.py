@@ -141,7 +141,7 @@ def direct_urls(app_name: str, host: str, wait_s: float = 3.0, n: int = 1) -> li
         # a replica's own port serves its app under the app's route prefix, as the proxy does (a group of an app
         # without running replicas lists Serve's proxies: not a replica)
         urls = [f"http://{t.ip if host in ('0.0.0.0', '::') else host}:{t.port}{g.route_prefix.rstrip('/')}"
-                for g in groups if g.app_name == app_name and str(getattr(g.protocol, "value", g.protocol)) == "HTTP"
+                for g in groups if g.app_name == app_name and g.protocol == "HTTP"  # (a str enum)
                 for t in g.targets if not t.name.startswith("SERVE_PROXY_ACTOR")]
         if len(urls) >= n or time.monotonic() > deadline:
             return urls

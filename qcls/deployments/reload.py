@@ -230,12 +230,10 @@ def _free_when_replaced(replaced: "weakref.ref[Classifier]", new: "Classifier", 
         log.warning("reload: the replaced configuration is still referenced %.0f s after the swap (by %s); its "
                     "device memory is given back when it is dropped, or reused by the next build", wait_s, by)
         return
-    if getattr(getattr(new.loaded, "device", None), "type", None) != "cuda":
-        return  # nothing cached to give back
-    dropped_s, (before, after) = time.monotonic() - t0, _free_device_memory(new)
-    log.warning("reload: the replaced configuration was dropped %.2f s after the swap (%d garbage collections); "
-                "memory reserved by torch %.2f → %.2f GiB (allocated %.2f GiB)", dropped_s, collections, before,
-                after, _allocated_gib(new))
+    dropped_s, freed = time.monotonic() - t0, _free_device_memory(new)
+    if freed is not None:  # (nothing cached to give back off CUDA)
+        log.warning("reload: the replaced configuration was dropped %.2f s after the swap (%d garbage collections); "
+                    "memory reserved by torch %.2f → %.2f GiB (allocated %.2f GiB)", dropped_s, collections, *freed)
 
 
 def _collect_unfrozen(unfreeze: bool) -> None:
@@ -250,19 +248,14 @@ def _collect_unfrozen(unfreeze: bool) -> None:
         gc.freeze()
 
 
-def _free_device_memory(clf: "Classifier") -> tuple[float, float]:
+def _free_device_memory(clf: "Classifier") -> tuple[float, float, float] | None:
     """A failed build's tensors are garbage now: give their cached blocks back (an out-of-memory build, above all).
-    Returns the GiB reserved by torch's allocator before and after (0, 0 off CUDA)."""
+    Returns the GiB torch's allocator reserved before and after, and the GiB allocated (None off CUDA)."""
     device = getattr(clf.loaded, "device", None)
     if getattr(device, "type", None) != "cuda":
-        return 0.0, 0.0
+        return None
     import torch
     gc.collect()
     before = torch.cuda.memory_reserved(device) / 2**30
     torch.cuda.empty_cache()
-    return before, torch.cuda.memory_reserved(device) / 2**30
-
-
-def _allocated_gib(clf: "Classifier") -> float:
-    import torch
-    return torch.cuda.memory_allocated(clf.loaded.device) / 2**30
+    return before, torch.cuda.memory_reserved(device) / 2**30, torch.cuda.memory_allocated(device) / 2**30

@@ -171,3 +171,23 @@ def test_a_swapped_out_classifier_is_freed_once_its_queries_are_answered(tiny_di
     finally:
         gc.unfreeze()
         worker.close()
+
+
+def test_the_swap_logs_when_the_replaced_configuration_is_dropped_and_what_its_memory_became(monkeypatch, caplog):
+    """The GPU-only log line (CPU machines have no allocator cache to give back): its figures, formatted."""
+    import logging
+    import weakref
+
+    from qcls.deployments import reload
+
+    class Old:
+        pass
+
+    old = Old()
+    replaced = weakref.ref(old)
+    monkeypatch.setattr(reload, "_free_device_memory", lambda clf: (12.5, 9.75, 9.5))
+    del old
+    with caplog.at_level(logging.WARNING, logger=reload.log.name):
+        reload._free_when_replaced(replaced, new=None)
+    assert "memory reserved by torch 12.50 → 9.75 GiB (allocated 9.50 GiB)" in caplog.text
+    assert "(0 garbage collections)" in caplog.text
