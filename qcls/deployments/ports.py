@@ -19,8 +19,8 @@ def _ephemeral_low() -> int:
 
 def free_port() -> int:
     """Not one the kernel hands out for port 0: that range is the ephemeral one, where any process's outgoing
-    connection (Ray's start-up opens hundreds) can take the port before the server binds it. Serve's proxy failed
-    so once ("Failed to bind to address", bench/load.py in CI), and HAProxy ("Address already in use")."""
+    connection (Ray's start-up opens hundreds) can take the port before the server binds it: Serve's proxy then
+    fails with "Failed to bind to address", HAProxy with "Address already in use"."""
     hi = min(PORTS[1], _ephemeral_low())
     for port in random.Random().sample(range(PORTS[0], hi), min(200, max(0, hi - PORTS[0]))):
         with socket.socket() as s:
