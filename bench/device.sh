@@ -13,7 +13,7 @@ if [ "${1:-}" = prepare ]; then
     exit 0
 fi
 
-OUT=${OUT:-/tmp/qcls_bench} && mkdir -p "$OUT"
+OUT=${OUT:-/tmp/qcls_bench} && mkdir -p "$OUT" && touch "$OUT/.start"
 export OUT PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 rc=0 QUICK= DEADLINE=
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
@@ -159,6 +159,8 @@ for arg in "${modes[@]}"; do
         rc=1
     fi
 done
+# the replicas' own logs of this run: a replica that hung or died leaves nothing else (its last lines, stacks)
+[ ${#lanes[@]} -eq 0 ] && find /tmp/ray -path '*/logs/serve/replica_*.log' -newer "$OUT/.start" -exec cp {} "$OUT/" \; 2> /dev/null
 cp bench/RESULTS.md "$OUT/"
 (cd "$OUT" && list=$(ls | grep -v -e '^RESULTS' -e '^logs\.tgz$') && [ -n "$list" ] && tar -czf logs.tgz $list && rm -rf $list)
 exit $rc

@@ -144,12 +144,13 @@ class Reloads:
 
 
 def reload_log_lines() -> list[str]:
-    """What the replicas logged about each reload (the build, the swap, the replaced one's memory)."""
+    """What the replicas logged about each reload (the build, the swap, the replaced one's memory) and a health
+    probe that found the device threads stuck (their stacks follow it in the replica's log)."""
     import ray
     time.sleep(2.0)  # the replaced configuration is dropped and its memory given back after the swap
     logs = Path(ray._private.worker._global_node.get_logs_dir_path()) / "serve"
     return [ln.strip() for f in sorted(logs.glob("replica_*.log")) for ln in f.read_text(errors="replace").splitlines()
-            if "reload:" in ln or "reload refused" in ln]
+            if "reload:" in ln or "reload refused" in ln or "health probe:" in ln]
 
 
 def reload_on(address: str, overrides: list[str]) -> None:

@@ -150,6 +150,7 @@ class QclsDeployment:
 
     async def check_health(self) -> None:
         """Serve calls this every serve.health_check_period_s; raising makes it replace the replica."""
+        self.reloader.live()
         try:
             await self.worker.check()
         finally:

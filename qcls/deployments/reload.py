@@ -143,9 +143,14 @@ class Reloader:
         self._build_lock = threading.Lock()  # one build at a time: two would need twice the memory
         self._started = False
 
+    def live(self) -> None:
+        """The replica takes traffic from now (Serve's first health check follows the start-up reconfigure()):
+        every later request builds in a thread, also the first one of a replica deployed without a user_config."""
+        self._started = True
+
     def request(self, user_config: dict | None) -> None:
-        """Start building the configuration `user_config` asks for and return. The first request (Serve's
-        reconfigure() right after __init__, before the replica takes traffic) is built here, at once."""
+        """Start building the configuration `user_config` asks for and return. A request before the replica
+        takes traffic (Serve's reconfigure() right after __init__) is built here, at once: nothing waits on it."""
         first, self._started = not self._started, True
         with self._lock:
             self._generation += 1

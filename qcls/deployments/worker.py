@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Callable, Protocol
 
 from qcls.classifier import WARMUP_QUERY, Classifier
+from qcls.deployments.stacks import thread_stacks
 from qcls.results import QueryResult
 from qcls.scoring.tokenization import QueryError
 
@@ -313,6 +314,8 @@ class EngineWorker:
         except Exception as e:
             reason = (f"no answer within {self.probe_timeout_s:g}s" if isinstance(e, TimeoutError)
                       else f"{type(e).__name__}: {e}")
+            if isinstance(e, TimeoutError):  # where the device threads (and a reload's build) are stuck
+                log.error("health probe: %s; every thread's stack:\n%s", reason, thread_stacks())
             self.broken = f"health probe failed ({reason}); last engine error: {self.suspect}"
             self._report("unusable")
             raise RuntimeError(f"engine unusable: {self.broken}") from None

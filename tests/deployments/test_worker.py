@@ -276,3 +276,19 @@ def test_a_swap_lets_the_queued_queries_finish_on_the_old_classifier():
     assert [q for kind, q in old.log if kind == "start"] == [tuple("abcd"), tuple("ef")]
     assert [q for kind, q in new.log if kind == "start"] == [tuple("xy")]
     assert w.clf is new
+
+
+def test_a_probe_without_an_answer_logs_where_every_thread_is(caplog):
+    """A hung device thread is replaced by Serve without a trace: the probe's log must show where it waits."""
+    clf = FakeClassifier()
+    clf.gate = threading.Event()  # the probe's forward never ends until the test opens the gate
+    w = EngineWorker(clf, probe_idle_s=0.0, probe_timeout_s=0.2)
+    try:
+        with caplog.at_level("ERROR", logger="qcls.serve"), pytest.raises(RuntimeError, match="no answer"):
+            run(w.check())
+    finally:
+        clf.gate.set()
+    (record,) = [r for r in caplog.records if "every thread's stack" in r.getMessage()]
+    text = record.getMessage()
+    # the launcher thread, stopped in the fake device's wait: named with the line it waits on
+    assert "--- thread qcls-launch" in text and "in finish" in text and "self.gate.wait" in text
