@@ -117,7 +117,7 @@ class Reloads:
     """`n` reloads through `qcls reload`'s own function, spread over `seconds`, with GPU memory sampled meanwhile."""
 
     def __init__(self, n: int, sets: list[list[str]], seconds: float):
-        self.n, self.sets, self.seconds, self.windows, self.memory = n, sets, seconds, [], {}
+        self.n, self.sets, self.seconds, self.windows, self.memory, self.busy = n, sets, seconds, [], {}, {}
         self.done = threading.Event()  # the load goes on until the last reload has answered for a second
 
     def run(self) -> None:
@@ -126,7 +126,9 @@ class Reloads:
         import ray
         spawn = multiprocessing.get_context("spawn")  # as `qcls reload` runs: its own process, synchronous handles
         t_start, wall = time.perf_counter(), time.time() - time.perf_counter()
-        with C.GpuSampler(0.2, "memory.used") as gpu:
+        # utilization beside memory: a build that hangs with the GPU busy (a kernel that never ends) or idle (the
+        # host threads stuck) are two different bugs
+        with C.GpuSampler(0.2, "memory.used") as gpu, C.GpuSampler(0.5) as util:
             for k in range(self.n):
                 time.sleep(max(0.0, t_start + (k + 1) * self.seconds / (self.n + 1) - time.perf_counter()))
                 t0, want = time.perf_counter(), self.sets[k % 2]
@@ -141,6 +143,9 @@ class Reloads:
         for t, gpu, mib in gpu.samples:  # the memory.used of the GPUs this run sees, summed per sample time
             if not mine or gpu in mine:
                 self.memory[t - wall] = self.memory.get(t - wall, 0) + int(mib)
+        for t, gpu, pct_busy in util.samples:
+            if not mine or gpu in mine:
+                self.busy[t - wall] = max(self.busy.get(t - wall, 0.0), pct_busy)
 
 
 def reload_log_lines() -> list[str]:
@@ -177,9 +182,11 @@ def ops_stats(lv, swaps: Reloads, zipf: bool) -> dict:
             mem = [m for t, m in sorted(swaps.memory.items()) if t0 <= t <= t1]
             before = [m for t, m in sorted(swaps.memory.items()) if t < t0]
             after = [m for t, m in sorted(swaps.memory.items()) if t > t1 + 0.5] or ["n/a"]
+            busy = [u for t, u in sorted(swaps.busy.items()) if t0 <= t <= t1]
             swap_rows.append({"prompts": prompts, "exit": exitcode, "command_s": t1 - t0, "to_new_s": first_new - t0,
                               "requests": len(win), "p99": pct(sorted(rows[i][0] for i in win), 99),
-                              "mib": f"{before[-1]} → {max(mem)} → {after[0]}" if mem and before else "n/a"})
+                              "mib": f"{before[-1]} → {max(mem)} → {after[0]}" if mem and before else "n/a",
+                              "busy": f"{min(busy):.0f}–{max(busy):.0f}" if busy else "n/a"})
         out.update(swaps=swap_rows, p99_outside=pct(sorted(r[0] for i, r in enumerate(rows) if i not in inside), 99))
     return out
 
@@ -193,9 +200,9 @@ def ops_table(stats: list[dict]) -> str:
             lines += [f"Reloads during {s['path']} c={s['concurrency']}: {s['errors']} failed requests of "
                       f"{s['requests']}; p99 outside the swap windows {s['p99_outside']:.2f} ms", "",
                       "| reload | to | exit | command s | to the new fingerprint s | requests in the window | p99 ms "
-                      "| GPU MiB before → peak → 0.5 s after |", "|---" * 8 + "|"]
+                      "| GPU MiB before → peak → 0.5 s after | GPU busy % |", "|---" * 9 + "|"]
             lines += [f"| {k + 1} | {w['prompts']} | {w['exit']} | {w['command_s']:.2f} | {w['to_new_s']:.2f} | "
-                      f"{w['requests']} | {w['p99']:.2f} | {w['mib']} |" for k, w in enumerate(s["swaps"])]
+                      f"{w['requests']} | {w['p99']:.2f} | {w['mib']} | {w['busy']} |" for k, w in enumerate(s["swaps"])]
     return "\n".join(lines) + "\n" if lines else ""
 
 
