@@ -103,7 +103,6 @@ def test_a_reload_builds_beside_the_serving_one_on_its_weights_then_swaps(monkey
     assert active[0] is not old and active[0].loaded == "weights" and outcomes == ["serving"]
 
 
-
 def test_once_live_the_first_reload_of_a_replica_deployed_without_user_config_builds_in_a_thread(monkeypatch):
     """Without a user_config Serve calls no reconfigure() at start-up: the first one comes under traffic, and
     building it inside reconfigure() would hold Serve's call (the replica shows as updating) for the whole build."""
@@ -115,6 +114,7 @@ def test_once_live_the_first_reload_of_a_replica_deployed_without_user_config_bu
     assert r.state.status == "building" and active[0] is old
     FakeClassifier.gate.set()
     assert _wait(r).status == "serving" and active[0] is not old and outcomes == ["serving"]
+
 
 def test_a_bad_or_weight_changing_reload_is_refused_and_the_old_one_keeps_serving(monkeypatch):
     r, active, outcomes = _reloader(monkeypatch, compose([]))
