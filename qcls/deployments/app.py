@@ -175,6 +175,7 @@ class QclsDeployment:
             raise PermissionError("fault injection is off: it needs serve.fault_injection=true (tests only)")
         for obj, name in ((self.clf.engine, "launch"), (self.clf, "_launch"), (self.worker, "submit")):
             obj.__dict__.pop(name, None)
+        self.worker.watch_steps = kind != "hold"  # a held forward is the test's doing, not a stuck device
         if kind == "engine":
             def broken_launch(*_a, **_k):
                 raise RuntimeError(INJECTED_CUDA_ERROR)

@@ -11,6 +11,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
@@ -82,6 +83,10 @@ class EngineWorker:
         self._jobs: deque[tuple[Callable, tuple, Future]] = deque()  # probes and run_batch calls, first
         self._launched: deque[tuple[list, object, float]] = deque()  # (chunk, started batch, launch time)
         self._inflight = 0  # batches launched and not yet answered, jobs included
+        # thread name → when its current device step (a launch, a job, a wait for a forward's end) began; a step
+        # older than a probe may take fails the health check (off while a test holds the forwards on purpose)
+        self._step_since: dict[str, float] = {}
+        self.watch_steps = True
         self._closed = False
         threading.Thread(target=self._launch_loop, name="qcls-launch", daemon=True).start()
         threading.Thread(target=self._collect_loop, name="qcls-collect", daemon=True).start()
@@ -140,13 +145,15 @@ class EngineWorker:
                 fn, args, done = job
                 if done.set_running_or_notify_cancel():
                     try:
-                        done.set_result(fn(*args))
+                        with self._device_step("launch"):
+                            done.set_result(fn(*args))
                     except BaseException as e:  # noqa: BLE001 - handed to the awaiting caller
                         done.set_exception(e)
                 self._settled()
             elif chunk:
                 started = time.perf_counter()
-                batch = self._start([it.query for it, _, _ in chunk], chunk[0][0].clf)
+                with self._device_step("launch"):
+                    batch = self._start([it.query for it, _, _ in chunk], chunk[0][0].clf)
                 with self._lock:
                     self._launched.append((chunk, batch, started))
                     self._ready.notify()
@@ -172,7 +179,8 @@ class EngineWorker:
                     return
                 chunk, batch, started = self._launched.popleft()
             try:
-                answer: list[QueryResult] | BaseException = self._finish([it for it, _, _ in chunk], batch, started)
+                with self._device_step("collect"):
+                    answer: list[QueryResult] | BaseException = self._finish([it for it, _, _ in chunk], batch, started)
             except BaseException as e:  # noqa: BLE001 - never leave a caller waiting forever
                 answer = e
             else:
@@ -302,25 +310,42 @@ class EngineWorker:
 
     # -- health ------------------------------------------------------------------------------------------
 
+    @contextmanager
+    def _device_step(self, thread: str):
+        self._step_since[thread] = time.monotonic()
+        try:
+            yield
+        finally:
+            del self._step_since[thread]
+
     async def check(self) -> None:
         """Raise if the engine cannot answer. A real forward runs only after an engine error or a long idle
-        spell: with traffic flowing, recent successes are the evidence and the check costs nothing."""
+        spell: with traffic flowing, recent successes are the evidence and the check costs nothing. A device
+        step (a batch's launch, the wait for its end) that has not returned for longer than a probe may take
+        fails the check at once: under load the successes stop, but the idle spell that starts a probe never
+        comes while requests keep arriving."""
         if self.broken:
             raise RuntimeError(f"engine unusable: {self.broken}")
+        held = max((time.monotonic() - t for t in list(self._step_since.values())), default=0.0)
+        if held > self.probe_timeout_s and self.watch_steps:
+            self._unusable(f"a device step has not returned for {held:.0f}s", stacks=True)
         if self.suspect is None and time.monotonic() - self.last_ok < self.probe_idle_s:
             return
         try:
             await asyncio.wait_for(self._on_device(self._probe), self.probe_timeout_s)
         except Exception as e:
-            reason = (f"no answer within {self.probe_timeout_s:g}s" if isinstance(e, TimeoutError)
-                      else f"{type(e).__name__}: {e}")
-            if isinstance(e, TimeoutError):  # where the device threads (and a reload's build) are stuck
-                log.error("health probe: %s; every thread's stack:\n%s", reason, thread_stacks())
-            self.broken = f"health probe failed ({reason}); last engine error: {self.suspect}"
-            self._report("unusable")
-            raise RuntimeError(f"engine unusable: {self.broken}") from None
+            timeout = isinstance(e, TimeoutError)
+            self._unusable(f"no answer within {self.probe_timeout_s:g}s" if timeout else f"{type(e).__name__}: {e}",
+                           stacks=timeout)
         self.suspect = None
         self._ok()
+
+    def _unusable(self, reason: str, stacks: bool) -> None:
+        if stacks:  # where the device threads (and a reload's build) are stuck
+            log.error("health probe: %s; every thread's stack:\n%s", reason, thread_stacks())
+        self.broken = f"health probe failed ({reason}); last engine error: {self.suspect}"
+        self._report("unusable")
+        raise RuntimeError(f"engine unusable: {self.broken}") from None
 
     def _probe(self) -> None:
         r = self.clf.classify([WARMUP_QUERY])[0]

@@ -292,3 +292,27 @@ def test_a_probe_without_an_answer_logs_where_every_thread_is(caplog):
     text = record.getMessage()
     # the launcher thread, stopped in the fake device's wait: named with the line it waits on
     assert "--- thread qcls-launch" in text and "in finish" in text and "self.gate.wait" in text
+
+
+def test_a_batch_stuck_on_the_device_under_load_fails_the_check_without_waiting_for_an_idle_spell(caplog):
+    """Under load no idle spell ever starts a probe: a forward that has not returned for longer than a probe may
+    take is the evidence itself, and the replica must be replaced (with every thread's stack in its log)."""
+    clf = FakeClassifier()
+    clf.gate = threading.Event()  # the batch's forward never ends until the test opens the gate
+    w = EngineWorker(clf, probe_idle_s=3600.0, probe_timeout_s=0.2)
+
+    async def scenario():
+        futures = w.submit([Pending("a", time.perf_counter())])
+        await until_async(lambda: clf.started("a"), '"a" to start')
+        w.last_ok = time.monotonic()  # traffic was flowing: no idle spell, so no probe
+        await asyncio.sleep(0.3)
+        with caplog.at_level("ERROR", logger="qcls.serve"), pytest.raises(RuntimeError, match="has not returned"):
+            await w.check()
+        clf.gate.set()
+        return await asyncio.gather(*futures)
+
+    try:
+        assert run(scenario())[0].ok  # the forward itself still ends, but the replica stays unusable
+    finally:
+        clf.gate.set()
+    assert w.broken and any("every thread's stack" in r.getMessage() for r in caplog.records)
