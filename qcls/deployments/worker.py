@@ -1,22 +1,20 @@
 """The engine side of a replica: one Classifier, the two threads that drive the device (one launches batches,
 one collects them, so that a batch is prepared while the one before it runs), per-query failure isolation
-and the health probe. Free of Ray and HTTP, so it is the same object under a handle, a route or a unit test.
+and (health.py) the health checks. Free of Ray and HTTP, so it is the same object under a handle, a route or a unit test.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import threading
 import time
 from collections import deque
 from concurrent.futures import Future
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
-from qcls.classifier import WARMUP_QUERY, Classifier
-from qcls.deployments.stacks import thread_stacks
+from qcls.classifier import Classifier
+from qcls.deployments.health import HealthChecks
 from qcls.results import QueryResult
 from qcls.scoring.tokenization import QueryError
 
@@ -53,16 +51,13 @@ class Pending:
     clf: Classifier | None = None
 
 
-class EngineWorker:
+class EngineWorker(HealthChecks):
     def __init__(self, clf: Classifier, probe_idle_s: float = 60.0, probe_timeout_s: float = 20.0,
                  observer: Observer | None = None, depth: int = 2, fill_while_busy: bool = True):
         self.clf = clf
         self.observer = observer
         self.max_batch = clf.cfg.engine.max_batch_size
-        self.probe_idle_s, self.probe_timeout_s = probe_idle_s, probe_timeout_s
-        self.last_ok = time.monotonic()
-        self.suspect: str | None = None  # an engine error since the last good forward: probe before trusting
-        self.broken: str | None = None  # the probe failed: this replica cannot serve and must be replaced
+        self._init_health(probe_idle_s, probe_timeout_s)
         # Two threads own the device, never the replica's event loop (which keeps answering health checks and
         # taking requests meanwhile). The launcher takes the next batch as soon as fewer than `depth` are in
         # flight, tokenizes it and queues its forward behind the running one; the collector waits for each
@@ -83,10 +78,6 @@ class EngineWorker:
         self._jobs: deque[tuple[Callable, tuple, Future]] = deque()  # probes and run_batch calls, first
         self._launched: deque[tuple[list, object, float]] = deque()  # (chunk, started batch, launch time)
         self._inflight = 0  # batches launched and not yet answered, jobs included
-        # thread name → when its current device step (a launch, a job, a wait for a forward's end) began; a step
-        # older than a probe may take fails the health check (off while a test holds the forwards on purpose)
-        self._step_since: dict[str, float] = {}
-        self.watch_steps = True
         self._closed = False
         threading.Thread(target=self._launch_loop, name="qcls-launch", daemon=True).start()
         threading.Thread(target=self._collect_loop, name="qcls-collect", daemon=True).start()
@@ -301,59 +292,9 @@ class EngineWorker:
             self._work.notify()
         return await asyncio.wrap_future(done)
 
-    def _ok(self) -> None:
-        self.last_ok = time.monotonic()
-
     def _report(self, kind: str) -> None:
         if self.observer is not None:
             self.observer.engine_error(kind)
-
-    # -- health ------------------------------------------------------------------------------------------
-
-    @contextmanager
-    def _device_step(self, thread: str):
-        self._step_since[thread] = time.monotonic()
-        try:
-            yield
-        finally:
-            del self._step_since[thread]
-
-    async def check(self) -> None:
-        """Raise if the engine cannot answer. A real forward runs only after an engine error or a long idle
-        spell: with traffic flowing, recent successes are the evidence and the check costs nothing. A device
-        step (a batch's launch, the wait for its end) that has not returned for longer than a probe may take
-        fails the check at once: under load the successes stop, but the idle spell that starts a probe never
-        comes while requests keep arriving."""
-        if self.broken:
-            raise RuntimeError(f"engine unusable: {self.broken}")
-        held = max((time.monotonic() - t for t in list(self._step_since.values())), default=0.0)
-        if held > self.probe_timeout_s and self.watch_steps:
-            self._unusable(f"a device step has not returned for {held:.0f}s", stacks=True)
-        if self.suspect is None and time.monotonic() - self.last_ok < self.probe_idle_s:
-            return
-        try:
-            await asyncio.wait_for(self._on_device(self._probe), self.probe_timeout_s)
-        except Exception as e:
-            timeout = isinstance(e, TimeoutError)
-            self._unusable(f"no answer within {self.probe_timeout_s:g}s" if timeout else f"{type(e).__name__}: {e}",
-                           stacks=timeout)
-        self.suspect = None
-        self._ok()
-
-    def _unusable(self, reason: str, stacks: bool) -> None:
-        if stacks:  # where the device threads (and a reload's build) are stuck
-            log.error("health probe: %s; every thread's stack:\n%s", reason, thread_stacks())
-        self.broken = f"health probe failed ({reason}); last engine error: {self.suspect}"
-        self._report("unusable")
-        raise RuntimeError(f"engine unusable: {self.broken}") from None
-
-    def _probe(self) -> None:
-        r = self.clf.classify([WARMUP_QUERY])[0]
-        if not r.ok:
-            raise RuntimeError(r.error)
-        bad = [p.prompt for p in r.prompts if not all(math.isfinite(s.prob) for s in p.labels)]
-        if bad:
-            raise RuntimeError(f"non-finite scores for prompts {bad}")
 
     def close(self) -> None:
         """Stop the device threads once the batches in flight are answered (Serve calls this once the
