@@ -254,8 +254,8 @@ def _collect_unfrozen(unfreeze: bool) -> None:
 
 
 def _free_device_memory(clf: "Classifier") -> tuple[float, float, float] | None:
-    """A failed build's tensors are garbage now: give their cached blocks back (an out-of-memory build, above all).
-    Returns the GiB torch's allocator reserved before and after, and the GiB allocated (None off CUDA)."""
+    """Give the cached blocks of tensors that are garbage now back to the device: a failed build's (an
+    out-of-memory build, above all) or a replaced configuration's. Returns the GiB torch's allocator reserved before and after, and the GiB allocated (None off CUDA)."""
     device = getattr(clf.loaded, "device", None)
     if getattr(device, "type", None) != "cuda":
         return None

@@ -1,6 +1,7 @@
 """The engine side of a replica: one Classifier, the two threads that drive the device (one launches batches,
 one collects them, so that a batch is prepared while the one before it runs), per-query failure isolation
-and (health.py) the health checks. Free of Ray and HTTP, so it is the same object under a handle, a route or a unit test.
+and (health.py) the health checks. Free of Ray and HTTP, so it is the same object under a handle, a route or a
+unit test.
 """
 from __future__ import annotations
 
