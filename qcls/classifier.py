@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -17,6 +17,7 @@ from qcls.config import QclsConfig
 from qcls.engine.engine import FastEngine
 from qcls.errors import ConfigError
 from qcls.engine.layout import PromptLayout
+from qcls.engine.turns import ALONE, DeviceTurns, holding
 from qcls.heads import startup as heads
 from qcls.heads.depth import Depth, plan_depth
 from qcls.heads.fingerprint import num_layers
@@ -46,9 +47,10 @@ class Classifier:
     """Everything is loaded, captured and warmed here; `classify` only tokenizes, replays and reads."""
 
     def __init__(self, cfg: QclsConfig | None = None, overrides: list[str] | tuple[str, ...] = (),
-                 loaded: LoadedModel | None = None, taps: list[Tap] = ()):
+                 loaded: LoadedModel | None = None, taps: list[Tap] = (), turns: DeviceTurns = ALONE):
         """`taps`: hidden states to keep from every forward besides those a head reads (`read_states`, for
-        fitting heads; fast engine only)."""
+        fitting heads; fast engine only). `turns`: how this build shares the device with a configuration serving
+        beside it on the same weights (`loaded`): qcls/engine/turns.py."""
         self.cfg = cfg if cfg is not None else compose(overrides)
         cfg = self.cfg
         self.startup_s: dict[str, float] = {}
@@ -93,17 +95,18 @@ class Classifier:
         # what building a result reads per prompt, looked up once here rather than per prompt of every result
         self._build = ResultBuilder([(lay.tokens.name, lay.tokens.labels, lay.label_token_counts, h)
                                      for lay, h in zip(self.layouts, self._headed)], self.depth.scores, self.head).build
-        with step(f"building the {cfg.engine.kind} engine", self.startup_s, "engine"):
-            self.engine = self._build_engine()
-        self.notes = cal_notes + list(loaded.notes) + list(getattr(self.engine, "notes", []))
-        if cfg.engine.kind == "fast" and loaded.device.type == "cuda" and not self.engine.graphs:
-            self.notes.append("CUDA graphs off: the forward runs eagerly (slower)")
-        for n in self.notes:
-            warn(n)
-        with step(f"warm-up ({cfg.engine.warmup_requests} requests per bucket)", self.startup_s, "warmup"):
-            self._warm_up()
-        self.startup_s["total"] = round(time.perf_counter() - t0, 3)
-        self.measured_memory = measured(loaded.device)  # weights + KV pool + graph pools, and the peak
+        with holding(turns):
+            with step(f"building the {cfg.engine.kind} engine", self.startup_s, "engine"):
+                self.engine = self._build_engine(turns.give_way)
+            self.notes = cal_notes + list(loaded.notes) + list(getattr(self.engine, "notes", []))
+            if cfg.engine.kind == "fast" and loaded.device.type == "cuda" and not self.engine.graphs:
+                self.notes.append("CUDA graphs off: the forward runs eagerly (slower)")
+            for n in self.notes:
+                warn(n)
+            with step(f"warm-up ({cfg.engine.warmup_requests} requests per bucket)", self.startup_s, "warmup"):
+                self._warm_up(turns.give_way)
+            self.startup_s["total"] = round(time.perf_counter() - t0, 3)
+            self.measured_memory = measured(loaded.device)  # weights + KV pool + graph pools, and the peak
         if self.measured_memory:
             gib = {k: round(v / 2**30, 2) for k, v in self.measured_memory.items()}
             step_note(f"GPU memory after start-up (GiB): {gib}")
@@ -155,7 +158,7 @@ class Classifier:
         strategy = get_strategy(self.cfg.strategy)
         return [PromptLayout.from_spec(self.tokenizer, spec, strategy, self.depth.scores) for spec in self.cfg.prompts]
 
-    def _build_engine(self):
+    def _build_engine(self, give_way: Callable[[], None]):
         cfg, ld = self.cfg, self.loaded
         prompt_heads = heads.prompt_heads(self.head, self.prompt_names)
         if cfg.engine.kind == "reference":
@@ -174,9 +177,9 @@ class Classifier:
                           attention=cfg.engine.attention, heads=prompt_heads, taps=self.taps,
                           qkv_heads=cfg.engine.qkv_heads_per_program, fuse_post_norms=cfg.engine.fuse_post_norms,
                           fuse_qkv_attention=cfg.engine.fuse_qkv_attention, fuse_tail=cfg.engine.fuse_tail,
-                          stop_after=self.depth.layers if self.depth.stops_early else None)
+                          stop_after=self.depth.layers if self.depth.stops_early else None, give_way=give_way)
 
-    def _warm_up(self) -> None:
+    def _warm_up(self, give_way: Callable[[], None]) -> None:
         """Every bucket, then the request path; records each batch size's device time (forward + score, ms) in
         `device_ms`, which a server uses to time the batch it queues behind a running one."""
         self.device_ms: dict[int, float] = {}
@@ -191,8 +194,10 @@ class Classifier:
         for b, total in keys:
             lengths = [total // b + (i < total % b) for i in range(b)]  # b queries with `total` tokens
             for _ in range(self.cfg.engine.warmup_requests):
+                give_way()
                 self.engine.run([(ids * total)[:n] for n in lengths])
         for b in range(1, self.cfg.engine.max_batch_size + 1):  # and the whole request path, results included,
+            give_way()
             first = self.start([WARMUP_QUERY] * b)  # two batches in flight, as a server runs them: every
             second = self.start([WARMUP_QUERY] * b)  # host slot and device event gets its first use here
             self.finish(first)

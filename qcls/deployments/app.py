@@ -60,7 +60,7 @@ class QclsDeployment:
         self._gather = cfg.serve.batch_wait_timeout_s > 0
         self._batched.set_max_batch_size(cfg.engine.max_batch_size)
         self._batched.set_batch_wait_timeout_s(cfg.serve.batch_wait_timeout_s)
-        self.reloader = Reloader(lambda: self.clf, self._swap, base or {}, self.metrics.reload_outcome)
+        self.reloader = Reloader(lambda: self.clf, self._swap, base or {}, self.metrics.reload_outcome, self.worker)
 
     @property
     def cfg(self) -> QclsConfig:

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from qcls.config import QclsConfig
+from qcls.engine.turns import ALONE, DeviceTurns, holding
 from qcls.errors import QclsError
 
 if TYPE_CHECKING:
@@ -134,8 +135,9 @@ class Reloader:
     that arrives during a build supersedes it (the older build is dropped when it ends)."""
 
     def __init__(self, active: Callable[[], "Classifier"], swap: Callable[["Classifier"], None], base: dict,
-                 on_outcome: Callable[[str], None] | None = None):
-        self.active, self._swap, self.base, self.on_outcome = active, swap, base, on_outcome
+                 on_outcome: Callable[[str], None] | None = None, turns: DeviceTurns = ALONE):
+        """`turns`: how a build shares the device with the serving configuration (the replica's worker)."""
+        self.active, self._swap, self.base, self.on_outcome, self.turns = active, swap, base, on_outcome, turns
         clf = active()
         self.state = ReloadState("serving", clf.fingerprint, clf.prompt_names)
         self._generation = 0
@@ -181,11 +183,12 @@ class Reloader:
                 from qcls.classifier import Classifier
                 log.warning("reload: building the new configuration beside the serving one (%d prompts: %s)",
                             len(cfg.prompts), ", ".join(p.name for p in cfg.prompts))
-                new, why = Classifier(cfg, loaded=old.loaded), None
+                new, why = Classifier(cfg, loaded=old.loaded, turns=self.turns), None
             except BaseException as e:  # noqa: BLE001 - any failure is a refusal; the old one keeps serving
                 new, why = None, refusal_text(e)
             if new is None:  # (out of the except clause: its traceback no longer holds the failed build's tensors)
-                _free_device_memory(old)
+                with holding(self.turns):
+                    _free_device_memory(old)
                 return self._settle(gen, "refused", old, why)
             if gen != self._generation:
                 return
@@ -193,7 +196,7 @@ class Reloader:
             del old
             self._swap(new)
             self._settle(gen, "serving", new, None)
-            _free_when_replaced(replaced, new)
+            _free_when_replaced(replaced, new, self.turns)
 
     def _settle(self, gen: int, status: str, clf: "Classifier", detail: str | None, changed: bool = True) -> None:
         with self._lock:
@@ -216,7 +219,8 @@ class RefusedReload(QclsError):
     """A reload that a running deployment cannot apply."""
 
 
-def _free_when_replaced(replaced: "weakref.ref[Classifier]", new: "Classifier", wait_s: float = 10.0) -> None:
+def _free_when_replaced(replaced: "weakref.ref[Classifier]", new: "Classifier", turns: DeviceTurns,
+                        wait_s: float = 10.0) -> None:
     """Once the queries queued on the replaced Classifier are answered, nothing holds it: give its memory (K/V
     buffers, prefix cache, graph pools) back to the device, so that the next build reuses it instead of adding
     to it (CUDA graph pools are only released by empty_cache, not handed to other allocations)."""
@@ -235,7 +239,9 @@ def _free_when_replaced(replaced: "weakref.ref[Classifier]", new: "Classifier", 
         log.warning("reload: the replaced configuration is still referenced %.0f s after the swap (by %s); its "
                     "device memory is given back when it is dropped, or reused by the next build", wait_s, by)
         return
-    dropped_s, freed = time.monotonic() - t0, _free_device_memory(new)
+    dropped_s = time.monotonic() - t0
+    with holding(turns):  # (empty_cache: a device-wide synchronization)
+        freed = _free_device_memory(new)
     if freed is not None:  # (nothing cached to give back off CUDA)
         log.warning("reload: the replaced configuration was dropped %.2f s after the swap (%d garbage collections); "
                     "memory reserved by torch %.2f → %.2f GiB (allocated %.2f GiB)", dropped_s, collections, *freed)
@@ -255,7 +261,9 @@ def _collect_unfrozen(unfreeze: bool) -> None:
 
 def _free_device_memory(clf: "Classifier") -> tuple[float, float, float] | None:
     """Give the cached blocks of tensors that are garbage now back to the device: a failed build's (an
-    out-of-memory build, above all) or a replaced configuration's. Returns the GiB torch's allocator reserved before and after, and the GiB allocated (None off CUDA)."""
+    out-of-memory build, above all) or a replaced configuration's. Returns the GiB torch's allocator reserved
+    before and after, and the GiB allocated (None off CUDA). Called in a device turn: empty_cache synchronizes
+    the whole device."""
     device = getattr(clf.loaded, "device", None)
     if getattr(device, "type", None) != "cuda":
         return None

@@ -1,7 +1,7 @@
 """The engine side of a replica: one Classifier, the two threads that drive the device (one launches batches,
 one collects them, so that a batch is prepared while the one before it runs), per-query failure isolation
-and (health.py) the health checks. Free of Ray and HTTP, so it is the same object under a handle, a route or a
-unit test.
+and (health.py) the health checks; (sharing.py) the device turns of a reload's build. Free of Ray and HTTP, so
+it is the same object under a handle, a route or a unit test.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from typing import Callable, Protocol
 
 from qcls.classifier import Classifier
 from qcls.deployments.health import HealthChecks
+from qcls.deployments.sharing import DeviceSharing
 from qcls.results import QueryResult
 from qcls.scoring.tokenization import QueryError
 
@@ -52,7 +53,7 @@ class Pending:
     clf: Classifier | None = None
 
 
-class EngineWorker(HealthChecks):
+class EngineWorker(HealthChecks, DeviceSharing):
     def __init__(self, clf: Classifier, probe_idle_s: float = 60.0, probe_timeout_s: float = 20.0,
                  observer: Observer | None = None, depth: int = 2, fill_while_busy: bool = True):
         self.clf = clf
@@ -80,6 +81,7 @@ class EngineWorker(HealthChecks):
         self._launched: deque[tuple[list, object, float]] = deque()  # (chunk, started batch, launch time)
         self._inflight = 0  # batches launched and not yet answered, jobs included
         self._closed = False
+        self._init_sharing()  # a reload's build takes the device in turns with the batches (sharing.py)
         threading.Thread(target=self._launch_loop, name="qcls-launch", daemon=True).start()
         threading.Thread(target=self._collect_loop, name="qcls-collect", daemon=True).start()
 
@@ -122,7 +124,7 @@ class EngineWorker(HealthChecks):
         while True:
             with self._lock:
                 while not self._closed:
-                    free = self._inflight < self.depth
+                    free = self._inflight < self.depth and not self._held
                     hold = self._hold_s() if free and self._waiting else None
                     if free and (self._jobs or (hold is not None and hold <= 0)):
                         break
@@ -133,6 +135,7 @@ class EngineWorker(HealthChecks):
                 chunk = [] if job else self._take()
                 if job or chunk:
                     self._inflight += 1
+                    self._turn.notify_all()
             if job is not None:
                 fn, args, done = job
                 if done.set_running_or_notify_cancel():
@@ -197,6 +200,7 @@ class EngineWorker(HealthChecks):
         with self._lock:
             self._inflight -= 1
             self._work.notify()
+            self._turn.notify_all()
 
     def _take(self) -> list:
         """The next batch: up to max_batch waiting queries of one Classifier (those queued before a reload
@@ -304,6 +308,7 @@ class EngineWorker(HealthChecks):
             self._closed = True
             self._work.notify_all()
             self._ready.notify_all()
+            self._turn.notify_all()
 
 
 def refused(query: str, why: str) -> QueryResult:

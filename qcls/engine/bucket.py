@@ -3,6 +3,8 @@ shape, the computation over them (decoder forward, then the tail), and its captu
 builds every bucket at start-up; a request packs into one and replays its graphs."""
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from qcls.engine.attention import DenseAttention, TreeAttention
@@ -75,23 +77,31 @@ class Bucket:
         if self.embed_fn is not None:
             self.embed_fn(self.host[slot][:self.n_tokens], self.embeds)
 
-    def capture(self, pool) -> None:
-        dev = self.dec.device
-        side = torch.cuda.Stream(dev)
-        side.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(side):
+    def capture(self, pool, stream: torch.cuda.Stream, give_way: Callable[[], None]) -> None:
+        """Warm up, then capture the forward and the tail, on `stream` (the engine's: cuBLAS keeps a workspace
+        per stream, allocated by the warm-up, never inside a capture). `give_way` between the three steps lets
+        queries served beside a build run (turns.py). Not torch.cuda.graph: it synchronizes the whole device and
+        empties both memory caches before every capture, which beside live forwards is what hung (turns.py)."""
+        current = torch.cuda.current_stream(self.dec.device)
+        stream.wait_stream(current)
+        with torch.cuda.stream(stream):
             for _ in range(2):
                 self.forward()
                 self.score()
-        torch.cuda.current_stream(dev).wait_stream(side)
-        g_fwd, g_tail = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-        # thread_local: a hot reload captures a new engine's graphs while the serving threads keep running forwards,
-        # copies and syncs on their own stream; the default ("global") mode would make those calls fail meanwhile
-        with torch.cuda.graph(g_fwd, pool=pool, capture_error_mode="thread_local"):
-            self.forward()
-        with torch.cuda.graph(g_tail, pool=pool, capture_error_mode="thread_local"):
-            self.score()
-        self.graphs = (g_fwd, g_tail)
+        graphs = []
+        for step in (self.forward, self.score):
+            give_way()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.stream(stream):
+                # thread_local: a capture's errors are this thread's own; other threads' calls are not checked
+                graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+                try:
+                    step()
+                finally:
+                    graph.capture_end()
+            graphs.append(graph)
+        current.wait_stream(stream)
+        self.graphs = (graphs[0], graphs[1])
 
 
 def token_buckets(query_buckets: list[int], b: int) -> list[int]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -22,6 +23,7 @@ from qcls.engine.prefix_cache import plan_prefixes
 from qcls.engine.probs import split_blocks
 from qcls.engine.tail import Tail
 from qcls.engine.taps import TapPlan, root_reads
+from qcls.engine.turns import ALONE
 from qcls.heads.head import FINAL, PromptHead, Tap
 
 
@@ -56,12 +58,13 @@ class FastEngine:
                  vocab_chunk: int, use_graphs: bool, embed_fn=None, attention: str = "auto",
                  heads: list[PromptHead | None] | None = None, taps: list[Tap] = (), qkv_heads: int = 0,
                  fuse_post_norms: bool = True, fuse_qkv_attention: bool = True, fuse_tail: bool = True,
-                 stop_after: int | None = None):
+                 stop_after: int | None = None, give_way: Callable[[], None] = ALONE.give_way):
         """`heads`: per prompt its head (a calibration or a learned head) or None, built into the tail's
         tables; `taps`: hidden states to keep from every forward besides those the heads read (`states`,
         for fitting heads); `qkv_heads`, `fuse_post_norms`, `fuse_qkv_attention`, `fuse_tail`: engine.qkv_heads_per_program,
         engine.fuse_post_norms, engine.fuse_qkv_attention, engine.fuse_tail; `stop_after`: the forward runs this
-        many layers and ends with the heads' read (no final norm, no label scores: qcls/heads/depth.py)."""
+        many layers and ends with the heads' read (no final norm, no label scores: qcls/heads/depth.py); `give_way`:
+        called between the build's device steps (a prompt's prefix fill, a bucket, a capture: turns.py)."""
         self.prompts = prompts
         self.embed_fn = embed_fn
         self.pool = plan_prefixes([p.tokens.prefix_ids for p in prompts], block_size)
@@ -82,14 +85,17 @@ class FastEngine:
         self._check_taps()
         hidden = self.dec.norm.weight.shape[0]
         with torch.inference_mode():
-            self._fill_prefix_pool()
+            self._fill_prefix_pool(give_way)
             tails = {b: Tail([p.plan for p in prompts], b, head_rows, head_tokens, full_head, vocab_chunk, self.device,
                              heads, self.taps, hidden, fuse_tail) for b in range(1, max_batch + 1)}
             plans = {b: TapPlan(self.taps, b, root_reads([len(p.plan.read_nodes) for p in prompts], b), hidden,
                                 self.device) if self.taps else None for b in range(1, max_batch + 1)}
-            self.buckets = {(b, lt): Bucket(b, lt, self.packer, self.dec, tails[b], self.pool_len, embed_fn,
-                                          self.attention == "tree", plans[b])
-                            for b in range(1, max_batch + 1) for lt in token_buckets(self.query_buckets, b)}
+            self.buckets: dict[tuple[int, int], Bucket] = {}
+            for b in range(1, max_batch + 1):
+                for lt in token_buckets(self.query_buckets, b):
+                    give_way()
+                    self.buckets[b, lt] = Bucket(b, lt, self.packer, self.dec, tails[b], self.pool_len, embed_fn,
+                                                 self.attention == "tree", plans[b])
         for lq in range(1, self.query_buckets[-1] + 1):  # a lone query's descriptors: copied, never built
             bk = self.bucket_for([[0] * lq])
             self.packer.warm([lq], bk.n_tokens, bk.tile)
@@ -103,10 +109,11 @@ class FastEngine:
         # up three times a request (a Python lookup of ~10 µs each on an H100 host).
         self._stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
         if self.graphs:
-            pool = torch.cuda.graph_pool_handle()
+            pool, stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream(self.device)
             with torch.inference_mode():
                 for key in sorted(self.buckets, key=lambda k: -self.buckets[k].n_tokens):
-                    self.buckets[key].capture(pool)
+                    give_way()
+                    self.buckets[key].capture(pool, stream, give_way)
 
     def _pick_attention(self, wanted: str) -> tuple[str, list[str]]:
         """'auto' takes the tree kernel wherever it runs (a CUDA device with Triton); on a GPU without it,
@@ -144,7 +151,7 @@ class FastEngine:
             raise ValueError(f"hidden-state taps {bad}: this model has {n} layers, a head reads the residual stream "
                              f"after 1…{n - 1} layers or the final norm's output ({FINAL})")
 
-    def _fill_prefix_pool(self) -> None:
+    def _fill_prefix_pool(self, give_way: Callable[[], None]) -> None:
         """Run each prompt's not-yet-cached prefix blocks through the decoder, writing their K/V into the
         pool slots; earlier blocks (possibly another prompt's) are read where they lie."""
         dev, key_len = self.device, self.pool_len
@@ -167,6 +174,7 @@ class FastEngine:
             attend = DenseAttention(lambda w: allowed & (pos[:, None] - key_pos[None, :] < w) if w > 0 else allowed,
                                     key_len)
             self.dec.forward(ids, pos, write, attend, torch.tensor([0], device=dev), embeds)
+            give_way()
 
     def bucket_for(self, batch: list[list[int]]) -> Bucket:
         longest, total = max(len(ids) for ids in batch), sum(len(ids) for ids in batch)

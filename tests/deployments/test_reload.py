@@ -55,8 +55,9 @@ class FakeClassifier:
     fail: Exception | None = None
     gate = threading.Event()
 
-    def __init__(self, cfg, loaded=None):
+    def __init__(self, cfg, loaded=None, turns=None):
         FakeClassifier.gate.wait(30)
+        self.turns = turns
         if FakeClassifier.fail is not None:
             raise FakeClassifier.fail
         self.cfg, self.loaded = cfg, loaded
@@ -68,14 +69,36 @@ class FakeClassifier:
         return [p.name for p in self.cfg.prompts]
 
 
+class Turns:
+    """The replica worker's device turns (sharing.py), recorded."""
+
+    def __init__(self):
+        self.log: list[str] = []
+
+    def hold_device(self):
+        self.log.append("hold")
+
+    def give_way(self):
+        self.log.append("give way")
+
+    def release_device(self):
+        self.log.append("release")
+
+
 def _reloader(monkeypatch, cfg):
     import qcls.classifier
+    from qcls.deployments import reload
     monkeypatch.setattr(qcls.classifier, "Classifier", FakeClassifier)
+    turns = Turns()
+    # (an earlier test's swap may still be waiting for its replaced Classifier: its "free" is not this test's)
+    monkeypatch.setattr(reload, "_free_device_memory",
+                        lambda clf: clf in FakeClassifier.built and turns.log.append("free"))
     FakeClassifier.built, FakeClassifier.fail = [], None
     FakeClassifier.gate.set()
     active = [FakeClassifier(cfg, loaded="weights")]
     outcomes = []
-    r = Reloader(lambda: active[0], lambda clf: active.__setitem__(0, clf), {"overrides": []}, outcomes.append)
+    r = Reloader(lambda: active[0], lambda clf: active.__setitem__(0, clf), {"overrides": []}, outcomes.append,
+                 turns)
     return r, active, outcomes
 
 
@@ -101,6 +124,7 @@ def test_a_reload_builds_beside_the_serving_one_on_its_weights_then_swaps(monkey
     st = _wait(r)
     assert st.status == "serving" and st.prompts == ["category_v2", "audience_v2"] and st.request_id == "r1"
     assert active[0] is not old and active[0].loaded == "weights" and outcomes == ["serving"]
+    assert active[0].turns is r.turns  # built in turns with the serving batches
 
 
 def test_once_live_the_first_reload_of_a_replica_deployed_without_user_config_builds_in_a_thread(monkeypatch):
@@ -128,6 +152,7 @@ def test_a_bad_or_weight_changing_reload_is_refused_and_the_old_one_keeps_servin
     st = _wait(r)
     assert st.status == "refused" and "layer 20" in st.detail and "load more layers" in st.detail
     assert active[0] is old and outcomes == ["refused", "refused"]
+    assert r.turns.log == ["hold", "free", "release"] * 2, r.turns.log  # a failed build's memory: freed in a turn
     r.request({"overrides": [], "id": "back"})  # a roll-back to what serves: nothing built, the refusal still shown
     st = _wait(r)
     assert st.status == "serving" and st.request_id == "back" and "layer 20" in st.last_refusal
@@ -198,9 +223,11 @@ def test_the_swap_logs_when_the_replaced_configuration_is_dropped_and_what_its_m
 
     old = Old()
     replaced = weakref.ref(old)
-    monkeypatch.setattr(reload, "_free_device_memory", lambda clf: (12.5, 9.75, 9.5))
+    turns = Turns()
+    monkeypatch.setattr(reload, "_free_device_memory", lambda clf: turns.log.append("free") or (12.5, 9.75, 9.5))
     del old
     with caplog.at_level(logging.WARNING, logger=reload.log.name):
-        reload._free_when_replaced(replaced, new=None)
+        reload._free_when_replaced(replaced, new=None, turns=turns)
+    assert turns.log == ["hold", "free", "release"]  # empty_cache synchronizes the device: not beside a batch
     assert "memory reserved by torch 12.50 → 9.75 GiB (allocated 9.50 GiB)" in caplog.text
     assert "(0 garbage collections)" in caplog.text
