@@ -79,7 +79,8 @@ class Classifier:
         if loaded is None:
             loaded = self._load(backend)
         self._check_head(heads.check_model_config, loaded.source_config)
-        self._check_head(heads.check_model_weights, loaded.model)
+        with holding(turns):  # (a head's weight fingerprint copies weights off the device)
+            self._check_head(heads.check_model_weights, loaded.model)
         if self.heads.file is not None:
             step_note(self.heads.line())
         loaded = self._settle_depth(loaded, backend, given)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
-# What a build waits, when it takes the device back, for the queries that waited meanwhile to be launched.
+# What a build waits, when it takes the device back, for the queries and jobs that waited meanwhile to be launched.
 GIVE_S = 0.05
 # A build's give_way that comes sooner than this after it took the device keeps it: a step this short costs
 # the queries less than a drain of the batches in flight would cost the build.
@@ -26,10 +26,11 @@ class DeviceSharing:
     def hold_device(self) -> None:
         with self._lock:
             end = time.monotonic() + self.give_s
-            while self._waiting and not self._closed and (left := end - time.monotonic()) > 0:
+            # the queries and jobs (a health probe, above all) that waited meanwhile go first
+            while (self._waiting or self._jobs) and not self._closed and (left := end - time.monotonic()) > 0:
                 self._turn.wait(left)
             self._held += 1
-            while self._inflight and not self._closed:
+            while self._inflight:  # (a closed worker still answers what it launched)
                 self._turn.wait()
         self._held_since = time.monotonic()
 

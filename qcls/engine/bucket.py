@@ -88,6 +88,7 @@ class Bucket:
             for _ in range(2):
                 self.forward()
                 self.score()
+        stream.synchronize()  # the build's kernels end before it gives way (this stream only, not the device)
         graphs = []
         for step in (self.forward, self.score):
             give_way()
@@ -97,8 +98,13 @@ class Bucket:
                 graph.capture_begin(pool=pool, capture_error_mode="thread_local")
                 try:
                     step()
-                finally:
-                    graph.capture_end()
+                except BaseException:
+                    try:  # end the capture, but report what broke it (an out-of-memory, say), not the invalidation
+                        graph.capture_end()
+                    except Exception:  # noqa: BLE001
+                        pass
+                    raise
+                graph.capture_end()
             graphs.append(graph)
         current.wait_stream(stream)
         self.graphs = (graphs[0], graphs[1])

@@ -16,6 +16,7 @@ def test_a_build_holds_the_device_between_batches_and_gives_way_to_the_queries_t
     clf.gate = threading.Event()  # "a" stays on the device until the test opens the gate
     w = EngineWorker(clf)
     w.slice_s = 0.0  # every give_way gives way (the fake's steps are instants)
+    w.give_s = HANG_GUARD_S  # what waits is launched before the build takes the device back, however slow the host
     step = {name: threading.Event() for name in ("give way", "release")}
 
     def build():  # what a reload's thread does: hold, a step, give way, a step, release
@@ -42,8 +43,6 @@ def test_a_build_holds_the_device_between_batches_and_gives_way_to_the_queries_t
         await until_async(lambda: ("build", "held again") in clf.log, "the build to hold the device again")
         assert clf.log.index(("finish", ("b",))) < clf.log.index(("build", "held again"))  # "b" ran in between
         after = w.submit([Pending("c", time.perf_counter())])
-        await asyncio.sleep(0)
-        assert not clf.started("c")
         step["release"].set()
         out = await asyncio.gather(*first, *during, *after)
         builder.join(HANG_GUARD_S)
@@ -73,3 +72,23 @@ def test_a_held_device_holds_the_probes_too_and_an_idle_one_is_held_at_once():
 
     run(scenario())
     assert len(clf.calls) == 1
+
+
+def test_a_probe_asked_for_during_a_build_runs_when_the_build_gives_way():
+    """An idle replica's health probe waits for the build's next give_way, not for the whole build: a probe held
+    for longer than it may take would mark the replica broken."""
+    clf = FakeClassifier()
+    w = EngineWorker(clf, probe_idle_s=0.0)
+    w.slice_s, w.give_s = 0.0, HANG_GUARD_S
+    w.hold_device()
+
+    async def scenario():
+        probe = asyncio.ensure_future(w.check())
+        await until_async(lambda: w._jobs, "the probe to wait for the device")
+        await asyncio.to_thread(w.give_way)  # the build's next step boundary
+        assert len(clf.calls) == 1 and w._held == 1  # the probe ran in between; the build holds the device again
+        await probe
+        w.release_device()
+
+    run(scenario())
+    assert w.broken is None
