@@ -8,6 +8,7 @@ import pytest
 
 from qcls.compose import ConfigError, compose
 from qcls.deployments.reload import Reloader, changed_keys, deployment_version, redacted, target_config
+from tests.engine.test_turns import Recording
 
 
 def test_what_a_reload_cannot_change():
@@ -69,27 +70,11 @@ class FakeClassifier:
         return [p.name for p in self.cfg.prompts]
 
 
-class Turns:
-    """The replica worker's device turns (sharing.py), recorded."""
-
-    def __init__(self):
-        self.log: list[str] = []
-
-    def hold_device(self):
-        self.log.append("hold")
-
-    def give_way(self):
-        self.log.append("give way")
-
-    def release_device(self):
-        self.log.append("release")
-
-
 def _reloader(monkeypatch, cfg):
     import qcls.classifier
     from qcls.deployments import reload
     monkeypatch.setattr(qcls.classifier, "Classifier", FakeClassifier)
-    turns = Turns()
+    turns = Recording()  # the replica worker's device turns (sharing.py)
     # (an earlier test's swap may still be waiting for its replaced Classifier: its "free" is not this test's)
     monkeypatch.setattr(reload, "_free_device_memory",
                         lambda clf: clf in FakeClassifier.built and turns.log.append("free"))
@@ -223,7 +208,7 @@ def test_the_swap_logs_when_the_replaced_configuration_is_dropped_and_what_its_m
 
     old = Old()
     replaced = weakref.ref(old)
-    turns = Turns()
+    turns = Recording()
     monkeypatch.setattr(reload, "_free_device_memory", lambda clf: turns.log.append("free") or (12.5, 9.75, 9.5))
     del old
     with caplog.at_level(logging.WARNING, logger=reload.log.name):

@@ -11,6 +11,8 @@ from tests.conftest import prompt, tiny_cfg
 
 
 class Recording:
+    """Device turns (the replica worker's, in a real replica) that record what a build asks of them."""
+
     def __init__(self):
         self.log: list[str] = []
 
