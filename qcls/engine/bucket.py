@@ -81,7 +81,7 @@ class Bucket:
         """Warm up, then capture the forward and the tail, on `stream` (the engine's: cuBLAS keeps a workspace
         per stream, allocated by the warm-up, never inside a capture). `give_way` between the three steps lets
         queries served beside a build run (turns.py). Not torch.cuda.graph: it synchronizes the whole device and
-        empties both memory caches before every capture, which beside live forwards is what hung (turns.py)."""
+        empties both memory caches before every capture, which beside live forwards can deadlock (turns.py)."""
         current = torch.cuda.current_stream(self.dec.device)
         stream.wait_stream(current)
         with torch.cuda.stream(stream):

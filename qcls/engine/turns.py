@@ -1,11 +1,12 @@
 """Turns on a device that a configuration is built on while another one serves (a reload in a replica).
 
 CUDA graph capture, device-wide synchronization and cache releases beside live forwards from other threads of
-the same process hung replicas on Hopper (the build's thread in the capture's device synchronize, the
-serving collector in its batch's event, neither ever returning). A build therefore uses the device in turns:
-it holds the device (no serving batch in flight, none launched) and gives way between its steps (a prompt's
-prefix fill, a bucket's warm-up, a graph capture, a warm-up request), when the queries that waited meanwhile
-run. A build with nothing beside it (start-up, a Classifier in a script) takes no turns: `ALONE`.
+the same process can deadlock a replica (measured on H200s: the build's thread in the capture's device
+synchronize, the serving collector in its batch's event, neither returning). A build therefore uses the device in
+turns: it holds the device (no serving batch in flight, none launched) and gives way between its steps (a
+prompt's prefix fill, a bucket, a bucket's warm-up, a graph capture, a warm-up request), when the queries and
+jobs that waited meanwhile run. A build with nothing beside it (start-up, a Classifier in a script) takes no
+turns: `ALONE`.
 """
 from __future__ import annotations
 
