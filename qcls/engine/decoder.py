@@ -200,6 +200,13 @@ def _fuse_linears(mods: list[nn.Module]) -> tuple[torch.Tensor, torch.Tensor | N
     if len({(w.dtype, w.device) for w in ws}) != 1 or len({m.bias is None for m in mods}) != 1:
         return None
     with torch.no_grad():
+        # an engine built earlier on these weights (the serving one, during a reload's build) fused them already:
+        # share its tensor, or every build would hold a second copy of most of the weights until the swap
+        w = _side_by_side([x.detach() for x in ws])
+        if w is not None:
+            b = _side_by_side([m.bias.detach() for m in mods]) if mods[0].bias is not None else None
+            if b is not None or mods[0].bias is None:
+                return w, b
         w = torch.cat([x.detach() for x in ws])
         b = torch.cat([m.bias.detach() for m in mods]) if mods[0].bias is not None else None
         off = 0
@@ -210,3 +217,18 @@ def _fuse_linears(mods: list[nn.Module]) -> tuple[torch.Tensor, torch.Tensor | N
                 m.bias.data = b[off:off + rows]
             off += rows
     return w, b
+
+
+def _side_by_side(parts: list[torch.Tensor]) -> torch.Tensor | None:
+    """The tensor `parts` already form when they lie one after another in one storage, as the views that
+    _fuse_linears leaves do (a view of that storage, no copy); None when they do not."""
+    first = parts[0]
+    if any(p.shape[1:] != first.shape[1:] or not p.is_contiguous() for p in parts):
+        return None
+    ptr, at = first.untyped_storage().data_ptr(), first.storage_offset()
+    for p in parts:
+        if p.untyped_storage().data_ptr() != ptr or p.storage_offset() != at:
+            return None
+        at += p.numel()
+    rows = sum(p.shape[0] for p in parts)
+    return first.as_strided((rows, *first.shape[1:]), first.stride())
