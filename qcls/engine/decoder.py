@@ -196,19 +196,19 @@ def _fuse_linears(mods: list[nn.Module]) -> tuple[torch.Tensor, torch.Tensor | N
     plain nn.Linear (a quantized module) or they differ in dtype/device/bias."""
     if any(type(m) is not nn.Linear for m in mods):
         return None
-    ws = [m.weight for m in mods]
-    if len({(w.dtype, w.device) for w in ws}) != 1 or len({m.bias is None for m in mods}) != 1:
+    weights = [m.weight.detach() for m in mods]
+    if len({(w.dtype, w.device) for w in weights}) != 1 or len({m.bias is None for m in mods}) != 1:
         return None
+    biases = [m.bias.detach() for m in mods] if mods[0].bias is not None else None
+    # an engine built earlier on these weights (the serving one, during a reload's build) joined them already:
+    # share its tensor, or every build would hold a second copy of most of the weights until the swap
+    w = _side_by_side(weights)
+    b = _side_by_side(biases) if biases is not None else None
+    if w is not None and (biases is None or b is not None):
+        return w, b
     with torch.no_grad():
-        # an engine built earlier on these weights (the serving one, during a reload's build) fused them already:
-        # share its tensor, or every build would hold a second copy of most of the weights until the swap
-        w = _side_by_side([x.detach() for x in ws])
-        if w is not None:
-            b = _side_by_side([m.bias.detach() for m in mods]) if mods[0].bias is not None else None
-            if b is not None or mods[0].bias is None:
-                return w, b
-        w = torch.cat([x.detach() for x in ws])
-        b = torch.cat([m.bias.detach() for m in mods]) if mods[0].bias is not None else None
+        w = torch.cat(weights)
+        b = torch.cat(biases) if biases is not None else None
         off = 0
         for m in mods:
             rows = m.weight.shape[0]
