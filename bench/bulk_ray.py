@@ -99,7 +99,8 @@ def main() -> None:
     distinct = len(set(q for q in queries if q.strip()))
     overrides, prompts = model_overrides(args.model, work)
     most = max(args.actors + [args.kill or 1])
-    ray.init(num_cpus=max(os.cpu_count() or 1, most + 2), include_dashboard=False, log_to_driver=False)
+    cpus = {} if C.joined_ray() else {"num_cpus": max(os.cpu_count() or 1, most + 2)}
+    ray.init(include_dashboard=False, log_to_driver=False, **cpus)  # RAY_ADDRESS: joined
     runs: list[tuple[str, dict]] = []
     for n in args.actors:
         runs.append((f"{n}", one_run(log, work, overrides, n, None, args.batch_size)))

@@ -41,6 +41,16 @@ GEMMA3_SHAPES = {
 MODELS = sorted(SHAPES) + sorted(GEMMA3_SHAPES)
 
 
+def joined_ray() -> bool:
+    """A cluster named by RAY_ADDRESS is joined and left as it was found: only this run's app is deleted."""
+    return bool(os.environ.get("RAY_ADDRESS"))
+
+
+def leave_serve(app_name: str) -> None:
+    from ray import serve
+    serve.delete(app_name) if joined_ray() else serve.shutdown()
+
+
 def model_config(name: str):
     """The transformers config of a shape in SHAPES or GEMMA3_SHAPES."""
     from transformers import Gemma3TextConfig, Qwen3Config

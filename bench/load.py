@@ -74,7 +74,7 @@ def measure(a, overrides: list[str]) -> tuple[list[dict], dict]:
     main_url, main_name = (direct, ports_name) if direct else (routed, routed_name)
     if "http" in a.paths:
         paths.append((main_name, http_caller(main_url)))
-    if "proxy" in a.paths and direct:
+    if "proxy" in a.paths and direct and not C.joined_ray():  # a joined cluster's proxy port is its own
         paths.append((routed_name, http_caller(routed)))
 
     queries = [q for q in zipf_log(200_000) if q] if a.zipf else QUERIES
@@ -93,7 +93,10 @@ def measure(a, overrides: list[str]) -> tuple[list[dict], dict]:
                           flush=True)
         finally:
             info["reload_log"] = reload_log_lines() if a.reloads else []
-            await serve.shutdown_async()  # on the loop the handle's router lives on
+            if C.joined_ray():
+                await asyncio.to_thread(serve.delete, s.app_name)
+            else:
+                await serve.shutdown_async()  # on the loop the handle's router lives on
     try:
         asyncio.run(drive())
     finally:
@@ -303,10 +306,11 @@ def no_result_cache(overrides: list[str]) -> list[str]:
 
 def app_overrides(random_qwen3: str | None, overrides: list[str], cache: bool = False) -> list[str]:
     """The app's overrides: the random checkpoint if asked, no result cache unless set (or `cache`), loopback on
-    a free port."""
+    a free port; on a joined cluster an app and route of the bench's own beside the cluster's apps."""
     model = C.checkpoint_overrides(random_qwen3) if random_qwen3 else []
+    app = ["serve.app_name=bench", "serve.route_prefix=/bench"] if C.joined_ray() else ["serve.route_prefix=/"]
     return [*model, *(overrides if cache else no_result_cache(overrides)), "serve.host=127.0.0.1",
-            f"serve.port={free_port()}", "serve.route_prefix=/"]
+            f"serve.port={free_port()}", *app]
 
 
 def main(argv=None) -> int:

@@ -242,8 +242,9 @@ def main(argv=None) -> int:
     a.replicas = cfg.serve.num_replicas
     if a.replicas < 2 or cfg.serve.autoscaling or cfg.serve.ingress != "direct":
         ap.error("needs serve.num_replicas=N ≥ 2, no serve.autoscaling, serve.ingress=direct")
+    if a.via == "proxy" and C.joined_ray():
+        ap.error("--via proxy drives the proxy of a Ray started here: unset RAY_ADDRESS")
     import ray
-    from ray import serve
 
     from qcls.deployments.serve_cli import serve_main
     serve_main(overrides, blocking=False)
@@ -251,7 +252,7 @@ def main(argv=None) -> int:
     try:
         rows = asyncio.run(drive(a, cfg.serve.app_name, f"http://127.0.0.1:{cfg.serve.port}", out))
     finally:
-        serve.shutdown()
+        C.leave_serve(cfg.serve.app_name)
         ray.shutdown()
     s = summarise(rows, out, a)
     header = {"device": load.describe_device(cfg), "overrides": " ".join(overrides), "config": load.config_line(cfg)}

@@ -1,7 +1,14 @@
-"""Shared fixtures: models are built once per test session."""
+"""Shared fixtures: models are built once per test session (per xdist worker); the `slow` marker is kept true and
+the slow tests grouped onto workers by tests/slow_marker.py."""
 from __future__ import annotations
 
 import os
+import sys
+from dataclasses import dataclass
+
+from tests import slow_marker
+
+slow_marker.install()  # before anything starts a process or loads a model
 
 # One intra-op thread per test process (and the subprocesses it starts): the models here are tiny, and on a
 # shared 2-core CI machine OpenMP workers spinning against other processes made CPU runs 10-20× slower
@@ -23,8 +30,52 @@ from qcls.progress import set_quiet
 
 set_quiet(True)
 
+
+def pytest_configure(config):
+    # a plugin of its own, not this conftest's hooks: a conftest's hooks do not see session-scoped fixtures' set-up
+    if not config.pluginmanager.has_plugin(slow_marker.__name__):
+        config.pluginmanager.register(slow_marker, slow_marker.__name__)
+
+
 # Small buckets keep CPU warm-up short; the engine's logic is the same for any bucket list.
 FAST = ["engine.query_buckets=[8,16]", "max_query_tokens=16", "engine.warmup_requests=1"]
+
+_demo_weights: dict[tuple, object] = {}
+_fresh_load = False
+
+
+@pytest.fixture(scope="session", autouse=True)
+def demo_weights_read_once():
+    """A demo model's weights are read once per test process and shared by every Classifier built on them there,
+    as a reload shares its replica's weights (`Classifier(cfg, loaded=…)`). Keyed by everything that decides
+    what is loaded: the model (not its head) and the backend. A load of only a head's layers is always fresh (it is
+    its tests' subject), and so is every load of a test marked `fresh_load`."""
+    from qcls.classifier import Classifier
+    read = Classifier._load
+
+    def load(self, backend):
+        if self.cfg.model.source != "demo" or _fresh_load or self.depth.loads_part:
+            return read(self, backend)
+        key = (self.cfg.model.model_dump_json(exclude={"head"}), self.cfg.backend.model_dump_json(),
+               self.cfg.cache_dir)
+        if key not in _demo_weights:
+            _demo_weights[key] = read(self, backend)
+        else:  # what a test uses is what it would have read: the `slow` check sees it (tests/slow_marker.py)
+            from qcls.backends.sources import config_source
+            sys.audit("qcls.load_model", config_source(self.cfg.model, self.cfg.cache_dir).path, None)
+        return _demo_weights[key]
+
+    Classifier._load = load
+    yield
+    Classifier._load = read
+
+
+@pytest.fixture(autouse=True)
+def _fresh_load_marker(request):
+    global _fresh_load
+    _fresh_load = request.node.get_closest_marker("fresh_load") is not None
+    yield
+    _fresh_load = False
 
 
 @pytest.fixture(scope="session")
@@ -43,17 +94,25 @@ def demo_classifier(demo_cfg_overrides):
 
 
 @pytest.fixture(scope="session")
-def tiny_dirs(tmp_path_factory) -> dict[str, str]:
+def qwen3_qwentok(tmp_path_factory) -> str:
+    """A tiny random-weight Qwen3 with the real Qwen vocabulary and tokenizer."""
+    from qcls.qwen_tokenizer import build_qwen_tokenizer
+    from qcls.tiny_models import make_tiny_model_dir
+    root = tmp_path_factory.mktemp("tiny_qwentok")
+    return str(make_tiny_model_dir(root / "qwen3_qwentok", "qwen3", build_qwen_tokenizer(), seed=2))
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory, qwen3_qwentok) -> dict[str, str]:
     """Tiny random-weight checkpoints of each family as local HF directories (byte tokenizer), plus
     `qwen3_qwentok`: a tiny Qwen3 with the real Qwen vocabulary and tokenizer, and `gemma3_wide`: the tiny
     Gemma3 with a window no test row reaches and the default softmax scale (what the tree kernel runs
     before it has windows and scales)."""
-    from qcls.qwen_tokenizer import build_qwen_tokenizer
     from qcls.tiny_models import TINY_FAMILIES, make_tiny_model_dir, tiny_byte_tokenizer
 
     root = tmp_path_factory.mktemp("tiny_models")
     out = {fam: str(make_tiny_model_dir(root / fam, fam, tiny_byte_tokenizer(), seed=1)) for fam in TINY_FAMILIES}
-    out["qwen3_qwentok"] = str(make_tiny_model_dir(root / "qwen3_qwentok", "qwen3", build_qwen_tokenizer(), seed=2))
+    out["qwen3_qwentok"] = qwen3_qwentok
     out["gemma3_wide"] = str(make_tiny_model_dir(root / "gemma3_wide", "gemma3", tiny_byte_tokenizer(), seed=1,
                                                  sliding_window=256, query_pre_attn_scalar=32))
     return out
@@ -101,3 +160,44 @@ def tiny_cfg(model_dir: str, prompts: list[dict], **extra):
     data = {"model": {"name": "tiny", "source": "local", "path": model_dir}, "prompts": prompts,
             "max_query_tokens": 16, "engine": engine, **extra}
     return validate(data)
+
+
+@dataclass(frozen=True)
+class RaySession:
+    address: str  # the GCS address a process joins with (RAY_ADDRESS, `qcls bulk --address`)
+    port: int  # Serve's HTTP proxy
+    metrics_port: int
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One Ray cluster with one Serve instance for every test that uses Ray (they share an xdist worker), on
+    loopback, started with the Serve flags of the default `serve.ingress` (direct ingress) as `qcls serve` starts
+    it. 8 logical CPUs: the Serve apps' replicas and Ray Data's actors with their read and write tasks beside
+    them. Bench scripts join it through RAY_ADDRESS and leave it as they found it."""
+    ray = pytest.importorskip("ray")
+    from ray import serve
+
+    from qcls.config import ServeSpec
+    from qcls.deployments.ingress import export_serve_env
+    from qcls.deployments.ports import free_port
+
+    port, metrics_port = free_port(), free_port()
+    saved = dict(os.environ)
+    export_serve_env(ServeSpec())
+    ray.init(num_cpus=8, include_dashboard=False, _metrics_export_port=metrics_port)
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    yield RaySession(ray.get_runtime_context().gcs_address, port, metrics_port)
+    serve.shutdown()
+    ray.shutdown()
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+@pytest.fixture(scope="session")
+def tiny_overrides(tmp_path_factory) -> list[str]:
+    """Overrides for a tiny random-weight Qwen3 (byte tokenizer, the shipped default prompts, no head): for tests
+    whose subject is not the model (serving, bulk, faults), in-process or in a Serve replica."""
+    from qcls.tiny_models import make_tiny_model_dir, tiny_byte_tokenizer
+    d = make_tiny_model_dir(tmp_path_factory.mktemp("tiny_qwen3") / "qwen3", "qwen3", tiny_byte_tokenizer(), seed=1)
+    return FAST + [f"model.path={d}", "model.source=local", "model.name=tiny", "model.head=null", "prompts=default"]

@@ -1,6 +1,9 @@
-"""The CLI end to end with the demo model: classify (table and --json), repl fed by a pipe, errors."""
+"""The CLI end to end with the demo model: classify (table and --json), repl fed by a pipe, errors, bulk. One test
+runs `qcls` as a process (stdout and stderr kept apart, the exit status); the others call its `main` in this
+process, on the session's copy of the demo weights."""
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -8,10 +11,8 @@ import sys
 
 import pytest
 
-from qcls.cli import split_args
+from qcls.cli import main, split_args
 from qcls.results import STAGES
-
-pytestmark = pytest.mark.slow
 
 
 def run(args: list[str], overrides: list[str], stdin: str | None = None) -> subprocess.CompletedProcess:
@@ -19,11 +20,26 @@ def run(args: list[str], overrides: list[str], stdin: str | None = None) -> subp
                           capture_output=True, timeout=600, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
+def cli(args: list[str], overrides: list[str], capsys, monkeypatch, stdin: str | None = None
+        ) -> subprocess.CompletedProcess:
+    """`qcls ARGS` in this process: its exit status, stdout and stderr."""
+    if stdin is not None:
+        monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+    capsys.readouterr()
+    try:
+        rc = main([args[0], *overrides, *args[1:]])
+    except SystemExit as e:  # argparse's --help and usage errors
+        rc = e.code
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(args, rc, out.out, out.err)
+
+
 def test_split_args():
     assert split_args(["red dress", "scoring=exact", "+x=1"], ["size=M"]) == (["red dress", "size=M"],
                                                                              ["scoring=exact", "+x=1"])
 
 
+@pytest.mark.slow
 def test_classify_table_and_progress(demo_cfg_overrides):
     p = run(["classify", "mens slim fit jeans", "boys hoodie"], demo_cfg_overrides)
     assert p.returncode == 0, p.stderr
@@ -33,8 +49,9 @@ def test_classify_table_and_progress(demo_cfg_overrides):
     assert "[qcls]" not in out
 
 
-def test_classify_json_and_bad_query(demo_cfg_overrides):
-    p = run(["classify", "--json", "hoodie", "   ", "--", "size=M"], demo_cfg_overrides)
+@pytest.mark.slow
+def test_classify_json_and_bad_query(demo_cfg_overrides, capsys, monkeypatch):
+    p = cli(["classify", "--json", "hoodie", "   ", "--", "size=M"], demo_cfg_overrides, capsys, monkeypatch)
     assert p.returncode == 1  # one query was refused
     rows = [json.loads(line) for line in p.stdout.splitlines()]
     assert [r["query"] for r in rows] == ["hoodie", "   ", "size=M"]
@@ -52,20 +69,21 @@ def test_classify_json_and_bad_query(demo_cfg_overrides):
     assert literal["ok"]  # after `--`, key=value is a query
 
 
-def test_repl_reads_a_pipe(demo_cfg_overrides):
-    p = run(["repl", "--json"], demo_cfg_overrides, stdin="summer dress\n\nboys tee\n")
+@pytest.mark.slow
+def test_repl_reads_a_pipe(demo_cfg_overrides, capsys, monkeypatch):
+    p = cli(["repl", "--json"], demo_cfg_overrides, capsys, monkeypatch, stdin="summer dress\n\nboys tee\n")
     assert p.returncode == 0, p.stderr
     rows = [json.loads(line) for line in p.stdout.splitlines()]
     assert [r["query"] for r in rows] == ["summer dress", "boys tee"] and all(r["ok"] for r in rows)
 
 
-def test_config_error_is_one_line_not_a_traceback(demo_cfg_overrides):
-    p = run(["classify", "x"], demo_cfg_overrides + ["scoring=greedy"])
+def test_config_error_is_one_line_not_a_traceback(demo_cfg_overrides, capsys, monkeypatch):
+    p = cli(["classify", "x"], demo_cfg_overrides + ["scoring=greedy"], capsys, monkeypatch)
     assert p.returncode == 2 and "qcls: error:" in p.stderr and "Traceback" not in p.stderr
 
 
-def test_help_lists_commands():
-    p = subprocess.run([sys.executable, "-m", "qcls.cli", "--help"], capture_output=True, text=True)
+def test_help_lists_commands(capsys, monkeypatch):
+    p = cli(["--help"], [], capsys, monkeypatch)
     assert p.returncode == 0 and all(c in p.stdout for c in ("classify", "repl", "serve", "check", "bulk", "sweep",
                                                               "calibrate", "--debug", "qcls check model="))
 
@@ -107,12 +125,13 @@ def test_the_table_shows_the_heads_probabilities():
     assert "ABSTAINED → none" in format_result(r).splitlines()[1]
 
 
-def test_bulk_file_in_file_out_with_the_demo_model(demo_cfg_overrides, tmp_path):
+@pytest.mark.slow
+def test_bulk_file_in_file_out_with_the_demo_model(demo_cfg_overrides, tmp_path, capsys, monkeypatch):
     """`qcls bulk` end to end: CSV in, JSONL out, pass-through columns, an error row, the log-line progress
     and the summary on stderr (not a terminal here)."""
     inp = tmp_path / "log.csv"
     inp.write_text("id,query\n1,mens slim fit jeans\n2,\n3,mens slim fit jeans\n4,hoodie for boys\n", encoding="utf-8")
-    p = run(["bulk", str(inp), str(tmp_path / "out.jsonl")], demo_cfg_overrides)
+    p = cli(["bulk", str(inp), str(tmp_path / "out.jsonl")], demo_cfg_overrides, capsys, monkeypatch)
     assert p.returncode == 0, p.stderr
     rows = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text(encoding="utf-8").splitlines()]
     assert [r["id"] for r in rows] == ["1", "2", "3", "4"] and rows[1]["error"].startswith("empty query")
@@ -120,9 +139,13 @@ def test_bulk_file_in_file_out_with_the_demo_model(demo_cfg_overrides, tmp_path)
     assert "[qcls bulk]" in p.stderr and "2 distinct queries classified" in p.stderr and '"empty": 1' in p.stderr
 
 
-def test_bulk_refuses_a_file_that_is_not_what_its_name_says(demo_cfg_overrides, tmp_path):
+def test_bulk_refuses_a_file_that_is_not_what_its_name_says(demo_cfg_overrides, tmp_path, capsys, monkeypatch):
     inp = tmp_path / "log.csv"
     inp.write_text("id,text\n1,jeans\n", encoding="utf-8")
-    p = run(["bulk", str(inp), str(tmp_path / "out.jsonl")], demo_cfg_overrides)
+    from qcls.classifier import Classifier
+
+    def load(self, backend):
+        raise AssertionError("the model was loaded: the file should have been refused before")
+    monkeypatch.setattr(Classifier, "_load", load)
+    p = cli(["bulk", str(inp), str(tmp_path / "out.jsonl")], demo_cfg_overrides, capsys, monkeypatch)
     assert p.returncode == 2 and f"{inp} line 1: no column 'query'" in p.stderr and "--column" in p.stderr
-    assert "loading" not in p.stderr  # refused before the model loads

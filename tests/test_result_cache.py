@@ -2,6 +2,8 @@
 absorbed (so absorbing written parts rebuilds it)."""
 from __future__ import annotations
 
+import pytest
+
 from qcls.result_cache import ResultCache
 
 
@@ -70,6 +72,7 @@ def test_a_disabled_cache_answers_nothing():
     assert c.remember("fp1", [_result("a")]) == 0 and c.lookup("fp1", ["a"]) == [None] and c.misses == 0
 
 
+@pytest.mark.slow
 def test_classifier_answers_a_repeated_query_from_its_cache_only_when_asked(demo_classifier):
     clf = demo_classifier
     clf.cache.clear()

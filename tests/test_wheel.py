@@ -1,10 +1,12 @@
-"""The built wheel, installed into a fresh virtual environment and run from a folder outside the checkout,
-answers as the editable install does: the defaults, a config folder of the user's own, `qcls check` on it, and
-`qcls calibrate` on the shipped dev split (everything it reads ships inside the package)."""
+"""The built wheel, installed into a fresh virtual environment and run from a folder outside the checkout (in
+processes of its own), answers as this checkout does (in this process): the defaults, a config folder of the user's
+own, `qcls check` on it, and `qcls calibrate` on the shipped dev split (everything it reads ships inside the
+package)."""
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -24,9 +26,15 @@ QUERIES = ["mens slim fit jeans", "夏季女士碎花连衣裙"]
 def wheel_env(tmp_path_factory, demo_cfg_overrides):
     """(python of a fresh venv holding only the wheel, + this environment's dependencies; its environment)."""
     tmp = tmp_path_factory.mktemp("wheel")
+    # built from a copy: the build's own build/ and *.egg-info folders never appear in the checkout that other test
+    # processes import from
+    src = tmp / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info",
+                                                             "__pycache__", ".pytest_cache", ".dev", ".whl", ".cache",
+                                                             "outputs", "multirun"))
     # no build isolation: setuptools is already here, and the test needs no network
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
-                    str(tmp / "dist"), str(ROOT)], check=True, timeout=600, capture_output=True)
+                    str(tmp / "dist"), str(src)], check=True, timeout=600, capture_output=True)
     wheels = list((tmp / "dist").glob("qcls-*.whl"))
     assert len(wheels) == 1
     subprocess.run([sys.executable, "-m", "venv", str(tmp / "venv")], check=True, timeout=300)
@@ -49,8 +57,22 @@ def wheel_env(tmp_path_factory, demo_cfg_overrides):
 
 
 def qcls(bin_dir: Path | None, args: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
-    cmd = [str(bin_dir / "qcls")] if bin_dir else [sys.executable, "-m", "qcls.cli"]
-    return subprocess.run(cmd + args, capture_output=True, text=True, cwd=cwd, env=env, timeout=900)
+    """The wheel's `qcls` in a process of its own, or (bin_dir None) this checkout's in this process, in `cwd`."""
+    if bin_dir:
+        return subprocess.run([str(bin_dir / "qcls"), *args], capture_output=True, text=True, cwd=cwd, env=env,
+                              timeout=900)
+    import contextlib
+    import io
+
+    from qcls.cli import main
+    out, err, here = io.StringIO(), io.StringIO(), os.getcwd()
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = main(args)
+    finally:
+        os.chdir(here)
+    return subprocess.CompletedProcess(args, rc, out.getvalue(), err.getvalue())
 
 
 def answers(p: subprocess.CompletedProcess) -> list[dict]:
@@ -65,7 +87,6 @@ def test_wheel_runs_the_readme_commands_as_the_checkout_does(wheel_env, demo_cfg
     work = tmp / "work"  # the user's folder, outside the checkout
     (work / "myconf" / "prompts").mkdir(parents=True)
     (work / "myconf" / "prompts" / "mine.yaml").write_text(PROMPTS, encoding="utf-8")
-    dev_env = {k: v for k, v in env.items()}
     # small buckets keep the warm-up short; 32 tokens hold the Chinese query in SmolLM2's byte-level pieces
     fast = [*demo_cfg_overrides, "engine.query_buckets=[8,32]", "max_query_tokens=32"]
 
@@ -74,13 +95,13 @@ def test_wheel_runs_the_readme_commands_as_the_checkout_does(wheel_env, demo_cfg
 
     # the defaults: the shipped config, demo model and head
     base = ["classify", "--json", *fast, *QUERIES]
-    assert answers(qcls(bin_dir, base, work, env)) == answers(qcls(None, base, work, dev_env))
+    assert answers(qcls(bin_dir, base, work, env)) == answers(qcls(None, base, work, env))
 
     # a config folder of the user's own, from a folder outside the repository
     own = ["--config-dir", "myconf", "classify", "--json", "prompts=mine", *fast, *QUERIES]
     wheel_own = answers(qcls(bin_dir, own, work, env))
     assert list(wheel_own[0]) == ["category_zh", "audience"]
-    assert wheel_own == answers(qcls(None, own, work, dev_env))
+    assert wheel_own == answers(qcls(None, own, work, env))
 
     check = qcls(bin_dir, ["--config-dir", "myconf", "check", "prompts=mine", *fast], work, env)
     assert check.returncode == 0, check.stderr

@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -154,6 +155,9 @@ def load_model(src: Source, dtype: torch.dtype, layers: int | None = None, **kwa
     many decoder layers, and no untied LM head (qcls/backends/partial.py); None: the whole model."""
     from transformers import AutoModelForCausalLM
     from qcls.backends import partial
+    # an audit event (PEP 578): tooling can see which weights a process reads; the test suite keeps its `slow`
+    # marker true with it
+    sys.audit("qcls.load_model", src.path, src.gguf_file)
     config = load_config(src)
     layers = partial.plan_layers(config, layers)
     # a GGUF file is dequantised whole by transformers' loader anyway: it is cut in CPU memory after loading

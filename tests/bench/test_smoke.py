@@ -1,5 +1,6 @@
 """Every command in bench's index runs: each CPU smoke run of bench/README.md's "Commands" table, as written
-there, exits 0 and leaves bench/RESULTS.md as it was (QCLS_BENCH_RESULTS points the sections elsewhere)."""
+there, exits 0 and leaves bench/RESULTS.md as it was (QCLS_BENCH_RESULTS points the sections elsewhere). The
+Ray benches join the session's cluster (RAY_ADDRESS), but for the HAProxy one."""
 from __future__ import annotations
 
 import os
@@ -14,6 +15,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 INDEX = ROOT / "bench" / "README.md"
 STARTS_RAY = ("bench/load.py", "bench/replicas.py", "bench/replica_loss.py", "bench/bulk_ray.py")
+# Serve reads its ingress flags when its processes start: the HAProxy run cannot join the session's cluster (direct
+# ingress), so it starts a Ray of its own
+OWN_RAY = ("bench/replicas.py",)
 
 
 def smokes() -> list[str]:
@@ -36,9 +40,14 @@ def script(command: str) -> str:
     return re.search(r"bench[./](\w+)", command).group(1)
 
 
-@pytest.mark.parametrize("command", [pytest.param(c, marks=[pytest.mark.slow] if c.split()[1] in STARTS_RAY else [],
-                                                  id=script(c)) for c in smokes()])
-def test_smoke_runs(command: str, tmp_path: Path):
+def marks(command: str) -> list:
+    if command.split()[1] not in STARTS_RAY:
+        return []
+    return [pytest.mark.slow] + ([] if command.split()[1] in OWN_RAY else [pytest.mark.usefixtures("ray_session")])
+
+
+@pytest.mark.parametrize("command", [pytest.param(c, marks=marks(c), id=script(c)) for c in smokes()])
+def test_smoke_runs(command: str, tmp_path: Path, request):
     argv = shlex.split(command)
     if argv[1] in STARTS_RAY:
         pytest.importorskip("ray", reason="the serving and Ray Data benches need ray: pip install -e '.[serve]'")
@@ -46,6 +55,8 @@ def test_smoke_runs(command: str, tmp_path: Path):
     before = (ROOT / "bench" / "RESULTS.md").read_bytes()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "QCLS_BENCH_RESULTS": str(tmp_path / "RESULTS.md"),
            "OUT": str(tmp_path / "out"), "CUDA_VISIBLE_DEVICES": ""}
+    if "ray_session" in request.fixturenames:  # the bench joins the session's cluster and leaves it as it was
+        env["RAY_ADDRESS"] = request.getfixturevalue("ray_session").address
     run = subprocess.run([sys.executable, *argv[1:]], cwd=ROOT, env=env, capture_output=True, text=True)
     assert run.returncode == 0, f"{command}\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
     assert "|---" in run.stdout  # it printed its table

@@ -1,21 +1,12 @@
-"""A tiny random-weight Qwen3 (byte tokenizer) for the bulk tests, its overrides, and one Classifier per
-config for the whole session (runner.run takes a factory, so no test loads a model twice)."""
+"""One Classifier per config for the whole session (runner.run takes a factory, so no test loads a model twice; the
+tiny model's overrides: tests/conftest.py `tiny_overrides`)."""
 from __future__ import annotations
 
 import random
 
 import pytest
 
-from tests.conftest import FAST
-
 WORDS = ["red", "dress", "jeans", "boys", "hoodie", "slim", "tee", "knit", "女装", "skirt", "mens", "midi"]
-
-
-@pytest.fixture(scope="session")
-def tiny_overrides(tmp_path_factory) -> list[str]:
-    from qcls.tiny_models import make_tiny_model_dir, tiny_byte_tokenizer
-    d = make_tiny_model_dir(tmp_path_factory.mktemp("bulk_tiny") / "qwen3", "qwen3", tiny_byte_tokenizer(), seed=1)
-    return FAST + [f"model.path={d}", "model.source=local", "model.name=tiny", "model.head=null", "prompts=default"]
 
 
 @pytest.fixture(scope="session")

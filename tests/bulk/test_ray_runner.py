@@ -1,7 +1,7 @@
 """`qcls bulk --ray`: Ray Data with 2 CPU actors gives the single-process path's rows and errors, each distinct
 query classified once (rows sorted by query hash) or streamed; an actor killed mid-run is restarted and the
 output still has every row once; an existing cluster is joined with --address; actors that would take every
-CPU are refused. One Ray per module."""
+CPU are refused. On the session's Ray (tests/conftest.py `ray_session`)."""
 from __future__ import annotations
 
 import csv
@@ -22,13 +22,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
-    ray = pytest.importorskip("ray")
+def ray_cluster(ray_session):
+    """The session's cluster (8 logical CPUs: 2 actors × 1 CPU and room for read and write tasks)."""
     pytest.importorskip("ray.data")
-    # 4 logical CPUs on the 2-core CI machine: 2 actors × 1 CPU and room for read and write tasks
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
+    return ray_session.address
 
 
 def folder_rows(folder: Path) -> list[dict]:
@@ -180,8 +177,10 @@ def test_existing_cluster_through_the_cli(tmp_path, tiny_overrides, clf_factory,
 def test_actors_may_not_take_every_cpu(tmp_path, tiny_overrides, ray_cluster):
     inp = tmp_path / "log.txt"
     inp.write_text("red dress\n", encoding="utf-8")
-    opts = BulkOptions(str(inp), str(tmp_path / "out.jsonl"), tiny_overrides, ray=True, actors=4, quiet=True)
-    with pytest.raises(ValueError, match="would take all 4 CPUs"):
+    import ray
+    cpus = int(ray.cluster_resources()["CPU"])
+    opts = BulkOptions(str(inp), str(tmp_path / "out.jsonl"), tiny_overrides, ray=True, actors=cpus, quiet=True)
+    with pytest.raises(ValueError, match=f"would take all {cpus} CPUs"):
         ray_runner.run(opts)
 
 

@@ -1,16 +1,14 @@
-"""One Ray + Serve per pytest run (starting Ray costs ~10 s), on loopback, with the demo model deployed once.
+"""The session's Ray and Serve (tests/conftest.py `ray_session`) with the qcls app deployed once.
 
-Ray starts with the Serve flags of the default `serve.ingress` (direct ingress), as `qcls serve` starts it:
-`base_url` is the replica's own port (the fast path), `proxy_url` Serve's routing proxy."""
+Serve runs with the flags of the default `serve.ingress` (direct ingress), as `qcls serve` starts it: `base_url` is
+the replica's own port (the fast path), `proxy_url` Serve's routing proxy."""
 from __future__ import annotations
-
-import os
 
 import httpx
 import pytest
 
 from qcls.compose import compose
-from qcls.deployments.ports import free_port
+from tests.conftest import FAST
 
 # engine.max_batch_size=4 is what one forward takes and what @serve.batch gathers. The tests of these apps compare
 # served forwards (batching, faults, metrics) with Classifier runs and repeat queries: the result cache off (its
@@ -20,33 +18,34 @@ SERVE_OVERRIDES = ["engine.max_batch_size=4", "serve.fault_injection=true", NO_C
 
 
 @pytest.fixture(scope="session")
-def metrics_port() -> int:
-    return free_port()
+def metrics_port(ray_session) -> int:
+    return ray_session.metrics_port
 
 
 @pytest.fixture(scope="session")
-def serve_port(metrics_port):
-    ray = pytest.importorskip("ray")
-    from ray import serve
-
-    from qcls.config import ServeSpec
-    from qcls.deployments.ingress import export_serve_env
-
-    port = free_port()
-    saved = dict(os.environ)
-    export_serve_env(ServeSpec())
-    ray.init(num_cpus=2, include_dashboard=False, _metrics_export_port=metrics_port)
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    yield port
-    serve.shutdown()
-    ray.shutdown()
-    os.environ.clear()
-    os.environ.update(saved)
+def serve_port(ray_session) -> int:
+    return ray_session.port
 
 
 @pytest.fixture(scope="session")
-def serve_cfg(demo_cfg_overrides):
-    return compose([*demo_cfg_overrides, *SERVE_OVERRIDES])
+def serve_overrides(qwen3_qwentok) -> list[str]:
+    """The Serve apps' model: a tiny random-weight Qwen3 with the real Qwen tokenizer (their subject is serving:
+    batching, faults, reloads, the page, losses, shutdown; the model is the demo tests' subject), the shipped
+    default prompts, no head."""
+    return [*FAST, f"model.path={qwen3_qwentok}", "model.source=local", "model.name=tiny", "model.head=null",
+            "prompts=default"]
+
+
+@pytest.fixture(scope="session")
+def serve_cfg(serve_overrides):
+    return compose([*serve_overrides, *SERVE_OVERRIDES])
+
+
+@pytest.fixture(scope="session")
+def served_classifier(serve_cfg):
+    """The served configuration in this process: what every served answer is compared with."""
+    from qcls.classifier import Classifier
+    return Classifier(serve_cfg)
 
 
 @pytest.fixture(scope="session")

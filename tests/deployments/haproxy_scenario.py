@@ -1,5 +1,5 @@
 """Run by test_haproxy_loss.py in a process of its own: a Ray started with the `serve.ingress=haproxy` flags
-(Serve reads them when its processes start, so the tests' shared Ray cannot be reused), two demo replicas
+(Serve reads them when its processes start, so the tests' shared Ray cannot be reused), two replicas
 behind HAProxy, 4 closed-loop clients, one replica's forwards held (inject_fault "hold": a request that reaches
 it stays there) and SIGKILLed once a request has reached it; the clients go on until each has sent two
 requests after the killed process had exited. No step waits for a time, only for events. Prints one line

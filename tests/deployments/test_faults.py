@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 POISON = "poisoned query"
 
 
-def test_a_query_that_breaks_its_batch_fails_alone(handle, http, demo_classifier):
+def test_a_query_that_breaks_its_batch_fails_alone(handle, http, served_classifier):
     handle.inject_fault.remote("poison", POISON).result()
     try:
         mates = ["maxi dress", "boys tee", "slim jeans men"]
@@ -24,7 +24,7 @@ def test_a_query_that_breaks_its_batch_fails_alone(handle, http, demo_classifier
         assert not bad.ok and "internal error" in bad.error and bad.meta["error_kind"] == "internal"
         for r in results[:1] + results[2:]:
             assert r.ok, r.error
-            assert r.winner("category") == demo_classifier.classify([r.query])[0].winner("category")
+            assert r.winner("category") == served_classifier.classify([r.query])[0].winner("category")
 
         r = http.post("/v1/classify", json={"query": POISON})
         assert r.status_code == 500 and "injected failure" in r.json()["detail"]
@@ -37,14 +37,14 @@ def test_a_query_that_breaks_its_batch_fails_alone(handle, http, demo_classifier
     assert http.post("/v1/classify", json={"query": POISON}).status_code == 200
 
 
-def test_broken_engine_fails_health_and_serve_replaces_the_replica(serve_port, handle, demo_cfg_overrides):
+def test_broken_engine_fails_health_and_serve_replaces_the_replica(serve_port, handle, serve_overrides):
     """A separate, small app (batch 1, one bucket: quick to load) so the restart does not touch `qcls`."""
     import httpx
     from ray import serve
 
     from qcls.deployments.app import app_for
 
-    cfg = compose([*demo_cfg_overrides, "engine.max_batch_size=1", "engine.query_buckets=[16]",
+    cfg = compose([*serve_overrides, "engine.max_batch_size=1", "engine.query_buckets=[16]",
                    "engine.result_cache_entries=0", "serve.fault_injection=true", "serve.health_check_period_s=1",
                    "serve.health_check_timeout_s=10"])
     h = serve.run(app_for(cfg), name="faulty", route_prefix="/faulty")

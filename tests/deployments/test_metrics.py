@@ -67,7 +67,7 @@ def test_garbage_collector_pauses_are_recorded_and_exported(http, handle, metric
         assert http.post("/v1/classify", json={"queries": ["maxi dress", "boys tee"]}).status_code == 200
     st = handle.replica_stats.remote().result()
     assert isinstance(st["pid"], int) and st["gc"]["count"][2] >= 1
-    assert st["memory"]["rss"] > 0 and st["memory"]["cuda_reserved"] is None  # the CPU demo: no CUDA memory
+    assert st["memory"]["rss"] > 0 and st["memory"]["cuda_reserved"] is None  # on the CPU: no CUDA memory
     assert all(len(p) == 3 and p[1] >= 0 and p[2] in (0, 1, 2) for p in st["gc"]["recent"])
     deadline = time.monotonic() + HANG_GUARD_S  # a hang guard
     while not any(k.startswith("ray_qcls_gc_pause_ms_count{application=qcls,generation=") for k in scrape(metrics_port)):

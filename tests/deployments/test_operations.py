@@ -26,15 +26,14 @@ prompts:
 
 
 @pytest.fixture(scope="module")
-def ops(serve_port, demo_cfg_overrides, tmp_path_factory):
+def ops(serve_port, serve_overrides, tmp_path_factory):
     from ray import serve
 
     from qcls.deployments.app import app_for
     from qcls.deployments.ingress import direct_urls
 
-    # the demo's default head: its forward stops at the head's layer, yet every layer is loaded, so a reload to
-    # prompts without a head runs on the same weights
-    overrides = [*demo_cfg_overrides, "engine.query_buckets=[16]", "engine.max_batch_size=4", "serve.num_cpus=0.25",
+    # every layer loaded (no head), so a reload to other prompts runs on the same weights
+    overrides = [*serve_overrides, "engine.query_buckets=[16]", "engine.max_batch_size=4", "serve.num_cpus=0.25",
                  f"serve.app_name={APP}", f"serve.route_prefix=/{APP}", f"serve.api_key={KEY}"]
     handle = serve.run(app_for(compose(overrides), overrides), name=APP, route_prefix=f"/{APP}")
     [url] = direct_urls(APP, "127.0.0.1", wait_s=30)

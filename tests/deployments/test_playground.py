@@ -1,4 +1,4 @@
-"""The playground page in a real browser (Debian's Chromium, driven by Playwright) against the demo model on real
+"""The playground page in a real browser (Debian's Chromium, driven by Playwright) against a tiny Qwen3 on real
 Ray Serve (an app of its own on the shared Ray): two queries' bars against the API's own answer, two identical labels refused
 beside their field while the old prompts keep serving, an applied edit answering with the new prompt, the YAML it
 downloads composing as a `--config-dir` prompt set, the key sent as a bearer token, keyboard use and a narrow
@@ -47,7 +47,7 @@ def browser():
 
 
 @pytest.fixture(scope="module")
-def app(serve_port, demo_cfg_overrides):
+def app(serve_port, serve_overrides, request):
     """An app of its own on the shared Ray (its prompts change here): the LLM's own label scores (calibration=null),
     so every answer has raw scores to show.
     Yields (the replica's own URL, the URL through Serve's proxy)."""
@@ -57,7 +57,10 @@ def app(serve_port, demo_cfg_overrides):
     from qcls.deployments.app import app_for
     from qcls.deployments.ingress import direct_urls
 
-    overrides = [*demo_cfg_overrides, "calibration=null", "engine.max_batch_size=4", "serve.num_cpus=0.25",
+    # the README's screenshot shows the demo model's answers, the tests a tiny model's
+    model = request.getfixturevalue("demo_cfg_overrides") if os.environ.get("QCLS_WRITE_SCREENSHOT") == "1" \
+        else serve_overrides
+    overrides = [*model, "calibration=null", "engine.max_batch_size=4", "serve.num_cpus=0.25",
                  f"serve.app_name={APP}", f"serve.route_prefix=/{APP}"]
     serve.run(app_for(compose(overrides), overrides), name=APP, route_prefix=f"/{APP}")
     [url] = direct_urls(APP, "127.0.0.1", wait_s=30)

@@ -28,13 +28,13 @@ APP, CLIENTS = "lossy", 4
 
 
 @pytest.fixture(scope="module")
-def lossy(serve_port, handle, demo_cfg_overrides):
+def lossy(serve_port, handle, serve_overrides):
     """Two small replicas (one bucket: quick to load) at /lossy on the shared Ray."""
     from ray import serve
 
     from qcls.deployments.app import app_for
 
-    cfg = compose([*demo_cfg_overrides, "engine.query_buckets=[16]", "engine.result_cache_entries=0",
+    cfg = compose([*serve_overrides, "engine.query_buckets=[16]", "engine.result_cache_entries=0",
                    "serve.num_replicas=2", "serve.num_cpus=0.25", "serve.fault_injection=true",
                    "serve.health_check_period_s=1"])
     h = serve.run(app_for(cfg), name=APP, route_prefix=f"/{APP}")

@@ -19,14 +19,14 @@ UNICODE = ["男童卫衣", "платье женское", "فستان أحمر",
            "a\x00b\x07c\u200bd\x1b[0m", "\t\n tab\r\n", "Ü\u0301ber"]
 
 
-def test_http_round_trip_equals_classifier(http, demo_classifier):
+def test_http_round_trip_equals_classifier(http, served_classifier):
     r = http.post("/v1/classify", json={"queries": QUERIES})
     assert r.status_code == 200, r.text
     body = r.json()
-    assert body["model"] == "smollm2_demo"
+    assert body["model"] == "tiny"
     # the configuration that answered: the same hash the Classifier computes for these prompts and model
-    assert body["fingerprint"] == demo_classifier.fingerprint == body["results"][0]["meta"]["fingerprint"]
-    local = demo_classifier.classify(QUERIES)
+    assert body["fingerprint"] == served_classifier.fingerprint == body["results"][0]["meta"]["fingerprint"]
+    local = served_classifier.classify(QUERIES)
     assert [x["query"] for x in body["results"]] == QUERIES
     for served, ref in zip(body["results"], local):
         assert served["ok"] and served["error"] is None
@@ -43,12 +43,12 @@ def test_http_round_trip_equals_classifier(http, demo_classifier):
 
 
 @pytest.mark.parametrize("serialization", ["serve default", "classifier_handle"])
-def test_handle_round_trip_returns_query_results(handle, demo_classifier, serialization):
+def test_handle_round_trip_returns_query_results(handle, served_classifier, serialization):
     from qcls.deployments.app import classifier_handle
     h = handle if serialization == "serve default" else classifier_handle(handle)  # plain pickle
     results = h.classify.remote(QUERIES).result()
     assert len(results) == len(QUERIES) and all(isinstance(r, QueryResult) for r in results)
-    for served, ref in zip(results, demo_classifier.classify(QUERIES)):
+    for served, ref in zip(results, served_classifier.classify(QUERIES)):
         assert served.ok
         assert served.winner("category") == ref.winner("category")
         assert_same(served, ref)
@@ -56,21 +56,21 @@ def test_handle_round_trip_returns_query_results(handle, demo_classifier, serial
     with pytest.raises(ValueError, match="max_queries_per_request"):  # errors come back through it too
         h.classify.remote(["maxi dress"] * 17).result()
     assert handle.prompts.remote().result() == [{"name": p.name, "labels": list(p.labels)}
-                                                for p in demo_classifier.cfg.prompts]
-    assert handle.metadata.remote().result()["model"] == "smollm2_demo"
+                                                for p in served_classifier.cfg.prompts]
+    assert handle.metadata.remote().result()["model"] == "tiny"
 
 
-def test_any_script_emoji_and_control_characters_classify(http, demo_classifier):
+def test_any_script_emoji_and_control_characters_classify(http, served_classifier):
     r = http.post("/v1/classify", json={"queries": UNICODE})
     assert r.status_code == 200, r.text
     results = r.json()["results"]
     assert [x["query"] for x in results] == UNICODE  # round-trips byte for byte, NULs included
-    for served, ref in zip(results, demo_classifier.classify(UNICODE)):
+    for served, ref in zip(results, served_classifier.classify(UNICODE)):
         assert served["ok"], served["error"]
         assert_same(served, ref)
 
 
-def test_four_concurrent_clients_are_batched_and_unchanged(base_url, handle, demo_classifier, tmp_path):
+def test_four_concurrent_clients_are_batched_and_unchanged(base_url, handle, served_classifier, tmp_path):
     """The first request is held on the device until the three others have reached the replica: they share
     the next forward (no luck with timing needed), and batched results equal unbatched ones."""
     hold = Hold(handle, tmp_path)
@@ -93,10 +93,10 @@ def test_four_concurrent_clients_are_batched_and_unchanged(base_url, handle, dem
     assert [s["batch_size"] for s in served] == [1] + [len(CONCURRENT) - 1] * (len(CONCURRENT) - 1)
     for s in served:
         assert s["timings_ms"]["queue_wait"] >= 0
-        assert_same(s, demo_classifier.classify([s["query"]])[0])  # batched == unbatched
+        assert_same(s, served_classifier.classify([s["query"]])[0])  # batched == unbatched
 
 
-def test_concurrent_handle_calls_are_batched(handle, demo_classifier, tmp_path):
+def test_concurrent_handle_calls_are_batched(handle, served_classifier, tmp_path):
     hold = Hold(handle, tmp_path)
     try:
         first = handle.classify.remote(CONCURRENT[:1])
@@ -109,7 +109,7 @@ def test_concurrent_handle_calls_are_batched(handle, demo_classifier, tmp_path):
         hold.undo()
     assert [r.batch_size for r in results] == [1] + [len(CONCURRENT) - 1] * (len(CONCURRENT) - 1)
     for r in results:
-        assert_same(r, demo_classifier.classify([r.query])[0])
+        assert_same(r, served_classifier.classify([r.query])[0])
 
 
 def test_event_loop_stays_free_during_a_forward(http, handle, base_url, tmp_path):
@@ -132,12 +132,12 @@ def test_event_loop_stays_free_during_a_forward(http, handle, base_url, tmp_path
     assert p.status_code == 200
 
 
-def test_prompts_health_and_docs(http, demo_classifier):
+def test_prompts_health_and_docs(http, served_classifier):
     p = http.get("/v1/prompts").json()
-    assert p["model"] == "smollm2_demo" and p["strategy"] == "trie"
-    assert p["prompts"] == [{"name": s.name, "labels": list(s.labels)} for s in demo_classifier.cfg.prompts]
+    assert p["model"] == "tiny" and p["strategy"] == "trie"
+    assert p["prompts"] == [{"name": s.name, "labels": list(s.labels)} for s in served_classifier.cfg.prompts]
     h = http.get("/healthz")
-    assert h.status_code == 200 and h.json() == {"status": "ok", "model": "smollm2_demo", "device": "cpu",
+    assert h.status_code == 200 and h.json() == {"status": "ok", "model": "tiny", "device": "cpu",
                                                  "detail": None}
     spec = http.get("/openapi.json").json()
     assert {"/v1/classify", "/v1/prompts", "/healthz"} <= set(spec["paths"])

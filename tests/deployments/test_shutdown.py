@@ -27,11 +27,11 @@ def app_status(name: str) -> str | None:
     return None if app is None else getattr(app.status, "value", app.status)
 
 
-def test_sigterm_lets_in_flight_requests_finish(serve_port, proxy_url, handle, demo_cfg_overrides, tmp_path):
+def test_sigterm_lets_in_flight_requests_finish(serve_port, proxy_url, handle, serve_overrides, tmp_path):
     import ray
     from ray import serve
 
-    overrides = [*demo_cfg_overrides, "engine.query_buckets=[16]", "serve.num_cpus=0.25", "serve.app_name=term",
+    overrides = [*serve_overrides, "engine.query_buckets=[16]", "serve.num_cpus=0.25", "serve.app_name=term",
                  "serve.route_prefix=/term", "serve.fault_injection=true", "serve.host=127.0.0.1",
                  f"serve.port={serve_port}"]
     env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address, "PYTHONUNBUFFERED": "1"}

@@ -179,10 +179,8 @@ def test_demo_model(demo_cfg_overrides, strategy):
     the LLM itself (calibration=null: the demo's head would stop the forward before any label is scored)."""
     from qcls.compose import compose
     over = demo_cfg_overrides + [f"scoring={strategy}", "calibration=null"]
-    fast_cfg = compose(over)
-    loaded = get_backend("fp16").load(fast_cfg)
-    fast = Classifier(fast_cfg, loaded=loaded)
-    ref = Classifier(compose(over + ["engine=reference"]), loaded=loaded)
+    fast = Classifier(compose(over))
+    ref = Classifier(compose(over + ["engine=reference"]), loaded=fast.loaded)
     assert_same(fast, ref, ["mens slim fit jeans", "boys hoodie", "summer tee"])
 
 

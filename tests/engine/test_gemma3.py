@@ -126,16 +126,13 @@ def test_real_gemma3_270m_matches_the_reference(demo_cfg_overrides, prompts, str
     equals one transformers forward per label, in fp32 on the CPU."""
     from tests.conftest import skip_without_gemma3_demo
     skip_without_gemma3_demo()
-    from qcls.backends.registry import get_backend
     from qcls.classifier import Classifier
     from qcls.compose import compose
     # calibration=null: the label scores themselves (the model's head would stop the forward before them)
     over = [*demo_cfg_overrides, "model=gemma3_demo", f"prompts={prompts}", f"scoring={strategy}",
             "engine.max_batch_size=2", "calibration=null"]
-    cfg = compose(over)
-    loaded = get_backend("fp16").load(cfg)
-    fast = Classifier(cfg, loaded=loaded)
-    ref = Classifier(compose(over + ["engine=reference"]), loaded=loaded)
+    fast = Classifier(compose(over))
+    ref = Classifier(compose(over + ["engine=reference"]), loaded=fast.loaded)
     assert fast.engine.dec.family.name == "gemma3_text" and fast.engine.dec.n_kv == 1
     assert_same(fast, ref, queries)
 

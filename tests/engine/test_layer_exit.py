@@ -147,6 +147,7 @@ def test_gpu_exit_keeps_graphs_and_allocates_nothing_per_request(tiny_dirs, tmp_
     assert torch.cuda.memory_stats()["allocation.all.allocated"] == before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["gemma3_demo", "smollm2_demo"])
 def test_demo_models_with_their_heads_stop_at_the_heads_layer(model, demo_cfg_overrides):
     """Real weights and the shipped heads (fitted with the whole depth): the same probabilities with the exit on as

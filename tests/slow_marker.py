@@ -1,0 +1,94 @@
+"""The `slow` marker means what it says, and the slow tests share workers as their resources require.
+
+`slow` = the test reads a demo model's weights, starts Ray, or starts a process that does (directly, or through a
+fixture that does). tests/slow_probe/sitecustomize.py records those events, in this process and in every Python
+process a test starts; a fixture that caused one is remembered, and a test that caused one or uses such a fixture
+without the marker fails with what it did. The edit loop `python -m pytest -q -m "not slow and not gpu"` therefore
+never loads a demo model or starts Ray.
+
+Groups for pytest-xdist (`--dist loadgroup`): every test that uses the session's Ray cluster runs in one worker
+(one cluster, one Serve); every test that uses a demo model in-process runs in one worker (each model loaded once);
+GPU tests run in one worker, one after another, as they would without xdist."""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.slow_probe import sitecustomize as probe
+
+PROBE_DIR = Path(__file__).parent / "slow_probe"
+PROBE = os.path.join(tempfile.mkdtemp(prefix="qcls-probe-"), "events")
+# fixtures that start or join the session's Ray cluster, and those that hold a demo model in-process: their users
+# share a worker
+RAY_FIXTURES = {"ray_session"}
+DEMO_FIXTURES = {"demo_classifier", "gemma3_classifier", "demo_loaded", "gemma3_loaded"}
+
+_offset = 0
+_caused: dict[str, str] = {}  # fixture name -> the first slow thing its setup did
+
+
+def install() -> None:
+    """Record events from this process and from the processes it starts (they run the probe as sitecustomize)."""
+    os.environ["QCLS_TEST_PROBE"] = PROBE
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROBE_DIR), os.environ.get("PYTHONPATH")]))
+    probe.install(PROBE)
+
+
+def _drain() -> list[str]:
+    global _offset
+    try:
+        with open(PROBE, "rb") as f:
+            f.seek(_offset)
+            data = f.read()
+    except FileNotFoundError:
+        return []
+    _offset += len(data)
+    return [ln for ln in data.decode(errors="replace").splitlines() if ln]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    for item in items:
+        names = set(item.fixturenames)
+        if item.get_closest_marker("gpu"):
+            item.add_marker(pytest.mark.xdist_group("gpu"))
+        elif names & RAY_FIXTURES:
+            item.add_marker(pytest.mark.xdist_group("ray"))
+        elif names & DEMO_FIXTURES:
+            item.add_marker(pytest.mark.xdist_group("demo"))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    _drain()
+    yield
+    events = _drain()
+    if events:
+        _caused.setdefault(fixturedef.argname, events[0])
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    _drain()
+    yield
+    item.stash[_BODY] = _drain()
+
+
+_BODY = pytest.StashKey[list]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if call.when != "call" or not report.passed or item.get_closest_marker("slow"):
+        return
+    did = [f"it {e}" for e in item.stash.get(_BODY, [])[:1]]
+    did += [f"its fixture {name!r} {_caused[name]}" for name in item.fixturenames if name in _caused][:1]
+    if did:
+        report.outcome = "failed"
+        report.longrepr = (f"{item.nodeid} is not marked slow, but {did[0]}: mark it @pytest.mark.slow (a slow "
+                           "test loads a demo model, starts Ray, or starts a process that does: tests/slow_marker.py)")
