@@ -45,14 +45,15 @@ class Row:
 class Pool:
     """The replica ports the clients spread over (client i → the i-th of the ports in the pool)."""
 
-    def __init__(self, app: str):
-        self.app, self.urls, self.gone, self.seen = app, [], set(), {}  # seen: replica id -> (url, first RUNNING)
+    def __init__(self, app: str, prefix: str):
+        self.app, self.prefix = app, prefix.rstrip("/")  # a replica's port serves its app under its route prefix
+        self.urls, self.gone, self.seen = [], set(), {}  # seen: replica id -> (url, first RUNNING)
 
     def refresh(self) -> None:
         from qcls.deployments.replicas import replicas
         for rid, r in replicas(self.app).items():
             if r.state == "RUNNING" and r.port and rid not in self.seen:
-                self.seen[rid] = (f"http://127.0.0.1:{r.port}", time.perf_counter())
+                self.seen[rid] = (f"http://127.0.0.1:{r.port}{self.prefix}", time.perf_counter())
         self.urls = sorted(u for u, _t in self.seen.values() if u not in self.gone)
 
     def pick(self, i: int) -> str | None:
@@ -63,12 +64,12 @@ class Pool:
         self.urls = [u for u in self.urls if u != url]
 
 
-async def drive(a, app: str, routed: str, out: dict) -> list[Row]:
+async def drive(a, app: str, prefix: str, routed: str, out: dict) -> list[Row]:
     """The clients, the kill and the watch over Serve's replicas, until the replacement has served --after-s."""
     from qcls.deployments.replicas import running, wait_exited
 
     n = a.replicas
-    pool, rows, stop = Pool(app), [], asyncio.Event()
+    pool, rows, stop = Pool(app, prefix), [], asyncio.Event()
     first = await asyncio.to_thread(running, app, n, a.hang_s)
     await asyncio.to_thread(pool.refresh)
     out["refused"] = 0
@@ -250,7 +251,8 @@ def main(argv=None) -> int:
     serve_main(overrides, blocking=False)
     out: dict = {}
     try:
-        rows = asyncio.run(drive(a, cfg.serve.app_name, f"http://127.0.0.1:{cfg.serve.port}", out))
+        rows = asyncio.run(drive(a, cfg.serve.app_name, cfg.serve.route_prefix, f"http://127.0.0.1:{cfg.serve.port}",
+                                 out))
     finally:
         C.leave_serve(cfg.serve.app_name)
         ray.shutdown()

@@ -24,7 +24,7 @@ PROBE = os.path.join(tempfile.mkdtemp(prefix="qcls-probe-"), "events")
 # fixtures that start or join the session's Ray cluster, and those that hold a demo model in-process: their users
 # share a worker
 RAY_FIXTURES = {"ray_session"}
-DEMO_FIXTURES = {"demo_classifier", "gemma3_classifier", "demo_loaded", "gemma3_loaded"}
+DEMO_FIXTURES = {"demo_classifier", "demo_cfg_overrides"}
 
 _offset = 0
 _caused: dict[str, str] = {}  # fixture name -> the first slow thing its setup did

@@ -103,14 +103,15 @@ def _shown(path: str) -> str:
 
 
 def pin(clf, fitted_on: str, with_scores: bool, n: dict[str, int]) -> dict:
-    """What a head file records about where it came from (checked at start-up: qcls/heads/startup.py)."""
-    from qcls.eval.timing import commit
+    """What a head file records about where it came from (checked at start-up: qcls/heads/startup.py). The qcls
+    version, not a commit: a shipped head file names no commit (the docs and package say what is)."""
+    from qcls import __version__
     model = clf.loaded.model
     meta = {"model": clf.cfg.model.name, "hidden_size": fp.hidden_size(model.config),
             "num_layers": fp.num_layers(model.config),
             "fingerprint": {"config": fp.config_fingerprint(model.config), "weights": fp.weights_fingerprint(model)},
             "config": fp.config_facts(model.config), "fitted_on": fitted_on, "n": n, "date": now(),
-            "commit": commit(), "dtype": str(clf.loaded.dtype).replace("torch.", ""),
+            "qcls": __version__, "dtype": str(clf.loaded.dtype).replace("torch.", ""),
             "device": str(clf.loaded.device), "backend": clf.loaded.backend}
     if with_scores:  # the raw scores are features: the strategy that made them matters
         meta["strategy"] = clf.cfg.strategy

@@ -40,23 +40,31 @@ def script(command: str) -> str:
     return re.search(r"bench[./](\w+)", command).group(1)
 
 
-def marks(command: str) -> list:
-    if command.split()[1] not in STARTS_RAY:
-        return []
-    return [pytest.mark.slow] + ([] if command.split()[1] in OWN_RAY else [pytest.mark.usefixtures("ray_session")])
+def joins_ray(command: str) -> bool:
+    return command.split()[1] in STARTS_RAY and command.split()[1] not in OWN_RAY
 
 
-@pytest.mark.parametrize("command", [pytest.param(c, marks=marks(c), id=script(c)) for c in smokes()])
-def test_smoke_runs(command: str, tmp_path: Path, request):
+@pytest.mark.parametrize("command", [pytest.param(c, marks=[pytest.mark.slow] if c.split()[1] in STARTS_RAY else [],
+                                                  id=script(c)) for c in smokes() if not joins_ray(c)])
+def test_smoke_runs(command: str, tmp_path: Path):
+    smoke(command, tmp_path, {})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", [pytest.param(c, id=script(c)) for c in smokes() if joins_ray(c)])
+def test_ray_smoke_runs_on_the_sessions_cluster(command: str, tmp_path: Path, ray_session):
+    """The bench joins the session's cluster (RAY_ADDRESS) and leaves it as it found it."""
+    smoke(command, tmp_path, {"RAY_ADDRESS": ray_session.address})
+
+
+def smoke(command: str, tmp_path: Path, env_extra: dict) -> None:
     argv = shlex.split(command)
     if argv[1] in STARTS_RAY:
         pytest.importorskip("ray", reason="the serving and Ray Data benches need ray: pip install -e '.[serve]'")
     assert argv[0] == "python"
     before = (ROOT / "bench" / "RESULTS.md").read_bytes()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "QCLS_BENCH_RESULTS": str(tmp_path / "RESULTS.md"),
-           "OUT": str(tmp_path / "out"), "CUDA_VISIBLE_DEVICES": ""}
-    if "ray_session" in request.fixturenames:  # the bench joins the session's cluster and leaves it as it was
-        env["RAY_ADDRESS"] = request.getfixturevalue("ray_session").address
+           "OUT": str(tmp_path / "out"), "CUDA_VISIBLE_DEVICES": "", **env_extra}
     run = subprocess.run([sys.executable, *argv[1:]], cwd=ROOT, env=env, capture_output=True, text=True)
     assert run.returncode == 0, f"{command}\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
     assert "|---" in run.stdout  # it printed its table

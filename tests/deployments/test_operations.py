@@ -24,6 +24,8 @@ prompts:
     labels: [red, blue, green, other]
 """
 
+OTHER_WEIGHTS = "model.path=/models/other"  # another checkpoint: a new deployment, never a reload
+
 
 @pytest.fixture(scope="module")
 def ops(serve_port, serve_overrides, tmp_path_factory):
@@ -147,7 +149,7 @@ def test_invalid_reloads_are_refused_and_the_old_configuration_keeps_serving(ops
     with pytest.raises(ConfigError, match="prompts"):  # a typo: refused here, nothing is sent
         reload_main([*ops["overrides"], "prompts=no_such_prompt_set"])
     with pytest.raises(RefusedReload, match=r"changes model(.|\n)*deploy it anew"):  # other weights: a new deployment
-        reload_main([*ops["overrides"], "model=gemma3_demo"])
+        reload_main([*ops["overrides"], OTHER_WEIGHTS])
     keyless = [o for o in ops["overrides"] if not o.startswith("serve.api_key")]
     with pytest.raises(RefusedReload, match="changes serve"):  # dropping the key is a serving change, not a reload
         reload_main([*keyless, f"prompts={ops['colour']}"])
@@ -168,7 +170,7 @@ def test_serve_deploy_of_a_user_config_that_changes_the_weights_is_refused_in_th
 
     serving = classify(ops["url"], "green tee")["fingerprint"]
     cfg = compose([*ops["overrides"], f"prompts={ops['colour']}"])
-    serve.run(app_for(cfg, ops["overrides"], user_config={"overrides": ["model=gemma3_demo"]}), name=APP,
+    serve.run(app_for(cfg, ops["overrides"], user_config={"overrides": [OTHER_WEIGHTS]}), name=APP,
               route_prefix=f"/{APP}")
     state = until(lambda: (s := ops["handle"].reload_state.remote().result())["status"] == "refused" and s,
                   "the replica's refusal")
