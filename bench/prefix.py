@@ -94,9 +94,9 @@ def main() -> None:
 def report(args, rows, fewshot, bw, mm, lbytes, lparams, build_s) -> None:
     tun = {d: dataclasses.asdict(t) for d, t in tree_plan.TUNING.items()}
     text = C.header(f"prefix length: what a long prompt costs ({args.model} random weights, 8 prompts, trie)",
-                    f"bench/prefix.py --model {args.model} --iters {args.iters} --buckets {' '.join(map(str, args.buckets))}; "
-                    f"copy bandwidth {bw / 1e9:.0f} GB/s; fp16 "
-                    f"matrix products (cuBLAS, 8192³) {mm / 1e12:.0f} TFLOP/s; "
+                    f"bench/prefix.py --model {args.model} --iters {args.iters} --buckets "
+                    f"{' '.join(map(str, args.buckets))}; copy bandwidth {bw / 1e9:.0f} GB/s; fp16 matrix products "
+                    f"(cuBLAS, 8192³) {mm / 1e12:.0f} TFLOP/s; "
                     f"kernel shapes d=128: {tun.get(128)}; queries {QUERIES}; model + start-ups {build_s:.0f} s")
     text += ("| case | prefix tokens | prefix K/V read | floor ms | b1 p50 ms (64-token p50) | added b1 | added/floor b1 | "
              "b4 p50 ms (64-token p50) | added b4 | added/floor b4 | attention ms/forward b1 / b4 | prefix attention "

@@ -180,8 +180,8 @@ def report(s: dict, a, header: dict) -> str:
     n = s["replicas"]
     lines = [f"## replica lost under load (bench/replica_loss.py), {header['device']}", "",
              f"- commit: {C.commit()}", *(f"- {k}: {v}" for k, v in header.items()),
-             f"- {s['clients']} closed-loop clients over the replicas' own ports, one query per request; warm-up {a.warm_s:g} s, "
-             f"{a.before_s:g} s before the kill, {a.after_s:g} s after the replacement's first answer", ""]
+             f"- {s['clients']} closed-loop clients over the replicas' own ports, one query per request; warm-up "
+             f"{a.warm_s:g} s, {a.before_s:g} s before the kill, {a.after_s:g} s after the replacement answered", ""]
     if "failed" not in s:
         return "\n".join(lines + ["The kill did not happen (see the log).", ""]) + "\n"
     ok = lambda c: "met" if c else "NOT met"  # noqa: E731
