@@ -26,7 +26,7 @@ EPILOG = """examples:
   qcls classify --json "hoodie for boys" scoring=exact
   qcls classify model=qwen3_4b model.source=local model.path=/models/Qwen3-4B "slim jeans"
   echo "summer dress" | qcls repl
-  qcls bulk queries.csv labels.parquet prompts=ecommerce8 --all-labels   # a file in, a file out
+  qcls bulk queries.csv predictions.parquet prompts=ecommerce8 --all-labels   # a file in, a file out
   qcls serve model=qwen3_4b serve.num_gpus=1
   qcls reload model=qwen3_4b serve.num_gpus=1 prompts=ecommerce8_fewshot   # the running app, no restart
   qcls check model=qwen3_8b model.source=local model.path=/models/Qwen3-8B gpu=t4   # no weights, no GPU

@@ -116,7 +116,8 @@ def test_bulk_file_in_file_out_with_the_demo_model(demo_cfg_overrides, tmp_path)
     assert p.returncode == 0, p.stderr
     rows = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text(encoding="utf-8").splitlines()]
     assert [r["id"] for r in rows] == ["1", "2", "3", "4"] and rows[1]["error"].startswith("empty query")
-    assert rows[0]["category"] == rows[2]["category"] and rows[0]["category_prob"] == rows[2]["category_prob"]
+    assert rows[0]["pred:category"] == rows[2]["pred:category"]
+    assert rows[0]["pred:category:prob"] == rows[2]["pred:category:prob"]
     assert "[qcls bulk]" in p.stderr and "2 distinct queries classified" in p.stderr and '"empty": 1' in p.stderr
 
 
