@@ -96,15 +96,31 @@ def test_the_table_shows_the_heads_probabilities():
     labels = [LabelScore("dress", 2.0, 0.40, 1, 0.70, 0.5), LabelScore("jeans", 1.0, 0.55, 1, 0.20, 1.2),
               LabelScore("tee", 0.0, 0.05, 1, 0.10, -1.0)]
     r = QueryResult("q", [PromptResult("category", "jeans", 0.55, labels, raw_label="dress", raw_prob=0.70)],
-                    query_tokens=1, batch_size=1, timings_ms={k: 0.1 for k in STAGES} | {"total": 0.5})
+                    query_tokens=1, batch_size=1, timings_ms={k: 0.1 for k in STAGES} | {"total": 0.5},
+                    meta={"heads": {"with_head": ["category"], "lost": {}}})
     line = format_result(r).splitlines()[1]
-    assert "jeans      0.550" in line and "dress 0.400" in line and "tee 0.050" in line
+    assert "[head] jeans      0.550" in line and "dress 0.400" in line and "tee 0.050" in line
     assert "(raw scores: dress 0.700)" in line
     r.prompts[0].label, r.prompts[0].abstained = None, True  # below its threshold: marked, every label listed
     line = format_result(r).splitlines()[1]
     assert "ABSTAINED" in line and "jeans 0.550" in line and "dress 0.400" in line and "→" not in line
     r.prompts[0].label = "none"
     assert "ABSTAINED → none" in format_result(r).splitlines()[1]
+
+
+def test_the_table_says_which_prompt_lost_its_head_and_the_way_back():
+    """A label renamed: the default head file still has a head of the prompt's name, which no longer fits."""
+    from qcls.cli import format_result
+    from qcls.heads.startup import OTHER_LABELS, lost_head
+    from qcls.results import LabelScore, PromptResult, QueryResult
+    labels = [LabelScore("dress", 2.0, 0.7, 1), LabelScore("frock", 1.0, 0.3, 1)]
+    r = QueryResult("q", [PromptResult("category", "dress", 0.7, labels), PromptResult("audience", "dress", 0.7, labels)],
+                    query_tokens=1, batch_size=1, timings_ms={k: 0.1 for k in STAGES} | {"total": 0.5},
+                    meta={"heads": {"with_head": ["audience"], "lost": {"category": lost_head(OTHER_LABELS)}}})
+    lines = format_result(r).splitlines()
+    assert "category  [LLM]  dress" in lines[1] and "audience  [head] dress" in lines[3]
+    assert lines[2].split() == ["note:", *lost_head(OTHER_LABELS).split()]
+    assert "LLM scores; refit with qcls calibrate --method head, or restore the labels" in lines[2]
 
 
 def test_bulk_file_in_file_out_with_the_demo_model(demo_cfg_overrides, tmp_path):
