@@ -5,6 +5,7 @@ the app it starts in-process from Hydra overrides (`--random-qwen3 SHAPE`: rando
 per reload the command's seconds, the seconds to the first answer from the new configuration (fingerprint),
 p99 of the requests started during the swap against outside, peak GPU memory (nvidia-smi, the GPUs it sees) during it.
 `--zipf`: queries drawn from bench/querylog.py's log; the hit p50 is over answers with meta.cache == "hit".
+`--prediction-log-ab N`: N rounds of a fresh app without, then with the prediction log (every row, every label).
 
 Rows: `engine b1` / `engine b4`: Classifier.classify of 1 and 4 queries in this process once the app has stopped;
 `handle`: DeploymentHandle calls; `http ...`: single-query POSTs (bench/http_client.py) to each replica's own
@@ -21,6 +22,7 @@ import json
 import multiprocessing
 import os
 import platform
+import statistics
 import sys
 import threading
 import time
@@ -106,6 +108,31 @@ def measure(a, overrides: list[str]) -> tuple[list[dict], dict]:
         stats[:0] = [lv.stats() for lv in engine_levels(clf, a.requests, a.seconds)]
         info["tokens_per_forward"] = clf.classify(["maxi dress"])[0].meta.get("tokens_per_forward")
     return stats, info
+
+
+def log_ab(a, overrides: list[str]) -> tuple[list[dict], dict]:
+    """The app without and with the prediction log, alternated; the rows each round with it wrote (`log_rows`)."""
+    import tempfile
+    out, folder = [], Path(tempfile.mkdtemp(prefix="qcls-log-ab-"))
+    for k in range(a.prediction_log_ab):
+        for side in ("off", "on"):
+            on = [f"serve.prediction_log.folder={folder / str(k)}", "serve.prediction_log.all_labels=true"]
+            stats, info = measure(a, [*overrides, *(on if side == "on" else [])])
+            rows = sum(len(p.read_bytes().splitlines()) for p in (folder / str(k)).glob("part-*"))
+            out += [{**st, "path": f"{st['path']} log {side} #{k + 1}", "log_rows": rows} for st in stats]
+    return out, info
+
+
+def log_goals(stats: list[dict]) -> list[str]:
+    """The log's cost: req/s (mean of the rounds) with it ≥ 0.97 × without, p99 (median) ≤ 1.1 ×."""
+    off, on = ([s for s in stats if f" log {side} #" in s["path"]] for side in ("off", "on"))
+    if not (off and on):
+        return []
+    (r0, r1), (p0, p1) = ([statistics.mean(s["rps"] for s in x) for x in (off, on)],
+                          [statistics.median(s["p99"] for s in x) for x in (off, on)])
+    return [f"prediction log on / off ({sum(s['log_rows'] for s in on)} rows written): {r1:.1f} / {r0:.1f} req/s = "
+            f"{r1 / r0:.3f} (≥ 0.97: {'met' if r1 >= 0.97 * r0 else 'NOT met'}); p99 {p1:.2f} / {p0:.2f} ms = "
+            f"{p1 / p0:.3f} (≤ 1.1: {'met' if p1 <= 1.1 * p0 else 'NOT met'})"]
 
 
 def reload_sets(overrides: list[str]) -> list[list[str]]:
@@ -262,7 +289,7 @@ def report(stats: list[dict], info: dict, header: dict, note: str) -> str:
             "tokens per forward (b1)": info.get("tokens_per_forward", "?"),
             "Ray Serve flags": (" ".join(f"{k}={v}" for k, v in info.get("ray_env", {}).items()) or "(none)")
             + "; the benchmark process (the handle caller) has them too"}
-    g = goals(stats)
+    g = goals(stats) + log_goals(stats)
     return "\n".join([f"## {when}: load bench (bench/load.py), {note}", "", *(f"- {k}: {v}" for k, v in head.items()),
                       "", table(stats), ops_table(stats),
                       *(["Replica log, reloads:", "", "```", *info["reload_log"], "```", ""]
@@ -285,10 +312,12 @@ def parse_args(argv=None):
     ap.add_argument("--random-qwen3", choices=["qwen3_4b", "qwen3_8b", "tiny"], help="serve random weights of this shape")
     ap.add_argument("--reloads", type=int, default=0, help="this many reloads during each HTTP level")
     ap.add_argument("--zipf", action="store_true", help="a Zipf query stream over HTTP, result cache on, then off")
+    ap.add_argument("--prediction-log-ab", type=int, default=0, metavar="N", help="N rounds over HTTP of a fresh app "
+                    "without, then with the prediction log (every row and label): req/s and p99 per side, their ratios")
     a = ap.parse_args(argv)
-    if a.reloads or a.zipf:
+    if a.reloads or a.zipf or a.prediction_log_ab:
         a.paths = {"http"}
-    a.concurrency = a.concurrency or ([8] if a.reloads or a.zipf else [1, 4, 8, 16])
+    a.concurrency = a.concurrency or ([8] if a.reloads or a.zipf or a.prediction_log_ab else [1, 4, 8, 16])
     a.requests = a.requests or (10**9 if a.reloads else 5000)
     return a
 
@@ -314,7 +343,7 @@ def main(argv=None) -> int:
     overrides = app_overrides(a.random_qwen3, a.overrides, cache=a.zipf)
     from qcls.compose import compose
     cfg = compose(overrides)
-    stats, info = measure(a, overrides)
+    stats, info = log_ab(a, overrides) if a.prediction_log_ab else measure(a, overrides)
     if a.zipf:  # the same stream again with the cache off
         off, _ = measure(a, app_overrides(a.random_qwen3, a.overrides))
         stats = [{**st, "path": f"{st['path']} zipf, cache {which}"} for which, sts in (("on", stats), ("off", off))
