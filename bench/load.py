@@ -24,6 +24,7 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -111,28 +112,25 @@ def measure(a, overrides: list[str]) -> tuple[list[dict], dict]:
 
 
 def log_ab(a, overrides: list[str]) -> tuple[list[dict], dict]:
-    """The app without and with the prediction log, alternated; the rows each round with it wrote (`log_rows`)."""
-    import tempfile
+    """Rounds of a fresh app without, then with the prediction log (every row and label); `log_rows`: rows written."""
     out, folder = [], Path(tempfile.mkdtemp(prefix="qcls-log-ab-"))
-    for k in range(a.prediction_log_ab):
-        for side in ("off", "on"):
-            on = [f"serve.prediction_log.folder={folder / str(k)}", "serve.prediction_log.all_labels=true"]
-            stats, info = measure(a, [*overrides, *(on if side == "on" else [])])
-            rows = sum(len(p.read_bytes().splitlines()) for p in (folder / str(k)).glob("part-*"))
-            out += [{**st, "path": f"{st['path']} log {side} #{k + 1}", "log_rows": rows} for st in stats]
+    for k, side in ((k, side) for k in range(a.prediction_log_ab) for side in ("off", "on")):
+        on = [f"serve.prediction_log.folder={folder / str(k)}", "serve.prediction_log.all_labels=true"] * (side == "on")
+        stats, info = measure(a, [*overrides, *on])
+        rows = sum(len(p.read_bytes().splitlines()) for p in (folder / str(k)).glob("part-*"))
+        out += [{**st, "path": f"{st['path']} log {side} #{k + 1}", "log_rows": rows} for st in stats]
     return out, info
 
 
 def log_goals(stats: list[dict]) -> list[str]:
     """The log's cost: req/s (mean of the rounds) with it ≥ 0.97 × without, p99 (median) ≤ 1.1 ×."""
-    off, on = ([s for s in stats if f" log {side} #" in s["path"]] for side in ("off", "on"))
-    if not (off and on):
+    on, off = ([s for s in stats if f" log {side} #" in s["path"]] for side in ("on", "off"))
+    if not (on and off):
         return []
-    (r0, r1), (p0, p1) = ([statistics.mean(s["rps"] for s in x) for x in (off, on)],
-                          [statistics.median(s["p99"] for s in x) for x in (off, on)])
-    return [f"prediction log on / off ({sum(s['log_rows'] for s in on)} rows written): {r1:.1f} / {r0:.1f} req/s = "
-            f"{r1 / r0:.3f} (≥ 0.97: {'met' if r1 >= 0.97 * r0 else 'NOT met'}); p99 {p1:.2f} / {p0:.2f} ms = "
-            f"{p1 / p0:.3f} (≤ 1.1: {'met' if p1 <= 1.1 * p0 else 'NOT met'})"]
+    r, p = (statistics.mean(s["rps"] for s in on) / statistics.mean(s["rps"] for s in off),
+            statistics.median(s["p99"] for s in on) / statistics.median(s["p99"] for s in off))
+    return [f"prediction log on / off ({sum(s['log_rows'] for s in on)} rows written): req/s × {r:.3f} (≥ 0.97: "
+            f"{'met' if r >= 0.97 else 'NOT met'}), p99 × {p:.3f} (≤ 1.1: {'met' if p <= 1.1 else 'NOT met'})"]
 
 
 def reload_sets(overrides: list[str]) -> list[list[str]]:
