@@ -90,7 +90,7 @@ def test_hydra_apps_get_their_own_command_line(cmd, monkeypatch, capsys):
     assert f"qcls {cmd}: error: the sweep config has no `eval` group\n  add eval=dev" in err and "Traceback" in err
 
 
-def test_the_table_shows_the_heads_probabilities():
+def test_the_table_shows_what_answers_each_prompt_and_a_heads_probabilities():
     from qcls.cli import format_result
     from qcls.results import LabelScore, PromptResult, QueryResult
     labels = [LabelScore("dress", 2.0, 0.40, 1, 0.70, 0.5), LabelScore("jeans", 1.0, 0.55, 1, 0.20, 1.2),
@@ -106,13 +106,8 @@ def test_the_table_shows_the_heads_probabilities():
     assert "ABSTAINED" in line and "jeans 0.550" in line and "dress 0.400" in line and "→" not in line
     r.prompts[0].label = "none"
     assert "ABSTAINED → none" in format_result(r).splitlines()[1]
-
-
-def test_the_table_says_which_prompt_lost_its_head_and_the_way_back():
-    """A label renamed: the default head file still has a head of the prompt's name, which no longer fits."""
-    from qcls.cli import format_result
+    # a label renamed: the default head file still has a head of the prompt's name, which no longer fits it
     from qcls.heads.startup import OTHER_LABELS, lost_head
-    from qcls.results import LabelScore, PromptResult, QueryResult
     labels = [LabelScore("dress", 2.0, 0.7, 1), LabelScore("frock", 1.0, 0.3, 1)]
     r = QueryResult("q", [PromptResult("category", "dress", 0.7, labels), PromptResult("audience", "dress", 0.7, labels)],
                     query_tokens=1, batch_size=1, timings_ms={k: 0.1 for k in STAGES} | {"total": 0.5},
