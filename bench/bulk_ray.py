@@ -24,6 +24,7 @@ from bench import common as C  # noqa: E402
 from bench.querylog import log_in  # noqa: E402
 from qcls.bulk import ray_runner  # noqa: E402
 from qcls.bulk.options import BulkOptions  # noqa: E402
+from qcls.predictions.schema import label_column, prob_column  # noqa: E402
 
 
 def one_run(log: Path, work: Path, overrides: list[str], n: int, kill_after: float | None, batch: int) -> dict:
@@ -78,9 +79,10 @@ def same_labels(a: str, b: str, prompts: list[str]) -> dict:
     x, y = ([r for f in sorted(Path(o).iterdir()) for r in pq.read_table(f).to_pylist()] for o in (a, b))
     key = lambda r: int(r["id"])  # noqa: E731
     x, y = sorted(x, key=key), sorted(y, key=key)
-    equal = sum(all(r[p] == s[p] for p in prompts) for r, s in zip(x, y))
-    dp = max((abs(float(r[p + "_prob"]) - float(s[p + "_prob"])) for r, s in zip(x, y) for p in prompts
-              if r[p + "_prob"] not in (None, "") and s[p + "_prob"] not in (None, "")), default=0.0)
+    lab, pr = [label_column(p) for p in prompts], [prob_column(p) for p in prompts]
+    equal = sum(all(r[c] == s[c] for c in lab) for r, s in zip(x, y))
+    dp = max((abs(float(r[c]) - float(s[c])) for r, s in zip(x, y) for c in pr
+              if r[c] not in (None, "") and s[c] not in (None, "")), default=0.0)
     return {"rows": len(x), "winners_equal": equal, "max_dprob": dp}
 
 

@@ -5,6 +5,7 @@ the app it starts in-process from Hydra overrides (`--random-qwen3 SHAPE`: rando
 per reload the command's seconds, the seconds to the first answer from the new configuration (fingerprint),
 p99 of the requests started during the swap against outside, peak GPU memory (nvidia-smi, the GPUs it sees) during it.
 `--zipf`: queries drawn from bench/querylog.py's log; the hit p50 is over answers with meta.cache == "hit".
+`--prediction-log-ab N`: N rounds of a fresh app without, then with the prediction log (every row, every label).
 
 Rows: `engine b1` / `engine b4`: Classifier.classify of 1 and 4 queries in this process once the app has stopped;
 `handle`: DeploymentHandle calls; `http ...`: single-query POSTs (bench/http_client.py) to each replica's own
@@ -21,7 +22,9 @@ import json
 import multiprocessing
 import os
 import platform
+import statistics
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -109,6 +112,28 @@ def measure(a, overrides: list[str]) -> tuple[list[dict], dict]:
         stats[:0] = [lv.stats() for lv in engine_levels(clf, a.requests, a.seconds)]
         info["tokens_per_forward"] = clf.classify(["maxi dress"])[0].meta.get("tokens_per_forward")
     return stats, info
+
+
+def log_ab(a, overrides: list[str]) -> tuple[list[dict], dict]:
+    """Rounds of a fresh app without, then with the prediction log (every row and label); `log_rows`: rows written."""
+    out, folder = [], Path(tempfile.mkdtemp(prefix="qcls-log-ab-"))
+    for k, side in ((k, side) for k in range(a.prediction_log_ab) for side in ("off", "on")):
+        on = [f"serve.prediction_log.folder={folder / str(k)}", "serve.prediction_log.all_labels=true"] * (side == "on")
+        stats, info = measure(a, [*overrides, *on])
+        rows = sum(len(p.read_bytes().splitlines()) for p in (folder / str(k)).glob("part-*"))
+        out += [{**st, "path": f"{st['path']} log {side} #{k + 1}", "log_rows": rows} for st in stats]
+    return out, info
+
+
+def log_goals(stats: list[dict]) -> list[str]:
+    """The log's cost: req/s (mean of the rounds) with it ≥ 0.97 × without, p99 (median) ≤ 1.1 ×."""
+    on, off = ([s for s in stats if f" log {side} #" in s["path"]] for side in ("on", "off"))
+    if not (on and off):
+        return []
+    r, p = (statistics.mean(s["rps"] for s in on) / statistics.mean(s["rps"] for s in off),
+            statistics.median(s["p99"] for s in on) / statistics.median(s["p99"] for s in off))
+    return [f"prediction log on / off ({sum(s['log_rows'] for s in on)} rows written): req/s × {r:.3f} (≥ 0.97: "
+            f"{'met' if r >= 0.97 else 'NOT met'}), p99 × {p:.3f} (≤ 1.1: {'met' if p <= 1.1 else 'NOT met'})"]
 
 
 def reload_sets(overrides: list[str]) -> list[list[str]]:
@@ -265,7 +290,7 @@ def report(stats: list[dict], info: dict, header: dict, note: str) -> str:
             "tokens per forward (b1)": info.get("tokens_per_forward", "?"),
             "Ray Serve flags": (" ".join(f"{k}={v}" for k, v in info.get("ray_env", {}).items()) or "(none)")
             + "; the benchmark process (the handle caller) has them too"}
-    g = goals(stats)
+    g = goals(stats) + log_goals(stats)
     return "\n".join([f"## {when}: load bench (bench/load.py), {note}", "", *(f"- {k}: {v}" for k, v in head.items()),
                       "", table(stats), ops_table(stats),
                       *(["Replica log, reloads:", "", "```", *info["reload_log"], "```", ""]
@@ -288,10 +313,12 @@ def parse_args(argv=None):
     ap.add_argument("--random-qwen3", choices=["qwen3_4b", "qwen3_8b", "tiny"], help="serve random weights of this shape")
     ap.add_argument("--reloads", type=int, default=0, help="this many reloads during each HTTP level")
     ap.add_argument("--zipf", action="store_true", help="a Zipf query stream over HTTP, result cache on, then off")
+    ap.add_argument("--prediction-log-ab", type=int, default=0, metavar="N", help="N rounds over HTTP of a fresh app "
+                    "without, then with the prediction log (every row and label): req/s and p99 per side, their ratios")
     a = ap.parse_args(argv)
-    if a.reloads or a.zipf:
+    if a.reloads or a.zipf or a.prediction_log_ab:
         a.paths = {"http"}
-    a.concurrency = a.concurrency or ([8] if a.reloads or a.zipf else [1, 4, 8, 16])
+    a.concurrency = a.concurrency or ([8] if a.reloads or a.zipf or a.prediction_log_ab else [1, 4, 8, 16])
     a.requests = a.requests or (10**9 if a.reloads else 5000)
     return a
 
@@ -312,7 +339,7 @@ def main(argv=None) -> int:
     overrides = app_overrides(a.random_qwen3, a.overrides, cache=a.zipf)
     from qcls.compose import compose
     cfg = compose(overrides)
-    stats, info = measure(a, overrides)
+    stats, info = log_ab(a, overrides) if a.prediction_log_ab else measure(a, overrides)
     if a.zipf:  # the same stream again with the cache off
         off, _ = measure(a, app_overrides(a.random_qwen3, a.overrides))
         stats = [{**st, "path": f"{st['path']} zipf, cache {which}"} for which, sts in (("on", stats), ("off", off))

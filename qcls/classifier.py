@@ -81,8 +81,7 @@ class Classifier:
         self._check_head(heads.check_model_config, loaded.source_config)
         with holding(turns):  # (a head's weight fingerprint copies weights off the device)
             self._check_head(heads.check_model_weights, loaded.model)
-        if self.heads.file is not None:
-            step_note(self.heads.line())
+        step_note(self.heads.line())  # per prompt: a head or the LLM's own label scores
         loaded = self._settle_depth(loaded, backend, given)
         step_note(self.depth.line())
         self.heads_meta = self.heads.meta()

@@ -26,7 +26,7 @@ EPILOG = """examples:
   qcls classify --json "hoodie for boys" scoring=exact
   qcls classify model=qwen3_4b model.source=local model.path=/models/Qwen3-4B "slim jeans"
   echo "summer dress" | qcls repl
-  qcls bulk queries.csv labels.parquet prompts=ecommerce8 --all-labels   # a file in, a file out
+  qcls bulk queries.csv predictions.parquet prompts=ecommerce8 --all-labels   # a file in, a file out
   qcls serve model=qwen3_4b serve.num_gpus=1
   qcls reload model=qwen3_4b serve.num_gpus=1 prompts=ecommerce8_fewshot   # the running app, no restart
   qcls check model=qwen3_8b model.source=local model.path=/models/Qwen3-8B gpu=t4   # no weights, no GPU
@@ -56,15 +56,19 @@ def format_result(r: QueryResult, top: int = 3) -> str:
     stages = " · ".join(f"{s} {t[s]:.2f}" for s in STAGES)
     lines = [f"query: {r.query}  ({r.query_tokens} tokens, batch {r.batch_size}, {t['total']:.2f} ms: {stages})"]
     width = max(len(p.prompt) for p in r.prompts)
+    heads = r.meta.get("heads") or {}
     for p in r.prompts:  # with a head or calibration loaded, its probabilities are the ones reported
         others = ", ".join(f"{s.label} {s.prob:.3f}" for s in p.top(top + 1) if s.label != p.label)[:80]
         raw = f"   (raw scores: {p.raw_label} {p.raw_prob:.3f})" if p.raw_label is not None else ""
+        by = "[head]" if p.prompt in heads.get("with_head", ()) else "[LLM] "  # what answered this prompt
         if p.abstained:  # below its threshold: no winner (or the fallback), every label's probability listed
             others = ", ".join(f"{s.label} {s.prob:.3f}" for s in p.top(top + 1))[:80]
             shown = "ABSTAINED" + (f" → {p.label}" if p.label is not None else "")
-            lines.append(f"  {p.prompt:<{width}}  {shown}   | {others}{raw}")
-            continue
-        lines.append(f"  {p.prompt:<{width}}  {p.label:<10} {p.prob:.3f}   | {others}{raw}")
+            lines.append(f"  {p.prompt:<{width}}  {by} {shown}   | {others}{raw}")
+        else:
+            lines.append(f"  {p.prompt:<{width}}  {by} {p.label:<10} {p.prob:.3f}   | {others}{raw}")
+        if p.prompt in heads.get("lost", {}):  # its head no longer fits it (qcls/heads/startup.py: lost_head)
+            lines.append(f"  {'':<{width}}  note: {heads['lost'][p.prompt]}")
     return "\n".join(lines) + "\n"
 
 

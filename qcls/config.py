@@ -5,6 +5,7 @@ setting silently ignored.
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -141,6 +142,26 @@ class EngineSpec(_Strict):
         return sorted(set(v))
 
 
+class PredictionLogSpec(_Strict):
+    """What a serving replica writes of its answers (qcls/predictions/log.py, docs/serving.md "Prediction log"):
+    nothing unless `folder` is set."""
+
+    # made absolute where the config is composed: replicas run in a directory of Ray's choosing
+    folder: str | None = None
+    sample_rate: float = Field(default=1.0, gt=0, le=1)  # the share of answered queries written (random per row)
+    all_labels: bool = False  # every label's probability (prob:<prompt>:<label>), not only the winner's
+    format: Literal["jsonl", "parquet"] = "jsonl"  # parquet needs pyarrow
+    flush_s: float = Field(default=2.0, gt=0, le=3600)  # a part file at least this often while rows come
+    queue_rows: int = Field(default=10_000, ge=1)  # rows waiting for the writer; more are dropped and counted
+
+    @field_validator("folder")
+    @classmethod
+    def _absolute(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError("give a folder, or null to turn the prediction log off")
+        return None if v is None else os.path.abspath(os.path.expanduser(v))
+
+
 class ServeSpec(_Strict):
     """How Ray Serve runs the Classifier (qcls/deployments/): `qcls serve`, serve_config.yaml, bench/load.py."""
 
@@ -190,6 +211,7 @@ class ServeSpec(_Strict):
     # or a file whose first line is the key; neither: the environment variable QCLS_API_KEY; none: open
     api_key: str | None = Field(default=None, repr=False)
     api_key_file: str | None = None
+    prediction_log: PredictionLogSpec = PredictionLogSpec()  # off unless prediction_log.folder is set
 
 
 class QclsConfig(_Strict):

@@ -108,21 +108,32 @@ def test_hydra_apps_get_their_own_command_line(cmd, monkeypatch, capsys):
     assert f"qcls {cmd}: error: the sweep config has no `eval` group\n  add eval=dev" in err and "Traceback" in err
 
 
-def test_the_table_shows_the_heads_probabilities():
+def test_the_table_shows_what_answers_each_prompt_and_a_heads_probabilities():
     from qcls.cli import format_result
     from qcls.results import LabelScore, PromptResult, QueryResult
     labels = [LabelScore("dress", 2.0, 0.40, 1, 0.70, 0.5), LabelScore("jeans", 1.0, 0.55, 1, 0.20, 1.2),
               LabelScore("tee", 0.0, 0.05, 1, 0.10, -1.0)]
     r = QueryResult("q", [PromptResult("category", "jeans", 0.55, labels, raw_label="dress", raw_prob=0.70)],
-                    query_tokens=1, batch_size=1, timings_ms={k: 0.1 for k in STAGES} | {"total": 0.5})
+                    query_tokens=1, batch_size=1, timings_ms={k: 0.1 for k in STAGES} | {"total": 0.5},
+                    meta={"heads": {"with_head": ["category"], "lost": {}}})
     line = format_result(r).splitlines()[1]
-    assert "jeans      0.550" in line and "dress 0.400" in line and "tee 0.050" in line
+    assert "[head] jeans      0.550" in line and "dress 0.400" in line and "tee 0.050" in line
     assert "(raw scores: dress 0.700)" in line
     r.prompts[0].label, r.prompts[0].abstained = None, True  # below its threshold: marked, every label listed
     line = format_result(r).splitlines()[1]
     assert "ABSTAINED" in line and "jeans 0.550" in line and "dress 0.400" in line and "→" not in line
     r.prompts[0].label = "none"
     assert "ABSTAINED → none" in format_result(r).splitlines()[1]
+    # a label renamed: the default head file still has a head of the prompt's name, which no longer fits it
+    from qcls.heads.startup import OTHER_LABELS, lost_head
+    labels = [LabelScore("dress", 2.0, 0.7, 1), LabelScore("frock", 1.0, 0.3, 1)]
+    r = QueryResult("q", [PromptResult("category", "dress", 0.7, labels), PromptResult("audience", "dress", 0.7, labels)],
+                    query_tokens=1, batch_size=1, timings_ms={k: 0.1 for k in STAGES} | {"total": 0.5},
+                    meta={"heads": {"with_head": ["audience"], "lost": {"category": lost_head(OTHER_LABELS)}}})
+    lines = format_result(r).splitlines()
+    assert "category  [LLM]  dress" in lines[1] and "audience  [head] dress" in lines[3]
+    assert lines[2].split() == ["note:", *lost_head(OTHER_LABELS).split()]
+    assert "LLM scores; refit with qcls calibrate --method head, or restore the labels" in lines[2]
 
 
 @pytest.mark.slow
@@ -135,7 +146,8 @@ def test_bulk_file_in_file_out_with_the_demo_model(demo_cfg_overrides, tmp_path,
     assert p.returncode == 0, p.stderr
     rows = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text(encoding="utf-8").splitlines()]
     assert [r["id"] for r in rows] == ["1", "2", "3", "4"] and rows[1]["error"].startswith("empty query")
-    assert rows[0]["category"] == rows[2]["category"] and rows[0]["category_prob"] == rows[2]["category_prob"]
+    assert rows[0]["pred:category"] == rows[2]["pred:category"]
+    assert rows[0]["pred:category:prob"] == rows[2]["pred:category:prob"]
     assert "[qcls bulk]" in p.stderr and "2 distinct queries classified" in p.stderr and '"empty": 1' in p.stderr
 
 

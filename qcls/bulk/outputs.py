@@ -1,13 +1,15 @@
 """Output rows and files: the result columns, one part file per chunk, the final file.
 
-Columns: every input column (passed through), then per prompt `<prompt>` (the winning label; empty when the
-prompt abstained, or its threshold's fallback label), `<prompt>_prob` (the most probable label's probability)
-and `<prompt>_abstained` (true when that probability fell short of the prompt's threshold: qcls/heads/
-thresholds.py), with --all-labels `<prompt>:<label>` (every label's probability), then `error` (empty for a
-classified row). JSONL keeps the input's values as they are; CSV writes None as an empty
-field and a list or object as JSON; Parquet keeps a Parquet input's column types and writes other inputs'
-columns as text (a JSONL value that is not a string as its JSON). Floats are written exactly (repr), so a
-part read back gives the very results that were written (resume rebuilds the cache from them).
+Columns: every input column (passed through), then per prompt the predictions schema's columns
+(qcls/predictions/schema.py): `pred:<prompt>` (the winning label; empty when the prompt abstained, or its
+threshold's fallback label), `pred:<prompt>:prob` (the most probable label's probability) and
+`pred:<prompt>:abstained` (true when that probability fell short of the prompt's threshold: qcls/heads/
+thresholds.py), with --all-labels `prob:<prompt>:<label>` (every label's probability), then `error` (empty for
+a classified row). The `pred:` names keep the output from passing as a labelled file. JSONL keeps the input's
+values as they are; CSV writes None as an empty field and a list or object as JSON; Parquet keeps a Parquet
+input's column types and writes other inputs' columns as text (a JSONL value that is not a string as its JSON).
+Floats are written exactly (repr), so a part read back gives the very results that were written (resume rebuilds
+the cache from them).
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from qcls.errors import ConfigError
+from qcls.predictions import schema
 from qcls.results import QueryResult
 
 OUTPUT_FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".tsv": "tsv", ".parquet": "parquet"}
@@ -55,16 +58,15 @@ class Columns:
         clash = sorted(set(cols.passthrough) & set(cols.result_names))
         if clash:
             raise ConfigError(f"input columns {clash} have the names of result columns",
-                              "rename them in the input (result columns: <prompt>, <prompt>_prob, <prompt>_abstained, "
-                              "<prompt>:<label> with --all-labels, error)")
+                              "rename them in the input (result columns: pred:<prompt>, pred:<prompt>:prob, "
+                              "pred:<prompt>:abstained, prob:<prompt>:<label> with --all-labels, error)")
         return cols
 
     @property
     def result_names(self) -> list[str]:
         out = []
         for name, labels in self.prompts:
-            out += [name, f"{name}_prob", f"{name}_abstained"] + \
-                ([f"{name}:{lab}" for lab in labels] if self.all_labels else [])
+            out += schema.prompt_columns(name, labels, self.all_labels)
         return out + [ERROR]
 
     @property
@@ -80,12 +82,12 @@ class Columns:
     def record(self, values: dict[str, Any], result: Result | None, error: str | None) -> dict[str, Any]:
         rec = dict(values)
         for i, (name, labels) in enumerate(self.prompts):
-            rec[name] = result[0][i] if result else None
-            rec[f"{name}_prob"] = result[1][i] if result else None
-            rec[f"{name}_abstained"] = result[3][i] if result else None
+            rec[schema.label_column(name)] = result[0][i] if result else None
+            rec[schema.prob_column(name)] = result[1][i] if result else None
+            rec[schema.abstained_column(name)] = result[3][i] if result else None
             if self.all_labels:
                 for j, lab in enumerate(labels):
-                    rec[f"{name}:{lab}"] = result[2][i][j] if result else None
+                    rec[schema.label_prob_column(name, lab)] = result[2][i][j] if result else None
         rec[ERROR] = error
         return rec
 
@@ -93,11 +95,12 @@ class Columns:
         """The Result a written record shows (None for an error row); CSV fields come back as text."""
         if rec.get(ERROR) not in (None, ""):
             return None
-        labels = tuple(rec[name] if rec[name] != "" else None for name, _ in self.prompts)
-        probs = tuple(float(rec[f"{name}_prob"]) for name, _ in self.prompts)
-        full = tuple(tuple(float(rec[f"{name}:{lab}"]) for lab in labs) for name, labs in self.prompts) \
+        names = [name for name, _ in self.prompts]
+        labels = tuple(rec[c] if rec[c] != "" else None for c in map(schema.label_column, names))
+        probs = tuple(float(rec[schema.prob_column(n)]) for n in names)
+        full = tuple(tuple(float(rec[schema.label_prob_column(n, lab)]) for lab in labs) for n, labs in self.prompts) \
             if self.all_labels else None
-        return labels, probs, full, tuple(rec[f"{name}_abstained"] in (True, "true") for name, _ in self.prompts)
+        return labels, probs, full, tuple(rec[schema.abstained_column(n)] in (True, "true") for n in names)
 
 
 def _cell(v: Any) -> str:
@@ -152,10 +155,11 @@ class Format:
             src = self.input_schema.field(c) if self.input_schema is not None else None
             fields.append(src if src is not None else pa.field(c, pa.string()))
         for name, labels in self.cols.prompts:
-            fields += [pa.field(name, pa.string()), pa.field(f"{name}_prob", pa.float64()),
-                       pa.field(f"{name}_abstained", pa.bool_())]
+            fields += [pa.field(schema.label_column(name), pa.string()),
+                       pa.field(schema.prob_column(name), pa.float64()),
+                       pa.field(schema.abstained_column(name), pa.bool_())]
             if self.cols.all_labels:
-                fields += [pa.field(f"{name}:{lab}", pa.float64()) for lab in labels]
+                fields += [pa.field(schema.label_prob_column(name, lab), pa.float64()) for lab in labels]
         return pa.schema(fields + [pa.field(ERROR, pa.string())])
 
     def table(self, records: list[dict[str, Any]]):

@@ -49,7 +49,7 @@ def plan(opts: BulkOptions, cfg) -> tuple[Reader, Columns, Format]:
 
 
 def manifest(opts: BulkOptions, cfg, fmt: str) -> dict:
-    return {"version": 1, **file_identity(opts.input), "column": opts.column, "all_labels": opts.all_labels,
+    return {"version": 2, **file_identity(opts.input), "column": opts.column, "all_labels": opts.all_labels,
             "chunk_rows": opts.chunk_rows, "cache_size": opts.cache_size, "output_format": fmt,
             "config": hashlib.sha256(cfg.model_dump_json().encode()).hexdigest()[:16]}
 

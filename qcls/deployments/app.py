@@ -32,6 +32,7 @@ from qcls.deployments.metrics import ReplicaMetrics, memory_now
 from qcls.deployments.reload import Reloader, deployment_version, redacted
 from qcls.deployments.worker import EngineWorker, Pending, refused
 from qcls.errors import QclsError, format_error
+from qcls.predictions.log import PredictionLog
 from qcls.results import QueryResult
 
 INJECTED_CUDA_ERROR = "CUDA error: an illegal memory access was encountered (injected by inject_fault)"
@@ -45,12 +46,14 @@ class QclsDeployment:
         # Everything loads, captures and warms here: Serve marks the replica ready only once this returns.
         if cfg.serve.gil_switch_interval_ms:  # the device threads' Python stages wait less on a busy event loop
             sys.setswitchinterval(cfg.serve.gil_switch_interval_ms / 1e3)
-        try:
+        self.metrics = ReplicaMetrics(cfg.engine.max_batch_size)
+        try:  # (the prediction log's folder is checked first: a bad one is refused before the model loads)
+            log = cfg.serve.prediction_log
+            self.predictions = PredictionLog(log, observer=self.metrics.prediction_log_rows) if log.folder else None
             self.clf = Classifier(cfg)
         except QclsError as e:  # the clean message in the replica log; `qcls serve` shows it too (serve_cli.py)
             print(format_error(e, "qcls replica"), file=sys.stderr, flush=True)
             raise
-        self.metrics = ReplicaMetrics(cfg.engine.max_batch_size)
         self.worker = EngineWorker(self.clf, probe_idle_s=cfg.serve.health_probe_idle_s,
                                    probe_timeout_s=0.8 * cfg.serve.health_check_timeout_s, observer=self.metrics,
                                    depth=cfg.serve.pipeline_depth, fill_while_busy=cfg.serve.fill_while_busy)
@@ -125,6 +128,8 @@ class QclsDeployment:
             n_hits = sum(h is not None for h in hits)
             evicted = clf.cache.remember(clf.fingerprint, (r for r, h in zip(out, hits) if h is None))
             self.metrics.cache_use(n_hits, len(good), evicted, len(clf.cache) if clf is self.clf else None)
+        if self.predictions is not None:  # the answers, their cache hits and latencies are all known here
+            self.predictions.add(out)
         return out
 
     def prompts(self) -> list[dict[str, Any]]:
@@ -162,6 +167,8 @@ class QclsDeployment:
             self.worker.close()
         if getattr(self, "metrics", None) is not None:
             self.metrics.gc.close()
+        if getattr(self, "predictions", None) is not None:
+            self.predictions.close()  # the rows still queued are written
 
     def inject_fault(self, kind: str | None, query: str | None = None, seconds: float = 0.0,
                      path: str | None = None) -> int:

@@ -16,6 +16,7 @@ replica). Ray exports them on each node's metrics port with a `ray_` prefix:
     ray_qcls_result_cache_evictions_total                counter, entries dropped to stay within the bound
     ray_qcls_result_cache_entries                        gauge, entries held (0 after a reload)
     ray_qcls_reloads_total{outcome}                      counter: serving (a new configuration answers), refused
+    ray_qcls_prediction_log_rows_total{outcome}          counter: written, dropped (a full queue, a failed write)
 
 Recording runs on the replica's event loop after the batch's answers are handed back (`EngineWorker` calls
 `after_batch` through loop.call_soon), so it does not delay them.
@@ -119,6 +120,8 @@ class ReplicaMetrics:
         self.cache_entries.set(0)
         self.reloads = Counter("qcls_reloads_total", description="reloads by outcome: serving (the new "
                                "configuration answers) or refused (the old one still does)", tag_keys=("outcome",))
+        self.log_rows = Counter("qcls_prediction_log_rows_total", description="rows of the prediction log: written, "
+                                "or dropped (its queue was full, or a part could not be written)", tag_keys=("outcome",))
         self.gc = GcPauses()
         self._gc_seen = 0  # pauses already exported (not from inside the collector's callback)
 
@@ -162,6 +165,12 @@ class ReplicaMetrics:
 
     def reload_outcome(self, outcome: str) -> None:
         self.reloads.inc(tags={"outcome": outcome})
+
+    def prediction_log_rows(self, written: int, dropped: int) -> None:
+        """Called from the prediction log's writer thread (qcls/predictions/log.py) after each of its rounds."""
+        for outcome, n in (("written", written), ("dropped", dropped)):
+            if n:
+                self.log_rows.inc(n, tags={"outcome": outcome})
 
     def refused_query(self, message: str) -> None:
         self.refused.inc(tags={"reason": refusal_reason(message)})

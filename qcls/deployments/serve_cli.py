@@ -30,6 +30,9 @@ def serve_main(overrides: list[str], blocking: bool = True, log_to_driver: bool 
     cfg = compose(overrides)
     s = cfg.serve
     app = app_for(cfg, overrides)  # refuses a config that cannot deploy (e.g. serve.autoscaling) before Ray starts
+    if s.prediction_log.folder and not os.environ.get("RAY_ADDRESS"):  # (on a cluster: the replicas' nodes check)
+        from qcls.predictions.log import check_folder
+        check_folder(s.prediction_log)
     warning = open_to_the_network(s)  # (a bad key file is refused here, before Ray starts)
     if warning:
         print(f"[qcls] warning: {warning}", file=sys.stderr, flush=True)
@@ -59,6 +62,9 @@ def serve_main(overrides: list[str], blocking: bool = True, log_to_driver: bool 
     print(f"[qcls] playground: {base}/ (try queries, edit the prompts)", file=sys.stderr, flush=True)
     print(f"[qcls] serving: POST {base}/v1/classify · GET {base}/v1/prompts · GET {base}/healthz · "
           f"docs {base}/docs", file=sys.stderr, flush=True)
+    if s.prediction_log.folder:
+        print(f"[qcls] prediction log: {s.prediction_log.folder} (part-<replica>-<n>.{s.prediction_log.format}, "
+              f"sample rate {s.prediction_log.sample_rate:g})", file=sys.stderr, flush=True)
     fast = direct_urls(s.app_name, s.host) if s.ingress == "direct" else []
     if fast:
         print(f"[qcls] fastest (each replica's own port, no proxy hop): {' '.join(fast)}; the address above "

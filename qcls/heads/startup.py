@@ -15,6 +15,12 @@ from qcls.heads.head import FINAL, Head, PromptHead
 
 REFIT = ("refit it with `qcls calibrate --method head` under this config, or run without it: calibration=null "
          "(calibration=model uses the model's own head file, model.head, for the prompts it was fitted for)")
+# why a prompt of the model's default head file answers on the LLM's own label scores
+NO_ENTRY = "no head in the file"
+OTHER_TEMPLATE = "its head was fitted under another template"
+OTHER_LABELS = "its head was fitted for another label set"
+OTHER_SCORING = "its head reads scores of scoring="
+HEAD, LLM = "head", "LLM scores"  # what answers a prompt, as the start-up line, `qcls classify` and the page say
 
 
 def resolve_path(value: str) -> Path:
@@ -44,6 +50,7 @@ class HeadChoice:
     default: bool = False
     own: dict[str, str] = field(default_factory=dict)
     file: str | None = None  # the file asked for, even when no prompt uses it
+    names: list[str] = field(default_factory=list)  # the config's prompts, in order
 
     def drop(self, why: str) -> None:
         """The model's default head does not fit this model's weights or architecture: no prompt uses it."""
@@ -55,24 +62,36 @@ class HeadChoice:
         return list(self.head.prompts) if self.head else []
 
     def line(self) -> str:
-        """One line: which prompts use a head, which their own label scores (start-up, qcls check, meta)."""
+        """One line: per prompt whether a head answers it or the LLM's own label scores, and why (start-up,
+        qcls check)."""
         if self.file is None:
             why = next(iter(self.own.values()), "calibration=null")
-            return f"no head ({why}): every prompt uses the LLM's own label scores"
-        what = f"the model's default head {self.file}" if self.default else f"head {self.file}"
-        used = ", ".join(self.with_head()) or "no prompt"
-        out = f"{what}: {used} {'uses' if len(self.with_head()) <= 1 else 'use'} it"
-        if self.own:
-            by_why: dict[str, list[str]] = {}
-            for n, w in self.own.items():
-                by_why.setdefault(w, []).append(n)
-            out += "; the LLM's own label scores for " + "; ".join(f"{', '.join(ns)} ({w})" for w, ns in by_why.items())
-        return out
+            return f"answers per prompt: {', '.join(f'{n}: {LLM}' for n in self.names)} (no head: {why})"
+        what = f"the model's default head {self.file}" if self.default else f"head file {self.file}"
+        each = [f"{n}: {HEAD}" if n not in self.own else f"{n}: {LLM} ({self.own[n]})" for n in self.names]
+        return f"answers per prompt: {', '.join(each)}; {what}"
 
     def meta(self) -> dict:
-        """For results' and metadata's `heads`: the file, whether it is the model's default, per prompt."""
+        """For results' and metadata's `heads`: the file, whether it is the model's default, per prompt (`lost`:
+        the prompts whose head in the file no longer fits them, and what to do: lost_head)."""
+        lost = {n: note for n, why in self.own.items() if (note := lost_head(why)) is not None}
         return {"file": self.path or self.file, "default": self.default, "with_head": self.with_head(),
-                "own_scores": dict(self.own)}
+                "own_scores": dict(self.own), "lost": lost}
+
+
+def lost_head(why: str) -> str | None:
+    """What a prompt says beside its answer when the head file has a head of its name that no longer fits it (a
+    label or its template edited, as the playground allows, or another scoring strategy): it answers on the LLM's
+    own scores, and the way back. None for a prompt the file has no head for, or without a head file."""
+    if why.startswith(OTHER_SCORING):
+        fitted = why.removeprefix(OTHER_SCORING)
+        return (f"no head for this prompt (its head reads scores of scoring={fitted}): {LLM}; refit with "
+                f"qcls calibrate --method head, or add the override scoring={fitted}")
+    if why not in (OTHER_LABELS, OTHER_TEMPLATE):
+        return None
+    back = "the labels" if why == OTHER_LABELS else "the template"
+    return (f"no head for this prompt (its labels or template differ from the head's): {LLM}; refit with "
+            f"qcls calibrate --method head, or restore {back}")
 
 
 def head_for(cfg) -> tuple[Head | None, str | None, list[str]]:
@@ -86,6 +105,12 @@ def choose(cfg) -> HeadChoice:
     another strategy, prompts the config lacks, another label set or template; the model's default head
     (calibration=model) serves only the prompts it was fitted for. Nothing about the model is known yet: see
     check_model_config / check_model_weights."""
+    c = _choose(cfg)
+    c.names = [p.name for p in cfg.prompts]
+    return c
+
+
+def _choose(cfg) -> HeadChoice:
     file = cfg.calibration_file
     if file is None:
         why = "the model has no default head (model.head=null)" if cfg.calibration_is_default else "calibration=null"
@@ -132,8 +157,8 @@ def choose(cfg) -> HeadChoice:
     missing = [n for n in specs if n not in head.prompts]
     if missing:
         notes.append(f"{where} has no entry for prompts {missing}: their probabilities are the raw scores' softmax")
-    return HeadChoice(Head(out, head.method, head.meta), str(path), notes, False,
-                      {n: "no head in the file" for n in missing}, file)
+    return HeadChoice(Head(out, head.method, head.meta), str(path), notes, False, {n: NO_ENTRY for n in missing},
+                      file)
 
 
 def _fitted_part(cfg, head: Head, path: Path, file: str) -> HeadChoice:
@@ -158,19 +183,19 @@ def _fitted_for(head: Head, spec, strategy: str) -> tuple[PromptHead | None, str
     """The head entry fitted for this prompt, or None and why there is none."""
     cands = head.candidates(spec.name)
     if not cands:
-        return None, "no head in the file"
+        return None, NO_ENTRY
     sha = template_sha256(spec.template, spec.label_prefix)
     cands = [ph for ph in cands if ph.info.get("template_sha256") in (None, sha)]
     if not cands:
-        return None, "its head was fitted under another template"
+        return None, OTHER_TEMPLATE
     want = sorted(spec.labels)
     cands = [ph for ph in cands if sorted(ph.labels) == want]
     if not cands:
-        return None, "its head was fitted for another label set"
+        return None, OTHER_LABELS
     fitted = head.meta.get("strategy")
     cands = [ph for ph in cands if ph.score_weights is None or fitted in (None, strategy)]
     if not cands:
-        return None, f"its head reads scores of scoring={fitted}"
+        return None, f"{OTHER_SCORING}{fitted}"
     return cands[0], ""
 
 

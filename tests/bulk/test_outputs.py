@@ -37,8 +37,8 @@ def test_part_round_trip_and_join(tmp_path, ext, all_labels):
     assert [cols.parse(r) for r in back] == [cols.parse(r) for r in recs] == [
         RESULT if all_labels else NO_FULL, None]
     assert back[0]["query"] == "red, \"dress\"\n" and back[1]["error"] == recs[1]["error"]
-    assert back[0]["audience"] in (None, "") and back[0]["audience_abstained"] in (True, "true")
-    assert back[0]["category_abstained"] in (False, "false")
+    assert back[0]["pred:audience"] in (None, "") and back[0]["pred:audience:abstained"] in (True, "true")
+    assert back[0]["pred:category:abstained"] in (False, "false")
     out = tmp_path / ("out" + ext)
     fmt.join(parts, out)
     assert not list(tmp_path.glob("*.tmp"))
@@ -49,22 +49,24 @@ def test_part_round_trip_and_join(tmp_path, ext, all_labels):
         import pyarrow.parquet as pq
         t = pq.read_table(out)
         assert t.num_rows == 4 and t.column_names == cols.names and t.column("tags").to_pylist()[0] == '["a"]'
-        assert t.column("audience_abstained").to_pylist() == [True, None] * 2
-        assert t.column("audience").to_pylist() == [None, None] * 2
+        assert t.column("pred:audience:abstained").to_pylist() == [True, None] * 2
+        assert t.column("pred:audience").to_pylist() == [None, None] * 2
     else:
         text = out.read_text(encoding="utf-8")
         assert text.startswith(("\t" if ext == ".tsv" else ",").join(cols.names) + "\n")
         row = next(csv.DictReader(io.StringIO(text), delimiter="\t" if ext == ".tsv" else ","))
-        assert (row["audience"], row["audience_abstained"], row["category_abstained"]) == ("", "true", "false")
+        assert (row["pred:audience"], row["pred:audience:abstained"], row["pred:category:abstained"]) == \
+            ("", "true", "false")
 
 
 def test_result_columns_and_clash():
     cols = Columns.build(["query"], PROMPTS, True)
-    assert cols.names == ["query", "category", "category_prob", "category_abstained", "category:dress",
-                          "category:tee", "audience", "audience_prob", "audience_abstained", "audience:boy",
-                          "audience:girl", "audience:none", "error"]
-    with pytest.raises(ValueError, match=r"\['category_prob'\] have the names of result columns"):
-        Columns.build(["query", "category_prob"], PROMPTS, False)
+    assert cols.names == ["query", "pred:category", "pred:category:prob", "pred:category:abstained",
+                          "prob:category:dress", "prob:category:tee", "pred:audience", "pred:audience:prob",
+                          "pred:audience:abstained", "prob:audience:boy", "prob:audience:girl", "prob:audience:none",
+                          "error"]
+    with pytest.raises(ValueError, match=r"\['pred:category:prob'\] have the names of result columns"):
+        Columns.build(["query", "pred:category:prob"], PROMPTS, False)
 
 
 def test_unknown_output_extension():

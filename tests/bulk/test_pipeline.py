@@ -125,11 +125,12 @@ def test_every_row_answered_from_the_cache_the_chunk_or_its_error():
                                    cols, cache, tally, ["category"])
     for q, rec in zip(queries, records):
         if q == "q1":
-            assert (rec["category"], rec["category_prob"], rec["error"]) == ("dress", 0.25, None)
+            assert (rec["pred:category"], rec["pred:category:prob"], rec["error"]) == ("dress", 0.25, None)
         elif not q.strip():
-            assert rec["category"] is None and rec["error"].startswith("empty query")
+            assert rec["pred:category"] is None and rec["error"].startswith("empty query")
         else:
-            assert (rec["category"], rec["category_prob"], rec["error"]) == (_result(q).prompts[0].label, 0.75, None)
+            assert (rec["pred:category"], rec["pred:category:prob"], rec["error"]) == \
+                (_result(q).prompts[0].label, 0.75, None)
     assert [q for q, _ in pairs] == [q for q in queries if q.strip()]
     distinct_new = {q for q in queries if q.strip() and q != "q1"}
     assert tally.rows == 300 and tally.classified == len(distinct_new)

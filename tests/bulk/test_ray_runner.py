@@ -15,6 +15,7 @@ import pytest
 
 from qcls.bulk import ray_runner, runner
 from qcls.bulk.options import BulkOptions
+from qcls.predictions.schema import prob_column
 from tests.bulk.conftest import log_queries
 from tests.bulk.test_runner import PROMPTS, write_log
 
@@ -49,11 +50,11 @@ def same(a: list[dict], b: list[dict]) -> None:
     a, b = sorted(a, key=key), sorted(b, key=key)
     assert [key(r) for r in a] == [key(r) for r in b]
     for x, y in zip(a, b):
-        assert {k: v for k, v in x.items() if not k.endswith("_prob")} == \
-               {k: v for k, v in y.items() if not k.endswith("_prob")}
-        for p in PROMPTS:
-            if x[p + "_prob"] not in (None, ""):
-                assert float(x[p + "_prob"]) == pytest.approx(float(y[p + "_prob"]), abs=1e-5)
+        assert {k: v for k, v in x.items() if not k.endswith(":prob")} == \
+               {k: v for k, v in y.items() if not k.endswith(":prob")}
+        for c in map(prob_column, PROMPTS):
+            if x[c] not in (None, ""):
+                assert float(x[c]) == pytest.approx(float(y[c]), abs=1e-5)
 
 
 def bad_log(tmp_path: Path, n: int, seed: int) -> tuple[Path, list[str]]:

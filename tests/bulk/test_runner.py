@@ -11,6 +11,7 @@ import pytest
 from qcls.bulk import runner
 from qcls.bulk.options import BulkOptions
 from qcls.bulk.outputs import Format
+from qcls.predictions.schema import label_column, label_prob_column, prob_column
 from tests.bulk.conftest import log_queries
 
 PROMPTS = ["category", "audience"]
@@ -48,8 +49,8 @@ def results(recs):
     """(labels, probs, error) per row, whatever the format wrote them as."""
     def f(v):
         return None if v in (None, "") else float(v)
-    return [(tuple(r[p] or None for p in PROMPTS), tuple(f(r[p + "_prob"]) for p in PROMPTS), r["error"] or None)
-            for r in recs]
+    return [(tuple(r[label_column(p)] or None for p in PROMPTS), tuple(f(r[prob_column(p)]) for p in PROMPTS),
+             r["error"] or None) for r in recs]
 
 
 def bulk(tmp_path, tiny_overrides, clf_factory, inp, out, **kw):
@@ -108,9 +109,10 @@ def test_repeats_classified_once_rows_as_without_dedupe(tmp_path, tiny_overrides
         r = one_by_one[q]
         assert (rec["error"] is None) == r.ok and (r.ok or rec["error"] == r.error)
         for p in r.prompts:
-            assert rec[p.prompt] == p.label and rec[p.prompt + "_prob"] == pytest.approx(p.prob, abs=1e-5)
+            assert rec[label_column(p.prompt)] == p.label
+            assert rec[prob_column(p.prompt)] == pytest.approx(p.prob, abs=1e-5)
             for s in p.labels:
-                assert rec[f"{p.prompt}:{s.label}"] == pytest.approx(s.prob, abs=1e-5)
+                assert rec[label_prob_column(p.prompt, s.label)] == pytest.approx(s.prob, abs=1e-5)
     assert sum(summary["labels"]["category"].values()) == sum(1 for q in queries if q in distinct)
 
 
@@ -124,7 +126,7 @@ def test_error_rows_of_every_kind(tmp_path, tiny_overrides, clf_factory):
     assert len(recs) == 8 and recs[0]["error"] == "" and recs[7]["error"] == ""
     assert summary["errors"] == {"empty": 1, "too_long": 1, "undecodable": 1, "missing": 1, "not_text": 1,
                                  "malformed": 1}
-    assert "over max_query_tokens=16" in recs[2]["error"] and recs[0]["category"] == recs[7]["category"]
+    assert "over max_query_tokens=16" in recs[2]["error"] and recs[0]["pred:category"] == recs[7]["pred:category"]
 
 
 @pytest.mark.slow

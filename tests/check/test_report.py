@@ -92,8 +92,8 @@ def test_a_calibration_file_is_checked_against_the_config(qwen_tiny, tmp_path):
     assert rep.problems == [] and rep.head["prompts"] == {"audience": "raw scores (affine)"}
     assert any("no entry for prompts ['category']" in n for n in rep.head["notes"])
     text = format_report(rep)
-    assert (f"head {tmp_path / 'ok.yaml'}: audience uses it; the LLM's own label scores for category (no head in "
-            "the file)\n  reads (temperature_bias): audience: raw scores (affine)") in text
+    assert (f"answers per prompt: category: LLM scores (no head in the file), audience: head; head file "
+            f"{tmp_path / 'ok.yaml'}\n  reads (temperature_bias): audience: raw scores (affine)") in text
     bad = Head({"audience": PromptHead.temperature_bias(["boy", "girl", "woman"], 2.0, [0.0, 0.1, -0.1])},
                "temperature_bias", {"strategy": "trie", "model": "tiny"})
     files.save(bad, tmp_path / "bad.yaml")
@@ -106,8 +106,8 @@ def test_a_calibration_file_is_checked_against_the_config(qwen_tiny, tmp_path):
     assert rep.problems == [] and rep.head["default"] and rep.head["with_head"] == []
     assert rep.head["own_scores"] == {"audience": "its head was fitted for another label set",
                                       "category": "no head in the file"}
-    assert (f"the model's default head {tmp_path / 'bad.yaml'}: no prompt uses it; the LLM's own label scores for "
-            "category (no head in the file); audience (its head was fitted for another label set)") in format_report(rep)
+    assert ("answers per prompt: category: LLM scores (no head in the file), audience: LLM scores (its head was fitted "
+            f"for another label set); the model's default head {tmp_path / 'bad.yaml'}") in format_report(rep)
 
 
 def test_qwen3_8b_on_a_t4_without_weights(qwen3_8b_dir, capsys):

@@ -16,7 +16,7 @@ from qcls.heads import files
 from qcls.heads import fingerprint as fp
 from qcls.heads.files import template_sha256
 from qcls.heads.head import Head, PromptHead, Read
-from qcls.heads.startup import choose
+from qcls.heads.startup import OTHER_LABELS, choose, lost_head
 from tests.conftest import prompt, tiny_cfg
 
 AUD = prompt("audience", ["man", "woman", "none"])
@@ -67,10 +67,12 @@ def test_choice_per_prompt(tiny_dirs, head_file, prompts, with_head, own):
     assert c.default and c.with_head() == with_head and c.own == own
     assert (c.head is None) == (not with_head) and (c.path is None) == (not with_head)
     line = c.line()
-    assert line.startswith(f"the model's default head {head_file}: ")
-    assert (", ".join(with_head) or "no prompt") in line
-    for name, why in own.items():  # prompts grouped by why
-        assert name in line.split(f"({why})")[0].rsplit(";", 1)[-1]
+    assert line.startswith("answers per prompt: ") and line.endswith(f"; the model's default head {head_file}")
+    assert all(f"{name}: head" in line for name in with_head)
+    assert all(f"{name}: LLM scores ({why})" in line for name, why in own.items())
+    # a prompt whose head in the file no longer fits says so beside its answers, with the way back
+    assert c.meta()["lost"] == {n: lost_head(why) for n, why in own.items() if why != "no head in the file"}
+    assert all("refit with qcls calibrate --method head" in note for note in c.meta()["lost"].values())
 
 
 def test_mix_uses_the_head_where_fitted_and_own_scores_elsewhere(tiny_dirs, head_file, capsys):
@@ -84,14 +86,14 @@ def test_mix_uses_the_head_where_fitted_and_own_scores_elsewhere(tiny_dirs, head
         progress.set_quiet(True)
     err = capsys.readouterr().err
     lines = [x for x in err.splitlines() if "default head" in x]
-    assert len(lines) == 1 and "audience uses it" in lines[0] and "color (no head in the file)" in lines[0]
+    assert len(lines) == 1 and "audience: head" in lines[0] and "color: LLM scores (no head in the file)" in lines[0]
     plain = Classifier(cfg(tiny_dirs, head_file, prompts, calibration=None))
     ref = Classifier(cfg(tiny_dirs, head_file, prompts, engine={"kind": "reference"}))
     head = files.load(head_file).prompts["audience"]
     for g, b, r in zip(fast.classify(QUERIES), plain.classify(QUERIES), ref.classify(QUERIES)):
         assert g.meta["heads"] == {"file": str(head_file), "default": True, "with_head": ["audience"],
-                                   "own_scores": {"color": "no head in the file",
-                                                  "category": "its head was fitted for another label set"}}
+                                   "own_scores": {"color": "no head in the file", "category": OTHER_LABELS},
+                                   "lost": {"category": lost_head(OTHER_LABELS)}}
         assert g.meta["calibration"] == str(head_file)
         for gp, bp, rp in zip(g.prompts, b.prompts, r.prompts):
             assert [x.score for x in gp.labels] == pytest.approx([x.score for x in bp.labels], abs=1e-5)
@@ -184,7 +186,8 @@ def test_a_sweep_job_scores_the_mix(tiny_dirs, tmp_path):
 def test_no_head_file_says_why_per_prompt(tiny_dirs, head_file):
     c = choose(cfg(tiny_dirs, head_file, [AUD, COLOR], calibration=None))
     assert c.head is None and c.own == {"audience": "calibration=null", "color": "calibration=null"}
+    assert c.line() == "answers per prompt: audience: LLM scores, color: LLM scores (no head: calibration=null)"
+    assert c.meta()["lost"] == {}
     c = choose(cfg(tiny_dirs, None, [AUD]))
     assert c.default and c.own == {"audience": "the model has no default head (model.head=null)"}
-    assert c.line() == ("no head (the model has no default head (model.head=null)): every prompt uses the LLM's "
-                        "own label scores")
+    assert c.line() == "answers per prompt: audience: LLM scores (no head: the model has no default head (model.head=null))"

@@ -64,7 +64,8 @@ function renderResult(r) {
       " · from the result cache" : "") : ""}));
   if (!r.ok) { card.append(el("p", {class: "error", text: r.error})); return card; }
   card.append(stageBar(r.timings_ms));
-  for (const p of r.prompts) card.append(renderPrompt(p));
+  const heads = (r.meta && r.meta.heads) || {};
+  for (const p of r.prompts) card.append(renderPrompt(p, heads));
   return card;
 }
 
@@ -82,14 +83,19 @@ function stageBar(t) {
   return el("div", {class: "timing"}, bar, legend);
 }
 
-function renderPrompt(p) {
-  const head = el("h4", {}, p.prompt + ": ", el("span", {class: "winner", text: p.label}),
-                  ` ${pct(p.prob)}`);
+function renderPrompt(p, heads = {}) {
+  // what answered this prompt: its head or the LLM's own label scores (the results' meta.heads)
+  const known = Array.isArray(heads.with_head), byHead = known && heads.with_head.includes(p.prompt);
+  const head = el("h4", {}, p.prompt + ": ", el("span", {class: "winner", text: p.label}), ` ${pct(p.prob)}`,
+                  known ? el("span", {class: "by", text: byHead ? "head" : "LLM scores"}) : null);
   if (p.raw_label != null)  // a head answered: the LLM's own winner beside it
     head.append(el("span", {class: "raw", text: `LLM: ${p.raw_label} ${pct(p.raw_prob)}`}));
   if (p.abstained) head.append(el("span", {class: "abstain", text: "abstained" +
     (p.threshold != null ? ` (below ${pct(p.threshold)})` : "")}));
-  const box = el("div", {class: "prompt-result", "data-prompt": p.prompt, "data-winner": p.label}, head);
+  const box = el("div", {class: "prompt-result", "data-prompt": p.prompt, "data-winner": p.label,
+                         "data-answered-by": known ? (byHead ? "head" : "llm") : ""}, head);
+  const lost = (heads.lost || {})[p.prompt];  // its head no longer fits it: say so, with the way back
+  if (lost) box.append(el("p", {class: "lost-head", role: "note", text: lost}));
   for (const l of p.labels) {
     const won = l.label === p.label;
     const title = `${l.label}: p ${pct(l.prob)}` + (l.score != null ? `, score ${fmt(l.score)}` : ", no raw score " +
