@@ -40,7 +40,7 @@ def setup(tiny: bool) -> tuple[list[str], dict[str, Read]]:
         d = make_tiny_model_dir(Path(tempfile.mkdtemp(prefix="qcls_bench_")) / "tiny", "qwen3", tiny_byte_tokenizer(),
                                 seed=1)
         over = ["prompts=default", "model.source=local", f"model.path={d}", "model.name=tiny", "model.head=null",
-                "engine.query_buckets=[16,32]", "engine.warmup_requests=1"]
+                "engine.query_buckets=[16,32]", "max_query_tokens=32", "engine.warmup_requests=1"]
         return over, {p.name: Read(1, "position") for p in compose(over).prompts}
     from qcls.heads import files
     from qcls.heads.startup import resolve_path
