@@ -49,20 +49,20 @@ def setup(tiny: bool) -> tuple[list[str], dict[str, Read]]:
     return over, {name: ph.read for name, ph in head.prompts.items()}
 
 
-def change(gold: np.ndarray, n_labels: int, share: float, rng) -> tuple[np.ndarray, np.ndarray]:
+def change(gold: np.ndarray, n_labels: int, share: float, folds: int, rng) -> tuple[np.ndarray, np.ndarray]:
     """(labels with `share` of them changed to another label at random, the rows changed)."""
     while True:
         rows = rng.choice(len(gold), size=round(share * len(gold)), replace=False)
         given = gold.copy()
         given[rows] = (gold[rows] + rng.integers(1, n_labels, len(rows))) % n_labels
-        if np.bincount(given, minlength=n_labels).min() >= FOLDS:
+        if np.bincount(given, minlength=n_labels).min() >= folds:
             return given, rows
 
 
-def audit(clf, ss, taps, read: Read, given: np.ndarray, name: str):
+def audit(clf, ss, taps, read: Read, given: np.ndarray, name: str, folds: int):
     """The audit's flagged rows and estimate for one prompt whose labels are `given`."""
     one = head_fitting.StateSet(ss.labels, ss.states[ss.gold >= 0], ss.scores[ss.gold >= 0], given)
-    head = head_fitting.fit(clf, {name: one}, taps, [read], False, FOLDS, "dev split, labels changed")
+    head = head_fitting.fit(clf, {name: one}, taps, [read], False, folds, "dev split, labels changed")
     probs, g, _ = head_probs(head, {name: one}, taps)[name]
     return confident_learning(probs, g)
 
@@ -72,6 +72,7 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="a tiny random-weight model instead of gemma3_demo")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--share", type=float, default=0.1, help="the share of each prompt's labels changed")
+    ap.add_argument("--cv-folds", type=int, default=FOLDS, help=f"the audit's folds (default {FOLDS}, as qcls audit)")
     args = ap.parse_args()
     over, reads = setup(args.tiny)
     cfg = compose(over + ["calibration=null"])
@@ -83,11 +84,12 @@ def main() -> None:
     for j, (name, read) in enumerate(reads.items()):
         ss = sets[name]
         gold = ss.gold[ss.gold >= 0]
-        clean = audit(clf, ss, taps, read, gold, name)
+        clean = audit(clf, ss, taps, read, gold, name, args.cv_folds)
         got = []
         for seed in range(args.seeds):
-            given, changed = change(gold, len(ss.labels), args.share, np.random.default_rng([seed, j]))
-            found = audit(clf, ss, taps, read, given, name)
+            rng = np.random.default_rng([seed, j])
+            given, changed = change(gold, len(ss.labels), args.share, args.cv_folds, rng)
+            found = audit(clf, ss, taps, read, given, name, args.cv_folds)
             hit = len(set(found.flagged) & set(changed))
             got.append((hit / max(1, len(found.flagged)), hit / len(changed), len(found.flagged), found.estimate,
                         len(changed)))
@@ -96,16 +98,16 @@ def main() -> None:
         per[name] = {"read": f"{read.kind}@{read.layer}", "rows": len(gold), "precision": p.tolist(),
                      "recall": r.tolist(), "flagged": f.tolist(), "estimate": e.tolist(), "changed": k.tolist(),
                      "flagged_as_labelled": len(clean.flagged), "estimate_as_labelled": clean.estimate}
+        spread = lambda x: f"{x.mean():.2f} ({x.min():.2f}–{x.max():.2f})"  # noqa: E731
         rows.append(f"| {name} | {read.kind}@{read.layer} | {len(gold)} | {k.mean():.0f} | {f.mean():.1f} | "
-                    f"{p.mean():.2f} ({p.min():.2f}–{p.max():.2f}) | {r.mean():.2f} ({r.min():.2f}–{r.max():.2f}) | "
-                    f"{met} | {e.mean():.1f} | {len(clean.flagged)} / {clean.estimate:.1f} |")
+                    f"{spread(p)} | {spread(r)} | {met} | {e.mean():.1f} | {len(clean.flagged)} / {clean.estimate:.1f} |")
     model = "tiny random-weight qwen3" if args.tiny else "gemma3_demo"
     text = (C.header(f"Audit: wrong labels found in the dev split ({model})",
                      f"{model}, prompts {list(reads)}, dev split; per prompt {args.share:.0%} of the labels changed at "
                      f"random to another label, {args.seeds} seeds; heads refitted at the shipped heads' reads, "
-                     f"{FOLDS}-fold out-of-fold probabilities, confident learning (qcls/eval/audit.py)")
-            + "| prompt | read | rows | changed | flagged (mean) | precision, mean (min–max) | recall, mean (min–max) "
-            f"| both ≥ {GOAL} | estimated wrong (mean) | labels as given: flagged / estimated |\n"
+                     f"{args.cv_folds}-fold out-of-fold probabilities, confident learning (qcls/eval/audit.py)")
+            + "| prompt | read | rows | changed | flagged (mean) | precision, mean (min–max) | recall, mean "
+            f"(min–max) | both ≥ {GOAL} | estimated wrong (mean) | labels as given: flagged / estimated |\n"
             + "|---" * 10 + "|\n" + "\n".join(rows) + "\n")
     C.report(text, args.no_append, "audit", per)
 

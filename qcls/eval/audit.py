@@ -138,7 +138,8 @@ def run(args: argparse.Namespace, labelled: str, overrides: list[str]) -> dict:
         found = confident_learning(probs, given)
         ph = fitted.head.prompts[name]
         prompts[name] = {"rows": len(given), "flagged": len(found.flagged), "estimated_wrong": round(found.estimate, 1),
-                         "read": f"{ph.read.kind}@{ph.read.layer}" if ph.read else "raw scores", "cv_accuracy": ph.info.get("cv_accuracy"),
+                         "read": f"{ph.read.kind}@{ph.read.layer}" if ph.read else "raw scores",
+                         "cv_accuracy": ph.info.get("cv_accuracy"),
                          "thresholds": {lab: round(float(t), 4) for lab, t in zip(labels, found.thresholds)}}
         flagged += [{"query": queries[i], "prompt": name, "given": labels[given[i]], "suggested": labels[k],
                      "given_prob": round(float(probs[i, given[i]]), 4), "suggested_prob": round(float(probs[i, k]), 4)}

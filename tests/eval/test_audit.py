@@ -23,7 +23,7 @@ def test_thresholds_are_the_mean_probability_of_each_label_over_the_rows_given_i
 
 def test_rows_given_a_label_the_held_out_head_finds_unlikely_are_flagged_lowest_self_confidence_first():
     found = confident_learning(PROBS, GIVEN)
-    # t = (0.5875, 0.617): row 2 (given 0) has p1 0.8 ≥ 0.617; row 6 (given 1) has p0 0.7 ≥ 0.5875; row 3 is under both
+    # t = (0.5875, 0.617): row 2 (given 0) has p1 0.8 ≥ 0.617, row 6 (given 1) p0 0.7 ≥ 0.5875; row 3 is under both
     assert list(found.flagged) == [2, 6] and list(found.suggested) == [1, 0]
     assert found.joint.tolist() == [[2, 1], [1, 2]]  # row 3 is in no cell
     # calibrated: label 0 has 4 rows, 1 of the 3 counted off the diagonal; label 1 has 3 rows, 1 of 3
