@@ -67,6 +67,10 @@ def audit(clf, ss, taps, read: Read, given: np.ndarray, name: str, folds: int):
     return confident_learning(probs, g)
 
 
+def spread(x: np.ndarray) -> str:
+    return f"{x.mean():.2f} ({x.min():.2f}–{x.max():.2f})"
+
+
 def main() -> None:
     ap = C.parser(__doc__)
     ap.add_argument("--tiny", action="store_true", help="a tiny random-weight model instead of gemma3_demo")
@@ -98,9 +102,9 @@ def main() -> None:
         per[name] = {"read": f"{read.kind}@{read.layer}", "rows": len(gold), "precision": p.tolist(),
                      "recall": r.tolist(), "flagged": f.tolist(), "estimate": e.tolist(), "changed": k.tolist(),
                      "flagged_as_labelled": len(clean.flagged), "estimate_as_labelled": clean.estimate}
-        spread = lambda x: f"{x.mean():.2f} ({x.min():.2f}–{x.max():.2f})"  # noqa: E731
         rows.append(f"| {name} | {read.kind}@{read.layer} | {len(gold)} | {k.mean():.0f} | {f.mean():.1f} | "
-                    f"{spread(p)} | {spread(r)} | {met} | {e.mean():.1f} | {len(clean.flagged)} / {clean.estimate:.1f} |")
+                    f"{spread(p)} | {spread(r)} | {met} | {e.mean():.1f} | {len(clean.flagged)} / "
+                    f"{clean.estimate:.1f} |")
     model = "tiny random-weight qwen3" if args.tiny else "gemma3_demo"
     text = (C.header(f"Audit: wrong labels found in the dev split ({model})",
                      f"{model}, prompts {list(reads)}, dev split; per prompt {args.share:.0%} of the labels changed at "
