@@ -1,5 +1,5 @@
-"""qcls command line: classify, repl, serve, reload, check (and sweep, calibrate: Hydra apps of their own, routed
-before argparse). A thin layer over Classifier.
+"""qcls command line: classify, repl, serve, reload, check, bulk (and sweep, calibrate, audit: apps with their own
+parsers, routed before argparse). A thin layer over Classifier.
 
 Hydra overrides (`model=qwen3_4b scoring=exact engine.max_batch_size=2`) may be mixed with queries: an
 argument of the form key=value is an override; put queries that look like one after `--`.
@@ -32,6 +32,7 @@ EPILOG = """examples:
   qcls check model=qwen3_8b model.source=local model.path=/models/Qwen3-8B gpu=t4   # no weights, no GPU
   qcls sweep -m scoring=trie,first_token,exact eval=dev          # qcls sweep --help
   qcls calibrate prompts=ecommerce8                               # qcls calibrate --help
+  qcls audit my_labels.csv                                        # probably wrong labels: qcls audit --help
 
 {groups}
 
@@ -39,7 +40,8 @@ errors: a start-up problem (config, model source, network, memory budget, missin
 collisions) prints one `qcls: error:` paragraph with the way out and exits 2; `qcls --debug …` (or
 QCLS_DEBUG=1) adds the traceback. `qcls check` shows label token costs and every backend's memory fit."""
 
-ROUTED = {"sweep": "qcls.eval.sweep", "calibrate": "qcls.eval.calibrate"}  # Hydra apps: their own arg parsing
+# apps that parse their own command line (sweep is a Hydra app)
+ROUTED = {"sweep": "qcls.eval.sweep", "calibrate": "qcls.eval.calibrate", "audit": "qcls.eval.audit"}
 
 
 def split_args(items: list[str], literal: list[str] = ()) -> tuple[list[str], list[str]]:

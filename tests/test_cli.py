@@ -85,10 +85,10 @@ def test_config_error_is_one_line_not_a_traceback(demo_cfg_overrides, capsys, mo
 def test_help_lists_commands(capsys, monkeypatch):
     p = cli(["--help"], [], capsys, monkeypatch)
     assert p.returncode == 0 and all(c in p.stdout for c in ("classify", "repl", "serve", "check", "bulk", "sweep",
-                                                              "calibrate", "--debug", "qcls check model="))
+                                                              "calibrate", "audit", "--debug", "qcls check model="))
 
 
-@pytest.mark.parametrize("cmd", ["sweep", "calibrate"])
+@pytest.mark.parametrize("cmd", ["sweep", "calibrate", "audit"])
 def test_hydra_apps_get_their_own_command_line(cmd, monkeypatch, capsys):
     import importlib
 

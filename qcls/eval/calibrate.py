@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from qcls.compose import ConfigError
+from qcls.eval import head_options
 
 EPILOG = """examples:
   qcls calibrate                                   # the demo model, prompts=default, scoring=trie, dev split
@@ -61,24 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", metavar="FILE.yaml",
                     help="default: calibration/<model>_<prompts>_<strategy>.yaml under the current directory")
     ap.add_argument("--limit", type=int, metavar="N", help="use the first N queries of the split")
-    ap.add_argument("--layer", default="auto", metavar="auto|final|N",
-                    help="head: the layer read: the final norm's output, the residual stream after N layers, or "
-                         "auto (default: ~15 layers and final tried, chosen by cross-validation and --layer-rule)")
-    ap.add_argument("--layer-rule", default="one-se", choices=["one-se", "best"],
-                    help="head, --layer auto: one-se (default) = the shallowest exit (the forward stops after the "
-                         "deepest layer any prompt reads) at which every prompt's CV log-loss is within one "
-                         "standard error of its own best; best = every prompt its lowest CV log-loss, whatever it "
-                         "costs")
-    ap.add_argument("--max-layer", type=int, metavar="N", help="head: no read after N layers (nor final, unless N "
-                    "is the model's depth): a cap on the forward's cost")
-    ap.add_argument("--read", default="auto", choices=["position", "query_mean", "both", "auto"],
-                    help="head: the read position, the mean over the query's tokens, both, or auto (default: "
-                         "chosen per prompt by cross-validation)")
-    ap.add_argument("--with-scores", action="store_true", help="head: the raw label scores as features too")
     ap.add_argument("--append", action="store_true", help="head: add the heads to --out's (a file for several "
                     "prompt sets of one model), replacing heads fitted under the same templates")
-    ap.add_argument("--cv-folds", type=int, default=3, metavar="K", help="head: folds of the cross-validation "
-                    "that chooses the L2 strength (default 3; every label needs K examples)")
     ap.add_argument("--target-precision", action="append", metavar="P|PROMPT=P",
                     help="also fit per prompt an abstention threshold: the lowest whose answered queries reach this "
                          "precision on the split's held-out (out-of-fold for a head) probabilities, so the most are "
@@ -92,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "file (its heads unchanged; written to --out, default the file itself)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     ap.add_argument("items", nargs="*", metavar="OVERRIDE")
+    head_options.add(ap, "learned head (--method head; --cv-folds also sets the baseline's folds)")
     return ap
 
 
@@ -180,26 +166,12 @@ def run(args: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
 
 
 def fit_head(args: argparse.Namespace, cfg, data, out: Path, targets=None) -> dict[str, Any]:
-    from qcls.backends import sources
-    from qcls.backends.registry import get_backend
-    from qcls.classifier import Classifier
-    from qcls.eval import calibrated_metrics, head_depth, head_fitting
-    from qcls.eval import heads as H
+    from qcls.eval import calibrated_metrics, head_fitting
     from qcls.eval.scores import PromptScores
     from qcls.heads import files
-    from qcls.heads.fingerprint import num_layers
 
-    if args.cv_folds < 2:
-        raise ValueError(f"--cv-folds {args.cv_folds}: cross-validation needs at least 2 folds")
-    notes = head_fitting.check_fit_split(data, cfg.prompts, args.cv_folds)  # before the model loads
-    cfg = cfg.model_copy(update={"calibration": None})  # the states and raw scores, not another head's
-    layers = num_layers(sources.load_config(get_backend(cfg.backend.name).source(cfg)))
-    reads = head_depth.within(H.candidate_reads(args.layer, args.read, layers), layers, args.max_layer)
-    taps = H.taps_of(reads)
-    clf = Classifier(cfg, taps=taps)
-    sets = head_fitting.read_set(clf, data)
-    head = head_fitting.fit(clf, sets, taps, reads, args.with_scores, args.cv_folds, str(data.path),
-                            rule=args.layer_rule, max_layer=args.max_layer)
+    fitted = head_options.fit(args, cfg, data)
+    head, sets, taps, notes = fitted.head, fitted.sets, fitted.taps, fitted.notes
     depth = head.meta["depth"]
     fits = None
     if targets:

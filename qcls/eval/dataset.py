@@ -4,7 +4,8 @@ TSV table (qcls/eval/tables.py: a `query` column and one column per prompt name;
 A JSONL line is `{"query": "...", "labels": {"<prompt name>": "<gold label>", ...}}` (an optional string `note`
 may say why a label was chosen). A prompt missing from `labels` is not scored for that query. Labels for
 prompts that the config does not have are ignored, so a set labelled for `prompts=ecommerce8` also serves
-`prompts=default`; a label outside a configured prompt's label set is refused.
+`prompts=default`; a label outside a configured prompt's label set is refused, and so is a predictions file (what
+qcls answered, under `pred:` / `prob:` columns: qcls/predictions/schema.py) given where labels are wanted.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Sequence
 
 from qcls.config import PromptSpec
 from qcls.eval import tables
+from qcls.predictions.schema import prediction_columns
 
 KEYS = {"query", "labels", "note"}
 
@@ -67,9 +69,10 @@ def load_eval_set(path: str | Path, prompts: Sequence[PromptSpec], limit: int | 
                            "\"CSV UTF-8\")") from None
     if tables.is_table(path):
         try:
-            rows = tables.table_rows(path, text)
+            header, rows = tables.table_rows(path, text)
         except tables.TableError as e:
             raise DatasetError(str(e)) from None
+        _refuse_predictions(f"{path}: the header", header)
         if not rows:
             raise DatasetError(f"{path}: the table has a header but no data rows")
         return _checked(path, rows, prompts, limit, tables.where)
@@ -90,7 +93,7 @@ def _checked(path: Path, rows: list[tuple[int, str, dict[str, str]]], prompts: S
     for no, query, labels in rows:
         if query in first_line:
             raise DatasetError(f"{where(path, no)}: duplicate query {query!r} (first on line {first_line[query]}); "
-                               "every query must appear once")
+                               "every query must appear once: delete one of the two (or merge their labels)")
         first_line[query] = no
         kept = {}
         for name, gold in labels.items():
@@ -100,7 +103,7 @@ def _checked(path: Path, rows: list[tuple[int, str, dict[str, str]]], prompts: S
                 continue
             if gold not in spec.labels:
                 raise DatasetError(f"{where(path, no)}: gold label {gold!r} for prompt {name!r} is not one of its "
-                                   f"labels {spec.labels}")
+                                   f"labels {spec.labels}: correct it, or choose prompts=... whose {name!r} has it")
             kept[name] = gold
         if not kept:
             unlabelled.append(no)
@@ -122,6 +125,7 @@ def _parse_line(path: Path, no: int, raw: str) -> tuple[str, dict[str, str]]:
                            'like {"query": "...", "labels": {"category": "dress"}}') from None
     if not isinstance(obj, dict):
         raise DatasetError(f"{where}: want a JSON object, got {type(obj).__name__}")
+    _refuse_predictions(where, obj)
     unknown = sorted(set(obj) - KEYS)
     if unknown:
         raise DatasetError(f"{where}: unknown field(s) {unknown}; allowed: {sorted(KEYS)}")
@@ -142,3 +146,14 @@ def _parse_line(path: Path, no: int, raw: str) -> tuple[str, dict[str, str]]:
     if "note" in obj and not isinstance(obj["note"], str):
         raise DatasetError(f"{where}: 'note' must be a string")
     return query, labels
+
+
+def _refuse_predictions(where: str, names) -> None:
+    """A file with prediction columns holds the model's answers, not a person's labels: fitting or scoring on them
+    measures the model against itself."""
+    cols = prediction_columns(names)
+    if cols:
+        raise DatasetError(f"{where}: this is a predictions file (columns {cols[:3]}{' …' if len(cols) > 3 else ''}: "
+                           "what qcls answered), not a labelled file; a head fitted or audited on the model's own "
+                           "answers learns nothing. Label the queries: `qcls label-next` writes a file to label (a "
+                           "`query` column and one column per prompt for the label a person chooses)")

@@ -28,9 +28,9 @@ def where(path: Path, line: int) -> str:
     return f"{path}: row {line}"
 
 
-def table_rows(path: Path, text: str) -> list[tuple[int, str, dict[str, str]]]:
-    """(line, query, {column: gold label}) of every non-empty data row; label columns with an empty cell are
-    left out of the row's labels."""
+def table_rows(path: Path, text: str) -> tuple[list[str], list[tuple[int, str, dict[str, str]]]]:
+    """(the header's columns, (line, query, {column: gold label}) of every non-empty data row); label columns with
+    an empty cell are left out of the row's labels."""
     delimiter = DELIMITERS[path.suffix.lower()]
     kind = "TSV" if delimiter == "\t" else "CSV"
     reader = csv.reader(io.StringIO(text.removeprefix("\ufeff"), newline=""), delimiter=delimiter)
@@ -49,7 +49,7 @@ def table_rows(path: Path, text: str) -> list[tuple[int, str, dict[str, str]]]:
         raise TableError(f"{where(path, start)}: not valid {kind} ({e})") from None
     if header is None:
         raise TableError(f"{path}: the file is empty (want a header row: query,<prompt name>,…)")
-    return out
+    return header, out
 
 
 def _header(path: Path, line: int, cells: list[str], kind: str) -> list[str]:

@@ -10,12 +10,15 @@ import io
 from qcls.compose import compose
 
 
-def _parse(parser, argv: list[str], known: bool):
-    """argparse's result, or a ValueError with its message (argparse exits instead of raising)."""
+def _parse(parser, argv: list[str], known: bool, intermixed: bool = False):
+    """argparse's result, or a ValueError with its message (argparse exits instead of raising); `intermixed`:
+    positionals may stand among the options, as `qcls audit` parses them."""
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            return parser.parse_known_args(argv) if known else (parser.parse_args(argv), [])
+            if known:
+                return parser.parse_known_args(argv)
+            return (parser.parse_intermixed_args(argv) if intermixed else parser.parse_args(argv)), []
     except SystemExit as e:
         if e.code == 0:  # --help / --version
             return None
@@ -65,15 +68,17 @@ def _check(argv: list[str]) -> None:
             return
         preflight(argv[1:], files=False)  # (the user's data files are not here, as model.path's directory is not)
         return
-    if argv[0] == "calibrate":
-        from qcls.eval.calibrate import build_parser
-        parsed = _parse(build_parser(), argv[1:], known=False)
+    if argv[0] in ("calibrate", "audit"):  # their own parsers; audit takes one labelled file (not looked for here)
+        import importlib
+        parsed = _parse(importlib.import_module(cli.ROUTED[argv[0]]).build_parser(), argv[1:], known=False,
+                        intermixed=argv[0] == "audit")
         if parsed is None:
             return
         args = parsed[0]
         stray, overrides = cli.split_args(args.items)
-        if stray:
-            raise ValueError(f"qcls calibrate takes key=value overrides, not {stray}")
+        if len(stray) != (argv[0] == "audit"):
+            raise ValueError(f"qcls {argv[0]} takes {'one labelled file and ' * (argv[0] == 'audit')}key=value "
+                             f"overrides, not {stray}")
         _compose(overrides, args)
         return
     parsed = _parse(cli.build_parser(), argv, known=True)

@@ -15,6 +15,7 @@ from tests.docs.commands import check_qcls
     ["sweep", "-m", "scoring=trie,first_token", "eval=dev"],
     ["sweep", "--report", "multirun/x"],
     ["calibrate", "--method", "head", "--eval", "dev", "--out", "mine.yaml", "prompts=ecommerce8"],
+    ["audit", "my_labels.csv", "--out", "doubts.csv", "--layer", "13", "prompts=ecommerce8"],
     ["--help"],
 ])
 def test_valid_commands_pass(argv: list[str]) -> None:
@@ -29,6 +30,8 @@ def test_valid_commands_pass(argv: list[str]) -> None:
     (["check", "stray query"], "overrides only"),
     (["sweep", "-m", "scoring=trie,nope", "eval=dev"], "nope"),
     (["calibrate", "--method", "magic"], "magic"),
+    (["audit", "prompts=default"], "one labelled file"),
+    (["audit", "a.csv", "--layers", "3"], "--layers"),
     (["serve", "serve.autoscaling={min_replicas:1,max_replica:4}"], "max_replica"),
 ])
 def test_invalid_commands_are_refused(argv: list[str], says: str) -> None:

@@ -74,3 +74,18 @@ def test_empty_missing_and_useless_files(tmp_path):
         load_eval_set(other, PROMPTS)
     with pytest.raises(DatasetError, match="positive number"):
         load_eval_set(other, PROMPTS, limit=0)
+
+
+@pytest.mark.parametrize("name, text, where", [
+    ("answers.csv", "query,pred:category,pred:category:prob\nred dress,dress,0.91\n", "the header"),
+    ("answers.tsv", "query\tprob:category:dress\nred dress\t0.91\n", "the header"),
+    ("log.jsonl", json.dumps({"time": "2026-01-01T00:00:00Z", "query": "red dress", "pred:category": "dress"}) + "\n",
+     "1"),
+])
+def test_a_predictions_file_is_not_a_labelled_file(tmp_path, name, text, where):
+    """Columns under which qcls writes its answers (qcls/predictions/schema.py) mark a predictions file."""
+    f = tmp_path / name
+    f.write_text(text, encoding="utf-8")
+    with pytest.raises(DatasetError, match="predictions file") as e:
+        load_eval_set(f, PROMPTS)
+    assert str(e.value).startswith(f"{f}{':' if where == '1' else ': '}{where}") and "qcls label-next" in str(e.value)

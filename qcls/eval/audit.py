@@ -1,0 +1,202 @@
+"""`qcls audit`: the labels of a labelled file that a held-out head finds unlikely, ranked, with the label it
+suggests (docs/evaluation.md, "Finding wrong labels").
+
+The head is the one `qcls calibrate --method head` fits, with the same options (qcls/eval/head_options.py); each
+row's probabilities are out of fold: from that head's read and L2 strength refitted without the row's fold, in
+the folds that chose the strength (qcls/eval/threshold_fitting.py `head_probs`). On them, per prompt, confident
+learning (Northcutt, Jiang & Chuang, 2021):
+
+- label j's threshold t_j = the mean out-of-fold probability of j over the rows given j;
+- a row given i is flagged when another label k has p_k ≥ t_k and p_k > p_i; the suggested label is the most
+  probable such k; flagged rows are ranked by p_i (the given label's self-confidence), lowest first;
+- the confident joint C[i][j] counts the rows given i whose most probable label among those at or over their
+  thresholds is j (a row with none is not counted); the estimated number of wrong labels is its calibrated
+  off-diagonal, Σ_i n_i · Σ_{j≠i} C[i][j] / Σ_j C[i][j], n_i = the rows given i.
+
+Flags are candidates to read, not verdicts; a confident disagreement may also be a gap in the label definitions.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from qcls.compose import ConfigError
+from qcls.eval import head_options
+
+COLUMNS = ("query", "prompt", "given", "suggested", "given_prob", "suggested_prob", "rank")
+DEFAULT_OUT = "audit.csv"
+SHOWN = 5  # the most doubtful rows of each prompt shown on stderr
+
+EPILOG = """examples:
+  qcls audit my_labels.csv                                   # audit.csv: the doubtful labels, most doubtful first
+  qcls audit my_labels.jsonl prompts=ecommerce8 --out doubts.csv --json
+  qcls audit dev --layer 13 --read position                  # the shipped dev split, the head's read fixed
+
+Each flagged (query, prompt) is a row of the CSV: the given label, the label the held-out head suggests, both
+probabilities and the rank (1 = the least likely given label). stderr summarises each prompt: its labelled rows,
+the rows flagged, the estimated number of wrong labels and the most doubtful ones. Read the flagged rows: some
+are right labels the head gets wrong, and a confident disagreement may be a case the label definitions do not
+cover (is a phone charger `other`, "any other product", or `none` in a fashion shop?). Every label needs
+--cv-folds examples. See docs/evaluation.md."""
+
+
+@dataclass
+class Found:
+    """Confident learning on one prompt's out-of-fold probabilities."""
+    thresholds: np.ndarray  # [L] t_j
+    joint: np.ndarray  # [L, L] confident joint, rows = given label
+    flagged: np.ndarray  # row indices, lowest self-confidence first
+    suggested: np.ndarray  # per flagged row, the suggested label's index
+    estimate: float  # estimated wrong labels
+
+
+def confident_learning(probs: np.ndarray, given: np.ndarray) -> Found:
+    """`probs` [n, L] out-of-fold probabilities, `given` [n] label indices (every label given at least once)."""
+    n, n_labels = probs.shape
+    rows = np.arange(n)
+    counts = np.bincount(given, minlength=n_labels)
+    thresholds = np.array([probs[given == j, j].mean() if counts[j] else np.inf for j in range(n_labels)])
+    above = probs >= thresholds
+    masked = np.where(above, probs, -1.0)
+    likely = masked.argmax(1)  # the most probable label among those over their thresholds
+    joint = np.zeros((n_labels, n_labels), dtype=np.int64)
+    has = above.any(1)
+    np.add.at(joint, (given[has], likely[has]), 1)
+    p_given = probs[rows, given]
+    flag = has & (likely != given) & (probs[rows, likely] > p_given)
+    order = np.lexsort((-probs[rows, likely], p_given))  # self-confidence up, the suggestion's probability down
+    flagged = order[flag[order]]
+    per_row = joint.sum(1)
+    off = per_row - np.diag(joint)
+    estimate = float(np.sum(np.where(per_row > 0, counts * off / np.maximum(per_row, 1), 0.0)))
+    return Found(thresholds, joint, flagged, likely[flagged], estimate)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="qcls audit", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 description="Find probably wrong labels in a labelled file (JSONL, CSV or TSV, as "
+                                             "`qcls calibrate --eval` reads): fit the head `qcls calibrate --method "
+                                             "head` fits, and rank the rows whose given label its out-of-fold "
+                                             "probabilities find unlikely (confident learning). key=value arguments "
+                                             "are Hydra overrides.")
+    ap.add_argument("--out", metavar="FILE.csv", help=f"the flagged rows (default {DEFAULT_OUT}, never overwritten; "
+                    "a file named here is)")
+    ap.add_argument("--json", action="store_true", help="also print one JSON object per flagged row on stdout")
+    ap.add_argument("items", nargs="*", metavar="LABELLED|OVERRIDE",
+                    help="the labelled file (or dev / test: the shipped splits), then overrides")
+    head_options.add(ap, "the head (as qcls calibrate --method head)")
+    return ap
+
+
+def out_path(args: argparse.Namespace, labelled: Path) -> Path:
+    """Where the CSV goes, refused before the model loads: an existing file the user did not name, the labelled
+    file itself, or a name that is not .csv."""
+    out = Path(args.out or DEFAULT_OUT)
+    if out.suffix.lower() != ".csv":
+        raise ValueError(f"--out {out}: the audit is a CSV file; name it FILE.csv")
+    if out.exists() and out.resolve() == labelled.resolve():
+        raise ValueError(f"--out {out} is the labelled file being audited; name another file")
+    if args.out is None and out.exists():
+        raise ValueError(f"{out} exists (an earlier audit?) and is not overwritten unless named: give --out {out} "
+                         "to replace it, or --out OTHER.csv")
+    return out
+
+
+def labelled_path(value: str) -> Path:
+    """dev / test (the eval group's splits) → the file it names; else the file, relative to the current directory."""
+    from qcls.eval.calibrate import split_path
+    from qcls.eval.dataset import DatasetError
+    from qcls.paths import candidates, find_file, group_options
+    if value in group_options("eval"):
+        return split_path(value)
+    found = find_file(value)
+    if found is None:
+        raise DatasetError(f"{value}: no such file (looked at {', '.join(map(str, candidates(value)))}); give a "
+                           "labelled JSONL, CSV or TSV file, or dev / test for the shipped splits")
+    return found
+
+
+def run(args: argparse.Namespace, labelled: str, overrides: list[str]) -> dict:
+    from qcls.compose import compose
+    from qcls.eval.dataset import load_eval_set
+    from qcls.eval.threshold_fitting import head_probs
+
+    cfg = compose(overrides)
+    path = labelled_path(labelled)
+    data = load_eval_set(path, cfg.prompts)  # refused before the model loads
+    out = out_path(args, path)
+    fitted = head_options.fit(args, cfg, data)
+    flagged, prompts = [], {}
+    for name, (probs, given, labels) in head_probs(fitted.head, fitted.sets, fitted.taps).items():
+        queries = [e.query for e, g in zip(data.examples, fitted.sets[name].gold) if g >= 0]
+        found = confident_learning(probs, given)
+        ph = fitted.head.prompts[name]
+        prompts[name] = {"rows": len(given), "flagged": len(found.flagged), "estimated_wrong": round(found.estimate, 1),
+                         "read": f"{ph.read.kind}@{ph.read.layer}" if ph.read else "raw scores",
+                         "cv_accuracy": ph.info.get("cv_accuracy"),
+                         "thresholds": {lab: round(float(t), 4) for lab, t in zip(labels, found.thresholds)}}
+        flagged += [{"query": queries[i], "prompt": name, "given": labels[given[i]], "suggested": labels[k],
+                     "given_prob": round(float(probs[i, given[i]]), 4), "suggested_prob": round(float(probs[i, k]), 4)}
+                    for i, k in zip(found.flagged, found.suggested)]
+    flagged.sort(key=lambda r: (r["given_prob"], -r["suggested_prob"]))
+    for rank, row in enumerate(flagged, start=1):
+        row["rank"] = rank
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w", encoding="utf-8", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w.writeheader()
+        w.writerows(flagged)
+    return {"file": str(data.path), "out": str(out), "n_queries": len(data.examples), "folds": args.cv_folds,
+            "prompts": prompts, "flagged": flagged, "notes": fitted.notes}
+
+
+def summary(res: dict) -> str:
+    """stderr: per prompt its rows, flagged rows and estimated wrong labels, then the most doubtful rows."""
+    head = ("prompt", "rows", "flagged", "estimated wrong", "head read", "CV accuracy")
+    rows = [(p, str(v["rows"]), str(v["flagged"]), f"{v['estimated_wrong']:.0f}", v["read"],
+             f"{v['cv_accuracy']:.3f}" if v["cv_accuracy"] is not None else "-") for p, v in res["prompts"].items()]
+    widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
+    lines = [f"audit of {res['file']} ({res['n_queries']} queries; out-of-fold probabilities of "
+             f"{res['folds']}-fold cross-validated heads):"]
+    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [head] + rows]
+    for p in res["prompts"]:
+        top = [r for r in res["flagged"] if r["prompt"] == p][:SHOWN]
+        if top:
+            lines.append(f"{p}, the most doubtful (rank: query: given p → suggested p):")
+            lines += [f"  {r['rank']}: {r['query']!r}: {r['given']} {r['given_prob']:.3f} → {r['suggested']} "
+                      f"{r['suggested_prob']:.3f}" for r in top]
+    lines += [f"note: {n}" for n in res["notes"]]
+    lines.append(f"wrote {res['out']} ({len(res['flagged'])} flagged rows, most doubtful first): candidates to read; "
+                 "a flagged label may be right, and a confident disagreement may be a gap in the label definitions")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from qcls.cli import split_args
+    from qcls.eval.dataset import DatasetError
+    ap = build_parser()
+    args = ap.parse_intermixed_args(list(sys.argv[1:] if argv is None else argv))  # the file before options
+    files, overrides = split_args(args.items)
+    if len(files) != 1:
+        ap.error(f"give one labelled file (then key=value overrides), got {files or 'none'}")
+    try:
+        res = run(args, files[0], overrides)
+    except (ConfigError, DatasetError, ValueError, FileNotFoundError, RuntimeError) as e:
+        print(f"qcls audit: error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        for row in res["flagged"]:
+            print(json.dumps(row, ensure_ascii=False))
+        sys.stdout.flush()
+    print(summary(res), file=sys.stderr, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

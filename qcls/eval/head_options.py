@@ -1,0 +1,62 @@
+"""The learned head's command-line options and the fit they ask for, one set for `qcls calibrate --method head` and
+`qcls audit` (which audits a labelled file with the out-of-fold probabilities of the very head calibrate fits)."""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from qcls.heads.head import Head, Tap
+
+
+def add(ap: argparse.ArgumentParser, title: str) -> None:
+    """The head options (--layer, --layer-rule, --max-layer, --read, --with-scores, --cv-folds) as a group."""
+    g = ap.add_argument_group(title)
+    g.add_argument("--layer", default="auto", metavar="auto|final|N",
+                   help="the layer read: the final norm's output, the residual stream after N layers, or auto "
+                        "(default: ~15 layers and final tried, chosen by cross-validation and --layer-rule)")
+    g.add_argument("--layer-rule", default="one-se", choices=["one-se", "best"],
+                   help="with --layer auto: one-se (default) = the shallowest exit (the forward stops after the "
+                        "deepest layer any prompt reads) at which every prompt's CV log-loss is within one standard "
+                        "error of its own best; best = every prompt its lowest CV log-loss, whatever it costs")
+    g.add_argument("--max-layer", type=int, metavar="N", help="no read after N layers (nor final, unless N is the "
+                   "model's depth): a cap on the forward's cost")
+    g.add_argument("--read", default="auto", choices=["position", "query_mean", "both", "auto"],
+                   help="the read position, the mean over the query's tokens, both, or auto (default: chosen per "
+                        "prompt by cross-validation)")
+    g.add_argument("--with-scores", action="store_true", help="the raw label scores as features too")
+    g.add_argument("--cv-folds", type=int, default=3, metavar="K", help="folds of the cross-validation that "
+                   "chooses the L2 strength (default 3; every label needs K examples)")
+
+
+@dataclass
+class FittedSplit:
+    """A head fitted on a labelled split, with what it was fitted from (per prompt the states, raw scores and
+    gold labels of the split's rows; the taps the states are)."""
+    head: Head
+    sets: dict  # prompt → qcls/eval/head_fitting.py StateSet
+    taps: list[Tap]
+    notes: list[str]
+
+
+def fit(args: argparse.Namespace, cfg, data) -> FittedSplit:
+    """The head the options ask for, fitted on `data` (docs/design.md §10): a split it cannot be fitted on is
+    refused before the model loads."""
+    from qcls.backends import sources
+    from qcls.backends.registry import get_backend
+    from qcls.classifier import Classifier
+    from qcls.eval import head_depth, head_fitting
+    from qcls.eval import heads as H
+    from qcls.heads.fingerprint import num_layers
+
+    if args.cv_folds < 2:
+        raise ValueError(f"--cv-folds {args.cv_folds}: cross-validation needs at least 2 folds")
+    notes = head_fitting.check_fit_split(data, cfg.prompts, args.cv_folds)
+    cfg = cfg.model_copy(update={"calibration": None})  # the states and raw scores, not another head's
+    layers = num_layers(sources.load_config(get_backend(cfg.backend.name).source(cfg)))
+    reads = head_depth.within(H.candidate_reads(args.layer, args.read, layers), layers, args.max_layer)
+    taps = H.taps_of(reads)
+    clf = Classifier(cfg, taps=taps)
+    sets = head_fitting.read_set(clf, data)
+    head = head_fitting.fit(clf, sets, taps, reads, args.with_scores, args.cv_folds, str(data.path),
+                            rule=args.layer_rule, max_layer=args.max_layer)
+    return FittedSplit(head, sets, taps, notes)

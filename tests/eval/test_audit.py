@@ -1,0 +1,123 @@
+"""`qcls audit`: confident learning on out-of-fold probabilities (thresholds, flags, ranking, the estimate), the
+command's refusals before any model loads, and one run on a tiny random-weight model."""
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+
+from qcls.eval.audit import COLUMNS, confident_learning, main
+from tests.eval.sweep_helpers import tiny, write_set
+
+# two labels; rows 2 and 6 carry the other label than their probabilities say; row 3 is under both thresholds
+PROBS = np.array([[0.9, 0.1], [0.7, 0.3], [0.2, 0.8], [0.55, 0.45], [0.1, 0.9], [0.35, 0.65], [0.7, 0.3]])
+GIVEN = np.array([0, 0, 0, 0, 1, 1, 1])
+
+
+def test_thresholds_are_the_mean_probability_of_each_label_over_the_rows_given_it():
+    found = confident_learning(PROBS, GIVEN)
+    assert found.thresholds == pytest.approx([(0.9 + 0.7 + 0.2 + 0.55) / 4, (0.9 + 0.65 + 0.3) / 3])
+
+
+def test_rows_given_a_label_the_held_out_head_finds_unlikely_are_flagged_lowest_self_confidence_first():
+    found = confident_learning(PROBS, GIVEN)
+    # t = (0.5875, 0.617): row 2 (given 0) has p1 0.8 ≥ 0.617, row 6 (given 1) p0 0.7 ≥ 0.5875; row 3 is under both
+    assert list(found.flagged) == [2, 6] and list(found.suggested) == [1, 0]
+    assert found.joint.tolist() == [[2, 1], [1, 2]]  # row 3 is in no cell
+    # calibrated: label 0 has 4 rows, 1 of the 3 counted off the diagonal; label 1 has 3 rows, 1 of 3
+    assert found.estimate == pytest.approx(4 / 3 + 3 / 3)
+
+
+def test_a_label_more_probable_than_the_one_over_its_threshold_is_not_flagged():
+    """Row 1: given 0 at 0.5 (under its threshold 0.73), label 1 at 0.4 (at its own, 0.4): the joint counts it off
+    the diagonal, but the given label is still the more probable, so the row is not flagged."""
+    probs = np.array([[0.9, 0.1], [0.5, 0.4], [0.8, 0.2], [0.3, 0.7], [0.9, 0.1]])
+    given = np.array([0, 0, 0, 1, 1])
+    found = confident_learning(probs, given)
+    assert found.joint[0, 1] == 1 and 1 not in found.flagged
+    assert list(found.flagged) == [4] and list(found.suggested) == [0]
+
+
+def test_a_planted_wrong_label_is_found_and_a_clean_set_flags_few():
+    rng = np.random.default_rng(0)
+    n, labels = 300, 5
+    truth = np.arange(n) % labels
+    logits = rng.normal(0, 1, (n, labels))
+    logits[np.arange(n), truth] += 3.0  # a head right most of the time, never certain
+    probs = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
+    clean = confident_learning(probs, truth)
+    assert len(clean.flagged) < 0.1 * n and clean.estimate < 0.1 * n
+    given = truth.copy()
+    planted = int(np.argmin(np.where(truth == 2, probs[:, 4], 1.0)))  # a 2 the head finds least likely a 4
+    given[planted] = 4
+    found = confident_learning(probs, given)
+    assert planted in found.flagged and found.suggested[list(found.flagged).index(planted)] == 2
+    assert found.flagged[0] == planted  # its given label is the least likely of all
+
+
+# ---- the command ----------------------------------------------------------------------------------------------
+def test_a_predictions_file_is_refused_with_the_way_out(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    table = tmp_path / "answers.csv"
+    table.write_text("query,pred:category,pred:category:prob,pred:category:abstained\nred dress,dress,0.9,false\n")
+    lines = tmp_path / "log.jsonl"
+    lines.write_text(json.dumps({"query": "red dress", "pred:category": "dress", "pred:category:prob": 0.9}) + "\n")
+    for path in (table, lines):
+        assert main([str(path), "prompts=default"]) == 2
+        err = capsys.readouterr().err
+        assert str(path) in err and "predictions file" in err and "qcls label-next" in err
+    from qcls.eval.calibrate import main as calibrate_main  # the reader's refusal holds for calibrate too
+    assert calibrate_main(["--eval", str(table), "prompts=default"]) == 2
+    assert "predictions file" in capsys.readouterr().err
+    assert not (tmp_path / "audit.csv").exists()
+
+
+@pytest.mark.parametrize("rows, says", [
+    ([("red dress", {"category": "frock"})], "'frock' for prompt 'category' is not one of its labels"),
+    ([("red dress", {"category": "dress"}), ("red dress", {"category": "skirt"})], "duplicate query 'red dress'"),
+])
+def test_unknown_labels_and_duplicate_queries_are_refused(rows, says, tmp_path, capsys):
+    path = write_set(tmp_path / "labels.jsonl", rows)
+    assert main([str(path), "prompts=default", "--out", str(tmp_path / "a.csv")]) == 2
+    err = capsys.readouterr().err
+    assert says in err and f"{path}:{len(rows)}:" in err and not (tmp_path / "a.csv").exists()
+
+
+def test_an_output_nobody_named_is_not_overwritten(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    labels = tmp_path / "labels.csv"
+    labels.write_text("query,category\nred dress,dress\n")
+    (tmp_path / "audit.csv").write_text("an earlier audit\n")
+    assert main([str(labels), "prompts=default"]) == 2
+    err = capsys.readouterr().err
+    assert "audit.csv exists" in err and "--out audit.csv" in err
+    assert (tmp_path / "audit.csv").read_text() == "an earlier audit\n"
+    assert main([str(labels), "prompts=default", "--out", str(labels)]) == 2  # the labels themselves
+    assert "is the labelled file" in capsys.readouterr().err and labels.read_text().startswith("query,category")
+    assert main(["no_such.csv", "prompts=default"]) == 2
+    assert "no_such.csv: no such file" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["prompts=default"])  # no labelled file
+
+
+def test_audit_on_a_tiny_model_flags_the_planted_label(tiny_dirs, tmp_path, capsys, monkeypatch):
+    """Ten labels, six queries each that name their label; one query naming `dress` is labelled `jeans`."""
+    monkeypatch.chdir(tmp_path)
+    cats = ["dress", "jeans", "shirt", "trench", "skirt", "tee", "hoodie", "knit", "other", "none"]
+    rows = [(f"{c} {w} {c}", {"category": c}) for c in cats for w in ["red", "blue", "slim", "cotton", "kids", "wool"]]
+    path = write_set(tmp_path / "labels.jsonl", rows + [("dress long dress", {"category": "jeans"})])
+    argv = [str(path), *tiny(tiny_dirs["qwen3"]), "--layer", "1", "--read", "query_mean", "--json"]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    with open(tmp_path / "audit.csv", encoding="utf-8", newline="") as f:
+        got = list(csv.DictReader(f))
+    assert tuple(got[0]) == COLUMNS and [json.loads(x) for x in out.splitlines()] == [
+        {**r, "given_prob": float(r["given_prob"]), "suggested_prob": float(r["suggested_prob"]),
+         "rank": int(r["rank"])} for r in got]
+    assert [r["rank"] for r in got] == [str(i) for i in range(1, len(got) + 1)]
+    assert all(r["suggested"] != r["given"] and float(r["given_prob"]) < float(r["suggested_prob"]) for r in got)
+    assert got[0]["query"] == "dress long dress" and (got[0]["given"], got[0]["suggested"]) == ("jeans", "dress")
+    assert "category  61" in err and "estimated wrong" in err and "'audience' has no labelled query" in err
+    assert main(argv) == 2 and "audit.csv exists" in capsys.readouterr().err  # a second run does not overwrite it
