@@ -1,22 +1,20 @@
-"""Host stages of the request path (tokenize, prepare, score, postprocess): their p50 per batch size, each
-host step timed on its own, and a cProfile of `classify`. Random-weight Qwen3 shapes, real Qwen
+"""Host stages of the request path (tokenize, prepare, score, postprocess): their p50 per batch size, the
+kernels of a forward, and a cProfile of `classify`. Random-weight Qwen3 shapes, real Qwen
 tokenizer, ecommerce8 (8 prompts, two with multi-token labels).
 
     PYTHONPATH=. python bench/host.py --model qwen3_4b              # on a GPU machine
-    PYTHONPATH=. python bench/host.py --model tiny --iters 200      # CPU: the Python host work only
+    PYTHONPATH=. python bench/host.py --model tiny --iters 5        # CPU: a smoke run of the script
 
-On the CPU, `forward` and `score` are the tiny model's own compute (a CPU profile, labelled as such). Appends a
-section to bench/RESULTS.md.
+On the CPU, `forward` and `score` are the tiny model's own compute (labelled as such). Appends a section to
+bench/RESULTS.md.
 """
 from __future__ import annotations
 
-import contextlib
 import cProfile
 import io
 import os
 import pstats
 import sys
-import time
 
 import torch
 import yaml
@@ -51,66 +49,6 @@ def stage_p50(clf: Classifier, queries: list[str], iters: int, new: bool = False
         rows.append({**{k: t[k] for k in ("tokenize", "prepare", "forward", "score", "postprocess")},
                      "host": sum(t[k] for k in HOST)})
     return {k: round(C.median([r[k] for r in rows]), 4) for k in rows[0]}
-
-
-@torch.inference_mode()
-def per_step(clf: Classifier, queries: list[str], iters: int) -> dict[str, float]:
-    """µs p50 of each host step on its own (the device work waited for between steps)."""
-    eng, tok, mq = clf.engine, clf.tokenizer, clf.cfg.max_query_tokens
-    batch = [encode_query(tok, q, mq) for q in queries]
-    bk = eng.bucket_for(batch)
-
-    def us(fn) -> float:
-        out = []
-        for _ in range(iters):
-            C.sync()
-            t0 = time.perf_counter()
-            fn()
-            out.append((time.perf_counter() - t0) * 1e6)
-        C.sync()
-        return round(C.median(out), 1)
-
-    lengths = [len(q) for q in batch]
-    steps = {"encode, not cached": us(lambda: [encode_query(tok, q, mq, clf.encoder._encode) for q in queries]),
-             "encode, cached": us(lambda: [clf.encoder(q) for q in queries]),
-             "bucket_for": us(lambda: eng.bucket_for(batch)),
-             "pack (kept layout)": us(lambda: bk.pack(batch, 0)),
-             "pack's layout build (new length combination)": us(lambda: eng.packer.layout(lengths, bk.n_tokens, bk.tile))}
-    if eng.device.type == "cuda":
-        steps["load (copy queued)"] = us(lambda: bk.load(0))
-        if bk.graphs:
-            steps["forward graph replay (queued)"] = us(lambda: bk.graphs[0].replay())
-            steps["tail graph replay (queued)"] = us(lambda: bk.graphs[1].replay())
-    job = eng.launch(batch)
-    raw, cal, _, _, (raw_p, cal_p) = eng.collect(job)
-    steps["launch + collect (device incl.)"] = us(lambda: eng.collect(eng.launch(batch)))
-    steps["build results"] = us(lambda: [clf._build(*x) for x in zip(raw, cal, raw_p, cal_p)])
-    steps["classify (whole request)"] = us(lambda: clf.classify(queries))
-
-    def new_request():
-        forget(clf)
-        clf.classify(queries)
-    steps["classify, never-seen batch"] = us(new_request)
-    return steps
-
-
-class StubDevice:
-    """On the CPU the forward is the host's own compute and would fill the profile: replay the bucket's last
-    hidden states and scores instead, so what is profiled is the host work of a request alone."""
-
-    def __init__(self, clf: Classifier):
-        self.buckets = list(clf.engine.buckets.values())
-        self.saved = [(b.forward, b.score) for b in self.buckets]
-
-    def __enter__(self):
-        for b in self.buckets:
-            if b.hidden is not None:
-                b.forward = (lambda bk: lambda: bk.hidden)(b)
-                b.score = (lambda bk: lambda: bk.scores)(b)
-
-    def __exit__(self, *exc):
-        for b, (f, s) in zip(self.buckets, self.saved):
-            b.forward, b.score = f, s
 
 
 def profile(clf: Classifier, queries: list[str], iters: int, top: int = 25) -> str:
@@ -172,7 +110,7 @@ def main() -> None:
                     f"graphs {clf.engine.graphs}; queries {QUERIES}")
     text += ("| batch | tokenize | prepare | forward | score | postprocess | host stages (tok+prep+score+post) |\n"
              "|---|---|---|---|---|---|---|\n")
-    steps, profs = {}, {}
+    profs = {}
     allocs0 = torch.cuda.memory_stats()["allocation.all.allocated"] if dev == "cuda" else 0
     for b, new in ((1, False), (1, True), (4, False), (4, True)):
         qs = QUERIES[:b]
@@ -181,21 +119,15 @@ def main() -> None:
                  f"{p['postprocess']:.3f} | {p['host']:.3f} |\n")
         if new:
             continue
-        steps[b] = per_step(clf, qs, args.iters)
-        with StubDevice(clf) if dev == "cpu" else contextlib.nullcontext():
-            profs[b] = profile(clf, qs, args.profile_iters)
+        profs[b] = profile(clf, qs, args.profile_iters)
     allocs = torch.cuda.memory_stats()["allocation.all.allocated"] - allocs0 if dev == "cuda" else 0
-    text += (f"\nCUDA graphs: {C.n_graphs(clf)}; CUDA allocations during the timed requests and steps: {allocs} (the "
-             "profiles after them not counted).\n")
-    text += ("\nms p50 per stage (timings_ms of the results; never-seen: the query cache and the kept multi-query "
-             "layouts emptied before each request). Each host step on its own, µs p50:\n\n")
-    text += "| step | b1 | b4 |\n|---|---|---|\n"
-    text += "".join(f"| {k} | {steps[1][k]} | {steps[4].get(k, '')} |\n" for k in steps[1])
+    text += (f"\nms p50 per stage (timings_ms of the results; never-seen: the query cache and the kept multi-query "
+             f"layouts emptied before each request). CUDA graphs: {C.n_graphs(clf)}; CUDA allocations during the "
+             f"timed and the profiled requests: {allocs}.\n")
     if dev == "cuda":
         text += kernel_tables(clf)
     for b in (1, 4):
-        prefix = "" if dev == "cuda" else " (device stubbed: the last forward's outputs replayed)"
-        text += (f"\ncProfile{prefix} of {args.profile_iters} requests at batch {b}, top functions by own time:\n\n"
+        text += (f"\ncProfile of {args.profile_iters} requests at batch {b}, top functions by own time:\n\n"
                  f"```\n{profs[b]}\n```\n")
     C.report(text, args.no_append)
 

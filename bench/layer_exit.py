@@ -12,7 +12,6 @@ model and its start-up, and the T4 projection of the layers run.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -113,16 +112,14 @@ def demo(name: str, iters: int) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = C.parser(__doc__)
     ap.add_argument("--models", nargs="+", default=["qwen3_4b", "gemma3_4b"], choices=sorted(DEPTHS))
     ap.add_argument("--depths", type=int, nargs="+", default=None, help="layers to run (default: per model)")
     ap.add_argument("--demo", nargs="+", default=None, metavar="MODEL", help="demo models with their heads instead")
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--buckets", type=int, nargs="+", default=[4, 8, 12, 16, 24, 32, 48, 64])
-    ap.add_argument("--no-append", action="store_true", help="print only; do not append to bench/RESULTS.md")
     args = ap.parse_args()
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = torch.float16 if dev == "cuda" else torch.float32
+    dev, dtype = C.device_dtype()
     tok = None if args.demo else build_qwen_tokenizer()
     for name in args.demo or args.models:
         C.report(demo(name, args.iters) if args.demo else

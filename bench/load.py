@@ -296,21 +296,15 @@ def parse_args(argv=None):
     return a
 
 
-def no_result_cache(overrides: list[str]) -> list[str]:
-    """The clients repeat a few queries: with the replica's result cache on they would time cache hits, not the
-    engine. Off unless the overrides set it."""
-    if any(o.lstrip("+").startswith("engine.result_cache_entries=") for o in overrides):
-        return list(overrides)
-    return ["engine.result_cache_entries=0", *overrides]
-
-
 def app_overrides(random_qwen3: str | None, overrides: list[str], cache: bool = False) -> list[str]:
-    """The app's overrides: the random checkpoint if asked, no result cache unless set (or `cache`), loopback on
-    a free port; on a joined cluster an app and route of the bench's own beside the cluster's apps."""
+    """The app's overrides: the random checkpoint if asked, loopback on a free port, no result cache unless `cache`
+    or the overrides set it (the clients repeat a few queries: they would time cache hits, not the engine), and on
+    a joined cluster an app and route of the bench's own beside the cluster's apps."""
     model = C.checkpoint_overrides(random_qwen3) if random_qwen3 else []
+    if not cache and not any(o.lstrip("+").startswith("engine.result_cache_entries=") for o in overrides):
+        model.append("engine.result_cache_entries=0")
     app = ["serve.app_name=bench", "serve.route_prefix=/bench"] if C.joined_ray() else ["serve.route_prefix=/"]
-    return [*model, *(overrides if cache else no_result_cache(overrides)), "serve.host=127.0.0.1",
-            f"serve.port={free_port()}", *app]
+    return [*model, *overrides, "serve.host=127.0.0.1", f"serve.port={free_port()}", *app]
 
 
 def main(argv=None) -> int:

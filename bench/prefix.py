@@ -1,7 +1,6 @@
 """What a long prompt costs per request: the prefix-length benchmark (GPU; not a test).
 
-    python -m bench.prefix                                 # random-weight Qwen3-4B, the shipped kernel shapes
-    python -m bench.prefix --tuning T                      # other tree-kernel shapes (tree_plan.Tuning JSON)
+    python -m bench.prefix                                 # random-weight Qwen3-4B on a GPU
 
 The 8 e-commerce prompts with prefixes of 64, 256, 1k and 2k tokens and with a shared 1k-token block
 (bench/prefix_cases.py), each timed in alternation with the 64-token case at batch 1 and 4: the time a longer
@@ -12,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import re
 import time
 
@@ -66,14 +64,8 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=150, help="pairs timed per case at batch 1 (batch 4: half)")
     ap.add_argument("--buckets", type=int, nargs="+", default=[8, 16, 24, 32],
                     help="engine.query_buckets (the queries land in the same buckets as under the shipped list)")
-    ap.add_argument("--tuning", default=None,
-                    help="JSON {head_dim: tree_plan.Tuning fields}: kernel shapes instead of the shipped ones")
     args = ap.parse_args()
     dev, dtype = C.device_dtype()
-    if args.tuning:
-        with open(args.tuning) as f:
-            for dim, t in json.load(f).items():
-                tree_plan.TUNING[int(dim)] = tree_plan.Tuning(**t)
     bw = C.copy_bandwidth_gbs() * 1e9 if dev == "cuda" else float("nan")
     mm = C.matmul_tflops() * 1e12 if dev == "cuda" else float("nan")
     t0 = time.perf_counter()
@@ -102,9 +94,9 @@ def main() -> None:
 def report(args, rows, fewshot, bw, mm, lbytes, lparams, build_s) -> None:
     tun = {d: dataclasses.asdict(t) for d, t in tree_plan.TUNING.items()}
     text = C.header(f"prefix length: what a long prompt costs ({args.model} random weights, 8 prompts, trie)",
-                    f"bench/prefix.py --model {args.model} --iters {args.iters} --buckets {' '.join(map(str, args.buckets))}"
-                    f"{' --tuning ' + args.tuning if args.tuning else ''}; copy bandwidth {bw / 1e9:.0f} GB/s; fp16 "
-                    f"matrix products (cuBLAS, 8192³) {mm / 1e12:.0f} TFLOP/s; "
+                    f"bench/prefix.py --model {args.model} --iters {args.iters} --buckets "
+                    f"{' '.join(map(str, args.buckets))}; copy bandwidth {bw / 1e9:.0f} GB/s; fp16 matrix products "
+                    f"(cuBLAS, 8192³) {mm / 1e12:.0f} TFLOP/s; "
                     f"kernel shapes d=128: {tun.get(128)}; queries {QUERIES}; model + start-ups {build_s:.0f} s")
     text += ("| case | prefix tokens | prefix K/V read | floor ms | b1 p50 ms (64-token p50) | added b1 | added/floor b1 | "
              "b4 p50 ms (64-token p50) | added b4 | added/floor b4 | attention ms/forward b1 / b4 | prefix attention "

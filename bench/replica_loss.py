@@ -2,12 +2,11 @@
 at full load, and what the clients saw until its replacement serves again.
 
     python bench/replica_loss.py --random-qwen3 qwen3_4b serve.num_gpus=1 prompts=ecommerce8 serve.num_replicas=2
-    python bench/replica_loss.py ... --via proxy                               # through Serve's proxy instead
 
-`--via ports` (default): the clients spread over the replicas' own ports as behind a load balancer with health
-checks (a refused connection was never sent: it goes at once to another port; the replacement joins once Serve
-lists it RUNNING). `--via proxy`: every client posts to Serve's proxy. Reported: every failed request and
-whether it was in flight on the killed replica, hangs (--hang-s), the survivors' rate against (N−1)/N of the
+The clients spread over the replicas' own ports as behind a load balancer with health checks (a refused
+connection was never sent: it goes at once to another port; the replacement joins once Serve lists it RUNNING;
+Serve's proxy and HAProxy on a lost replica: tests/deployments). Reported: every failed request and whether it
+was in flight on the killed replica, hangs (--hang-s), the survivors' rate against (N−1)/N of the
 rate before, the time to recovery. Appends to bench/RESULTS.md, writes replica_loss.json to $OUT when set.
 """
 from __future__ import annotations
@@ -28,9 +27,6 @@ import orjson  # noqa: E402
 from bench import common as C, load  # noqa: E402
 from bench.http_client import HTTPError, KeepAliveClient  # noqa: E402
 from bench.paths import QUERIES  # noqa: E402
-
-
-VIA = {"ports": "the replicas' own ports", "proxy": "Serve's proxy"}
 
 
 @dataclass
@@ -63,7 +59,7 @@ class Pool:
         self.urls = [u for u in self.urls if u != url]
 
 
-async def drive(a, app: str, routed: str, out: dict) -> list[Row]:
+async def drive(a, app: str, out: dict) -> list[Row]:
     """The clients, the kill and the watch over Serve's replicas, until the replacement has served --after-s."""
     from qcls.deployments.replicas import running, wait_exited
 
@@ -77,7 +73,7 @@ async def drive(a, app: str, routed: str, out: dict) -> list[Row]:
         conns: dict[str, KeepAliveClient] = {}
         k = 0
         while not stop.is_set():
-            url = routed if a.via == "proxy" else pool.pick(i)
+            url = pool.pick(i)
             if url is None:
                 await asyncio.sleep(0.01)
                 continue
@@ -125,11 +121,10 @@ async def drive(a, app: str, routed: str, out: dict) -> list[Row]:
         out["replacement"] = {"replica_id": new, "url": url}
         print(f"[loss] replacement {new} RUNNING {out['replacement_running'] - out['killed']:.1f} s after the kill",
               flush=True)
-        if a.via == "ports":  # its first answer
-            while time.perf_counter() < deadline and not any(r.url == url and r.status == 200 for r in rows):
-                await asyncio.sleep(0.05)
-            served = [r.end for r in rows if r.url == url and r.status == 200]
-            out["replacement_answered"] = min(served) if served else None
+        while time.perf_counter() < deadline and not any(r.url == url and r.status == 200 for r in rows):
+            await asyncio.sleep(0.05)  # its first answer
+        served = [r.end for r in rows if r.url == url and r.status == 200]
+        out["replacement_answered"] = min(served) if served else None
         back = out.get("replacement_answered") or out["replacement_running"]
         await asyncio.sleep(max(0.0, back + a.after_s - time.perf_counter()))
 
@@ -152,14 +147,14 @@ def summarise(rows: list[Row], out: dict, a) -> dict:
 
     def rate(t0: float, t1: float) -> float:
         return sum(ok(r) and t0 <= r.end < t1 for r in rows) / (t1 - t0) if t1 > t0 else float("nan")
-    s = {"replicas": n, "via": a.via, "clients": a.clients_per_replica * n, "requests": len(rows),
+    s = {"replicas": n, "clients": a.clients_per_replica * n, "requests": len(rows),
          "refused_connections_retried": out.get("refused", 0)}
     if killed is None:
         return s
     doomed = out["doomed"]["url"]
     back = out.get("replacement_answered") or out.get("replacement_running")
     failed = [r for r in rows if not ok(r)]
-    in_flight = [r for r in failed if r.start < exited and r.end > killed and (a.via == "proxy" or r.url == doomed)]
+    in_flight = [r for r in failed if r.start < exited and r.end > killed and r.url == doomed]
     s.update({
         "failed": len(failed), "failed_in_flight_on_killed": len(in_flight),
         "failed_otherwise": [asdict(r) | {"start": r.start - killed, "end": r.end - killed}
@@ -175,7 +170,6 @@ def summarise(rows: list[Row], out: dict, a) -> dict:
     })
     if back:
         s["rate_after"] = rate(back, out["t_end"])
-    if back and a.via == "ports":  # through the proxy, which replica answered is not visible
         url = out.get("replacement", {}).get("url")
         mine = sum(ok(r) and r.end >= back and r.url == url for r in rows)
         s["replacement_share_after"] = mine / max(1, sum(ok(r) and r.end >= back for r in rows))
@@ -186,8 +180,8 @@ def report(s: dict, a, header: dict) -> str:
     n = s["replicas"]
     lines = [f"## replica lost under load (bench/replica_loss.py), {header['device']}", "",
              f"- commit: {C.commit()}", *(f"- {k}: {v}" for k, v in header.items()),
-             f"- {s['clients']} closed-loop clients via {VIA[a.via]}, one query per request; warm-up {a.warm_s:g} s, "
-             f"{a.before_s:g} s before the kill, {a.after_s:g} s after the replacement's first answer", ""]
+             f"- {s['clients']} closed-loop clients over the replicas' own ports, one query per request; warm-up "
+             f"{a.warm_s:g} s, {a.before_s:g} s before the kill, {a.after_s:g} s after the replacement answered", ""]
     if "failed" not in s:
         return "\n".join(lines + ["The kill did not happen (see the log).", ""]) + "\n"
     ok = lambda c: "met" if c else "NOT met"  # noqa: E731
@@ -209,12 +203,10 @@ def report(s: dict, a, header: dict) -> str:
         f"{ok(not s['failed_otherwise'] and not s['hung'])}",
         f"- the others kept serving at ≥ (N−1)/N of the rate before: {s['rate_outage']:.1f} ≥ {share:.2f} × "
         f"{s['rate_before']:.1f} = {floor:.1f} req/s: {ok(s['rate_outage'] >= floor)}",
-        f"- time to recovery: RUNNING {fmt(s['replacement_running_s'])} s after the kill"
-        + (f", first answer {fmt(s['replacement_answered_s'])} s" if a.via == "ports" else
-           " (through the proxy, which replica answered is not visible)"),
-        "- it takes traffic again: " + (
-            f"{fmt(back, '.0%')} of the answers after its first one (1/N = {1 / n:.0%}): {ok((back or 0) > 0)}"
-            if a.via == "ports" else "not visible through the proxy"), ""]
+        f"- time to recovery: RUNNING {fmt(s['replacement_running_s'])} s after the kill, first answer "
+        f"{fmt(s['replacement_answered_s'])} s",
+        f"- it takes traffic again: {fmt(back, '.0%')} of the answers after its first one (1/N = {1 / n:.0%}): "
+        f"{ok((back or 0) > 0)}", ""]
     if s["failed_otherwise"]:
         lines += ["Other failures (times from the kill, s):", "", *(f"- {r}" for r in s["failed_otherwise"]), ""]
     return "\n".join(lines) + "\n"
@@ -227,7 +219,6 @@ def fmt(x, spec: str = ".1f") -> str:
 def main(argv=None) -> int:
     ap = C.parser(__doc__)
     ap.add_argument("overrides", nargs="*", help="Hydra overrides (serve.num_replicas=N ≥ 2, model, num_gpus …)")
-    ap.add_argument("--via", choices=["ports", "proxy"], default="ports")
     ap.add_argument("--clients-per-replica", type=int, default=8)
     ap.add_argument("--warm-s", type=float, default=3.0, help="load before the measured window")
     ap.add_argument("--before-s", type=float, default=10.0, help="measured full load before the kill")
@@ -242,15 +233,13 @@ def main(argv=None) -> int:
     a.replicas = cfg.serve.num_replicas
     if a.replicas < 2 or cfg.serve.autoscaling or cfg.serve.ingress != "direct":
         ap.error("needs serve.num_replicas=N ≥ 2, no serve.autoscaling, serve.ingress=direct")
-    if a.via == "proxy" and C.joined_ray():
-        ap.error("--via proxy drives the proxy of a Ray started here: unset RAY_ADDRESS")
     import ray
 
     from qcls.deployments.serve_cli import serve_main
     serve_main(overrides, blocking=False)
     out: dict = {}
     try:
-        rows = asyncio.run(drive(a, cfg.serve.app_name, f"http://127.0.0.1:{cfg.serve.port}", out))
+        rows = asyncio.run(drive(a, cfg.serve.app_name, out))
     finally:
         C.leave_serve(cfg.serve.app_name)
         ray.shutdown()

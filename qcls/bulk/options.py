@@ -3,12 +3,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# The bulk command's engine.max_batch_size on a GPU when neither --batch-size nor engine.max_batch_size is given:
-# 8. On an H100 (bench/bulk.py, random Qwen3-4B × ecommerce8, the streaming pipeline, bench/RESULTS.md "bulk ...
-# 3dcae3b") the file command gave 434 / 481 / 478 distinct queries/s at batch 4 / 8 / 16: 8 and 16 tie, and 8
-# starts in half the time (13.6 s against 29.0 s: 89 CUDA graphs against 186) in 0.85 GiB less. The T4 projection
-# favours 16 by 3 % (30 against 31 distinct/s), inside what a projection can tell. On the CPU the config's own (4)
-# stays: there a bigger batch buys nothing and every batch size is warmed up eagerly.
+# The bulk command's engine.max_batch_size on a GPU when neither --batch-size nor engine.max_batch_size is given: 8.
+# On an H100 (bench/bulk.py, random Qwen3-4B × ecommerce8, the streaming pipeline, bench/RESULTS.md, "bulk: a
+# 200,000-row query log") the file command gave 434 / 481 / 478 distinct queries/s at batch 4 / 8 / 16: 8 and 16 tie,
+# and 8 starts in half the time (13.6 s against 29.0 s: 89 CUDA graphs against 186) in 0.85 GiB less. The T4
+# projection favours 16 by 3 % (30 against 31 distinct/s), inside what a projection can tell. On the CPU the config's
+# own (4) stays: there a bigger batch buys nothing and every batch size is warmed up eagerly.
 GPU_BATCH_SIZE = 8
 DEFAULT_BATCH_SIZE: int | None = None
 

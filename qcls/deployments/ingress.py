@@ -21,8 +21,8 @@ from typing import Any
 from qcls.config import ServeSpec
 
 MIDDLEWARE_HOOK = "qcls.deployments.ingress:proxy_middlewares"
-# /healthz through the routed proxy is answered within this even when no replica can answer it (the issue's
-# bound is 1 s; the rest is margin for a busy proxy)
+# /healthz through the routed proxy is answered within this even when no replica can answer it (a load balancer's
+# probe waits 1 s; the rest is margin for a busy proxy)
 HEALTH_ANSWER_S = 0.5
 RETRY_AFTER_ENV = "QCLS_RETRY_AFTER_S"
 

@@ -43,7 +43,7 @@ def residual_hints(x: torch.Tensor, rows: int) -> bool:
     keeps the residual there for the next norm. H100 (50 MB L2), Qwen3-4B / Gemma3-4B layer chains (GEMMs, these norms
     and the activation, in alternation): the norms 5-15 % faster at 126 and 440 rows (1.3-4.5 MB of residual), the
     chains 0.07-0.15 ms faster at 126 rows and -0.08 to +0.04 ms at 440 (the GEMMs' own spread between runs); at 1760
-    rows (18 MB) the norms gained 2-4 % and the GEMMs lost as much or more (2026-11-26, the layer chains timed alone,
+    rows (18 MB) the norms gained 2-4 % and the GEMMs lost as much or more (the layer chains timed alone,
     bench/RESULTS.md)."""
     if RESIDUAL_HINTS is not None:
         return RESIDUAL_HINTS
@@ -124,7 +124,7 @@ def norm_warps(h: int, rows: int = 0, pair: bool = False) -> int:
     were the fastest at hidden 2560 and 4096 (3-7 % over 4); Triton's default 4 below 1024. `pair`: Gemma3's norm
     pair, whose loads before the first reduction take more registers, over more than 256 rows: 8 warps (Gemma3-4B's
     norms at batch 4, 440 rows, 0.362-0.373 → 0.345 ms a forward; at batch 1, 126 rows, 0.177-0.179 → 0.188, so
-    16 stay there) (H100, 2026-11-26, bench/RESULTS.md)."""
+    16 stay there) (H100, bench/RESULTS.md)."""
     return 4 if h <= 1024 else 8 if h <= 2048 or (pair and rows > 256) else 16
 
 

@@ -83,43 +83,24 @@ class Tuning:
         return replace(self, **kw)
 
 
-# Tensor-core GPUs (sm_80+), per head_dim: measured by a sweep of the kernel shapes (H100/H200).
-# sm_80+: d=128 from the kernel-shape sweep on an H100 (2026-11-23, bench/RESULTS.md); d=64 and d=256 not
-# swept (the Gemma3 d=256 rows of that run kept these shapes against 8-token blocks and 16-key steps)
+# Tensor-core GPUs (sm_80+), per head_dim: the shapes that timed fastest on H100/H200 (d=128 on Qwen3-4B, d=256
+# on Gemma3-4B, d=64 not timed); each entry's runs: bench/RESULTS.md, "Tree-plan tuning notes".
 TUNING: dict[int, Tuning] = {
     64: Tuning(bn=64),
-    # unmasked whole steps: 2-11 % less added time on 256-token to 2k prefixes, few-shot unchanged (H100, 2026-11-24,
-    # bench/RESULTS.md); 64-key steps were slower at batch 1 and no faster at batch 4
-    # inline walks up to 1536 key reads: 205-token (few-shot) prefixes inline at batch 1 and 4, 512 at batch 1, 256
-    # at batch 4; 384 / 512 / 768 split the few-shot prompts at batch 4, +0.09 ms (H200, 2026-11-24, bench/RESULTS.md)
-    # merge_warps=8: batch-1 buckets with split prefixes 6-9 % less added time on 1k / 2k / the shared block, nothing
-    # else changed (H200, 2026-11-24, bench/RESULTS.md)
-    # row_bn=16: 9 % (batch 1) to 12 % (batch 4) less attention time on ecommerce8, unfused and fused; 168
-    # registers where more than 2 programs per SM are needed (ptxas takes 181-244, 2 programs per SM of 4 warps): at
-    # batch 4 (280 programs, 132 SMs) 0.498 → 0.401 ms, at batch 3 (216 programs) 0.327 → 0.386 (H100, 2026-11-25,
-    # the row kernel's variants timed alone, bench/RESULTS.md)
-    # row_keys_in_registers (outside crowded buckets, `crowded`): Qwen3-4B (fused) 0.364 → 0.333 ms at batch 1, 0.410
-    # → 0.394 at batch 3; at head_dim 256 (Gemma3-4B) it cost 7-8 % at batches 1-3 (H100, 2026-11-26, 9f5c01b,
-    # the row kernel's variants timed alone, bench/RESULTS.md)
-    # row_values_with_keys stays off: the row kernel timed alone had Qwen3-4B 0.318-0.322 against 0.323-0.336 ms at
-    # batch 1 in three runs, but in the engine (bench/host.py --kernels-only, in alternation) it was slower: 0.344 /
-    # 0.344 → 0.355 / 0.357 at batch 1, 0.505 / 0.502 → 0.508 / 0.513 at batch 4 (H100, 2026-11-26, 0401f80)
+    # stages=3, partial_ratio: the kernel-shape sweep's fastest
+    # unmasked: whole key steps add 2-11 % less time on 256-token to 2k prefixes (64-key steps: no faster)
+    # inline_reads=1536: the few-shot prefixes stay inline at batch 1 and 4 (splitting them added 0.09 ms)
+    # merge_warps=8: 6-9 % less added time in batch-1 buckets with split prefixes
+    # row_bn=16, 168 registers where more than 2 programs per SM are needed: 9-12 % less attention time
+    # row_keys_in_registers: 4-9 % faster at batches 1-3 (at head_dim 256 it costs 7-8 %)
+    # row_values_with_keys stays off: faster in the row kernel alone, slower in the engine
     128: Tuning(inline_reads=1536, partial_ratio=0.125, stages=3, unmasked=True, merge_warps=8, row_bn=16,
                 row_maxnreg=168, row_crowded=2.0, row_keys_in_registers=True),
-    # row_stages=2, and 96 registers past one program per SM: Gemma3-4B (fused q/k/v) batch 4 0.800 → 0.695 ms,
-    # batches 1-3 unchanged without the limit (0.44-0.47; with it 0.52-0.72) (same run)
-    # row_head_split=2 (batch 1 only): Gemma3-4B 0.443 → 0.365 ms; at batches 2-4 it was slower (0.453 → 0.470,
-    # 0.452 → 0.499, 0.719 → 0.754); Qwen3-4B slower at every batch (0.334 → 0.398 at batch 1) (H100, 2026-11-26)
-    # wide_tile=32: Gemma3-4B batch 4 (140 busy programs of 16-token tiles on 132 SMs, 128 of 32-token ones) 0.720 →
-    # 0.556 ms; where 16-token tiles do not crowd the SMs, 32-token ones were slower (batch 2-3: 0.45 → 0.54) (H100,
-    # 2026-11-26, e5218ff, the row kernel's variants timed alone, bench/RESULTS.md)
-    # row_early_q, row_early_kv, row_values_with_keys (not in widened buckets): Gemma3-4B's attention in the engine
-    # 0.362 → 0.340 ms at batch 1 (bench/host.py's kernel profile); the row kernel alone 0.350 → 0.344 at batch 1,
-    # 0.451 → 0.431 and 0.444 → 0.434 at batches 2-3; with 32-token tiles (batch 4) 0.556 → 0.705, so widened() turns
-    # them off. Qwen3-4B: no gain at batches 1-3, 0.476 → 0.835 at batch 4 (H100, 2026-11-26, ccf3e9e)
-    # 64-key steps, 16 warps, 1 or 3 stages: none faster at any batch; at batch 4 (32-token tiles) 0.557 ms → 0.567
-    # (3 stages) to 4.17 (64-key steps, 16 warps: 16 warps cap the registers at 128 and spill) (H100, 2026-11-26,
-    # the row kernel's variants timed alone, bench/RESULTS.md)
+    # row_stages=2, 96 registers past one program per SM: batch 4 13 % faster, batches 1-3 unchanged
+    # row_head_split=2 (batch 1 only): 18 % faster at batch 1, slower at batches 2-4
+    # wide_tile=32: 23 % faster where 16-token tiles crowd the SMs (batch 4), slower elsewhere
+    # row_early_q, row_early_kv, row_values_with_keys: 6 % less attention time at batch 1 (off in widened buckets)
+    # bn=32, row_warps=8: 64-key steps, 16 warps, 1 or 3 stages were no faster at any batch
     256: Tuning(bn=32, row_warps=8, row_stages=2, row_maxnreg=96, row_crowded=1.0, row_head_split=2, wide_tile=32,
                 row_early_q=True, row_early_kv=True, row_values_with_keys=True),
 }

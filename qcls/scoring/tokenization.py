@@ -92,8 +92,8 @@ PROBES = ("women's summer floral midi dress", "  Boys  hoodie\tsize 140 ", "夏�
 
 class QueryEncoder:
     """encode_query for the request path: the tokenizers library's own encoder where the tokenizer is a fast
-    (tokenizers-backed) one, without transformers' per-call wrapper (~3× the encode itself on an H100 host, issue
-    27), and a bounded cache of recent queries (tokenization is a pure function of the text). The fast path is
+    (tokenizers-backed) one, without transformers' per-call wrapper (which costs ~3× the encode itself on an H100
+    host), and a bounded cache of recent queries (tokenization is a pure function of the text). The fast path is
     used only if it gives the same ids as `tokenizer.encode` on PROBES and the warm-up query; otherwise every
     call goes through `tokenizer.encode` (`fast` says which)."""
 

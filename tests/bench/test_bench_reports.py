@@ -14,7 +14,7 @@ from bench import replica_loss, replicas  # noqa: E402
 A, B, NEW = "http://127.0.0.1:30000", "http://127.0.0.1:30001", "http://127.0.0.1:30002"
 
 
-def loss_run(via: str = "ports"):
+def loss_run():
     """2 replicas; A killed at t=20 (exited 20.1); the replacement NEW first answers at 40; t0=0, warm 0."""
     R = replica_loss.Row
     rows = [R(0, A, t, t + 0.5, 200) for t in range(10, 20)]  # 10 before the kill on A
@@ -25,8 +25,8 @@ def loss_run(via: str = "ports"):
     rows += [R(0, NEW, 40 + t, 40 + t, 200) for t in range(10)] + [R(1, B, 40 + t, 40.5 + t, 200) for t in range(10)]
     out = {"t0": 0.0, "killed": 20.0, "exited": 20.1, "t_end": 50.0, "refused": 1,
            "doomed": {"url": A}, "replacement": {"url": NEW}, "replacement_running": 39.0,
-           "replacement_answered": 40.0 if via == "ports" else None}
-    a = SimpleNamespace(replicas=2, via=via, clients_per_replica=1, warm_s=0.0, before_s=10.0, after_s=10.0)
+           "replacement_answered": 40.0}
+    a = SimpleNamespace(replicas=2, clients_per_replica=1, warm_s=0.0, before_s=10.0, after_s=10.0)
     return rows, out, a
 
 
@@ -49,13 +49,6 @@ def test_replica_loss_flags_a_failure_that_was_not_in_flight_and_a_hang():
     s = replica_loss.summarise(rows, out, a)
     assert len(s["failed_otherwise"]) == 2 and s["hung"] == 1
     assert "none hung: NOT met" in replica_loss.report(s, a, {"device": "cpu"})
-
-
-def test_replica_loss_through_the_proxy_does_not_claim_which_replica_answered():
-    rows, out, a = loss_run("proxy")
-    s = replica_loss.summarise(rows, out, a)
-    assert "replacement_share_after" not in s
-    assert "not visible through the proxy" in replica_loss.report(s, a, {"device": "cpu"})
 
 
 def test_serve_replicas_goal_against_one_replica():

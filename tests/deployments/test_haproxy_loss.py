@@ -1,7 +1,7 @@
 """`serve.ingress=haproxy` under a replica kill, with a real Ray Serve on a tiny random-weight Qwen3: with
 `serve.num_replicas=2`, killing one replica under 4 clients fails at most the requests in flight on it, the
-others succeed, and no request hangs (the issue's requirement; test_replica_loss.py checks the default
-ingress).
+others succeed, and no request hangs (docs/serving.md, "Health and faults"; test_replica_loss.py checks the
+default ingress).
 
 Serve reads its ingress flags when its processes start, so the shared Ray of these tests cannot be reused:
 haproxy_scenario.py runs the scenario in a Ray of its own, in a subprocess, and reports every request and which

@@ -73,7 +73,7 @@ def test_answers_pass_through_unchanged():
 
 def test_healthz_is_answered_within_a_second_while_no_replica_is_ready():
     # `never` never returns, so an answer at all is the middleware's timeout of HEALTH_ANSWER_S firing (its
-    # detail says so); the bound is 1 s. Not timed here against the clock: a busy machine runs late.
+    # detail says so); a load balancer's probe waits 1 s. Not timed here against the clock: a busy machine runs late.
     assert HEALTH_ANSWER_S < 1.0
     sent, took = call(never, "/qcls/healthz")
     assert sent[0]["status"] == 503 and took >= HEALTH_ANSWER_S  # it waited for a replica first

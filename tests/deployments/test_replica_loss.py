@@ -134,7 +134,7 @@ def test_healthz_answers_503_while_no_replica_is_ready(proxy_url, lossy):
         for _ in range(2):
             r = c.get(f"{proxy_url}/{APP}/healthz")
             # the ReplicaLost middleware's 503: without it the proxy holds /healthz until a replacement is
-            # ready and then answers 200. That it answers after HEALTH_ANSWER_S (0.5 s, under the 1 s)
+            # ready and then answers 200. That it answers after HEALTH_ANSWER_S (0.5 s, under a load balancer's 1 s)
             # is tested without Ray, in test_ingress.py.
             assert r.status_code == 503 and r.headers.get("retry-after"), r.text
             assert "no replica" in r.json()["detail"], r.text
