@@ -23,7 +23,7 @@ from ray import serve
 from ray.serve import Application
 
 from qcls.classifier import Classifier
-from qcls.compose import ConfigError, compose
+from qcls.config.compose import ConfigError, compose
 from qcls.config import QclsConfig
 from qcls.heads.startup import portable
 from qcls.deployments.http import build_http_app

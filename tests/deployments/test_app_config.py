@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from qcls.compose import ConfigError, compose
+from qcls.config.compose import ConfigError, compose
 
 ROOT = Path(__file__).resolve().parents[2]
 
