@@ -59,7 +59,8 @@ def format_result(r: QueryResult, top: int = 3) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _emit(results: list[QueryResult], as_json: bool, out=sys.stdout) -> None:
+def _emit(results: list[QueryResult], as_json: bool, out=None) -> None:
+    out = out or sys.stdout  # looked up per call: an in-process caller may have redirected it
     for r in results:
         out.write(json.dumps(r.to_dict(), ensure_ascii=False) + "\n" if as_json else format_result(r))
     out.flush()
