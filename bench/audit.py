@@ -21,7 +21,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import common as C  # noqa: E402
 from qcls.classifier import Classifier  # noqa: E402
-from qcls.compose import compose  # noqa: E402
+from qcls.config.compose import compose  # noqa: E402
 from qcls.eval import head_fitting  # noqa: E402
 from qcls.eval.audit import confident_learning  # noqa: E402
 from qcls.eval.calibrate import split_path  # noqa: E402
@@ -36,7 +36,7 @@ GOAL = 0.6
 def setup(tiny: bool) -> tuple[list[str], dict[str, Read]]:
     """(overrides, per prompt the read audited)."""
     if tiny:
-        from qcls.tiny_models import make_tiny_model_dir, tiny_byte_tokenizer
+        from qcls.testing.tiny_models import make_tiny_model_dir, tiny_byte_tokenizer
         d = make_tiny_model_dir(Path(tempfile.mkdtemp(prefix="qcls_bench_")) / "tiny", "qwen3", tiny_byte_tokenizer(),
                                 seed=1)
         over = ["prompts=default", "model.source=local", f"model.path={d}", "model.name=tiny", "model.head=null",

@@ -75,7 +75,7 @@ def scores_of(results) -> list[list[list[float]]]:
 def run_one(spec: str, model_dir: Path, args, ref) -> dict:
     from qcls.backends import memory, sources
     from qcls.classifier import Classifier
-    from qcls.compose import compose
+    from qcls.config.compose import compose
     name, opts = parse_spec(spec)
     row: dict = {"spec": spec}
     path = model_dir
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     root = Path(args.dir)
     t0 = time.perf_counter()
     if args.tiny:
-        from qcls.tiny_models import make_tiny_model_dir, tiny_byte_tokenizer
+        from qcls.testing.tiny_models import make_tiny_model_dir, tiny_byte_tokenizer
         model_dir = make_tiny_model_dir(root / "tiny-qwen3", "qwen3", tiny_byte_tokenizer())
         args.override += ["engine.query_buckets=[16,32]", "max_query_tokens=32", "engine.warmup_requests=1"]
         args.iters = min(args.iters, 5)

@@ -95,7 +95,7 @@ def _stop(*_):
 def measure(b, log, work, overrides, queries, loaded, rows, args):
     """One batch size: a Classifier (reusing the loaded weights), the engine's rate, the file command's."""
     from qcls.classifier import Classifier
-    from qcls.compose import compose
+    from qcls.config.compose import compose
     opts = BulkOptions(str(log), str(work / f"out_b{b}.parquet"), overrides, batch_size=b, quiet=True)
     cfg = compose(opts.all_overrides())
     t1 = time.perf_counter()

@@ -121,14 +121,14 @@ def model_overrides(model: str, work: Path) -> tuple[list[str], list[str]]:
     """The run's overrides and its prompts: a random-weight checkpoint of a real shape, or (CPU smoke) the
     tests' tiny Qwen3 with the default prompts."""
     if model == "tiny":
-        from qcls.tiny_models import make_tiny_model_dir, tiny_byte_tokenizer
+        from qcls.testing.tiny_models import make_tiny_model_dir, tiny_byte_tokenizer
         d = make_tiny_model_dir(work / "tiny", "qwen3", tiny_byte_tokenizer(), seed=1)
         ov = [f"model.path={d}", "model.source=local", "model.name=tiny", "model.head=null", "prompts=default",
               "engine.query_buckets=[16,64]", "max_query_tokens=64", "engine.warmup_requests=1"]
     else:
         from bench.bulk import random_overrides
         ov = random_overrides(model)
-    from qcls.compose import compose
+    from qcls.config.compose import compose
     return ov, [p.name for p in compose(ov).prompts]
 
 

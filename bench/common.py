@@ -86,7 +86,7 @@ def device_dtype() -> tuple[str, torch.dtype]:
 def loaded(model, tok=None):
     """`model` as the engine takes it (a LoadedModel), with the real Qwen tokenizer unless `tok` is given."""
     from qcls.backends.base import LoadedModel, module_bytes
-    from qcls.qwen_tokenizer import build_qwen_tokenizer
+    from qcls.testing.qwen_tokenizer import build_qwen_tokenizer
     return LoadedModel(model, tok or build_qwen_tokenizer(), torch.device(model.device.type), model.dtype, "fp16",
                        memory=module_bytes(model))
 
@@ -101,7 +101,7 @@ def random_checkpoint(shape: str) -> Path:
     out = Path(f"/tmp/qcls_random_{shape}")
     if (out / "qcls_bench.json").is_file():
         return out
-    from qcls.qwen_tokenizer import save_qwen_tokenizer
+    from qcls.testing.qwen_tokenizer import save_qwen_tokenizer
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     t0 = time.perf_counter()
     model = random_qwen3(shape, dev, torch.float16)
@@ -123,7 +123,7 @@ def checkpoint_overrides(shape: str) -> list[str]:
 def random_head_file(model, cfg, read, with_scores: bool, seed: int, scale: float, bias_sd: float = 1.0,
                      scores_sd: float = 0.3) -> Path:
     """A learned-head file with N(0, scale) weights on the hidden state that fits `model` and `cfg`'s prompts."""
-    from qcls.heads import fingerprint as fp
+    from qcls.heads import weights_fingerprint as fp
     from qcls.heads.files import template_sha256
     from qcls.heads.head import Head, PromptHead
     hidden = fp.hidden_size(model.config)

@@ -20,11 +20,11 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench import common as C  # noqa: E402
 from qcls.classifier import Classifier  # noqa: E402
-from qcls.compose import compose  # noqa: E402
+from qcls.config.compose import compose  # noqa: E402
 from qcls.eval.dataset import load_eval_set  # noqa: E402
-from qcls.heads import fingerprint as fp  # noqa: E402
+from qcls.heads import weights_fingerprint as fp  # noqa: E402
 from qcls.heads.head import Read  # noqa: E402
-from qcls.qwen_tokenizer import build_qwen_tokenizer  # noqa: E402
+from qcls.testing.qwen_tokenizer import build_qwen_tokenizer  # noqa: E402
 from qcls.scoring.reference import label_logits, score_label  # noqa: E402
 from qcls.scoring.tokenization import encode_query  # noqa: E402
 

@@ -19,8 +19,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench import common as C  # noqa: E402
 from qcls.classifier import Classifier  # noqa: E402
-from qcls.compose import compose, validate  # noqa: E402
-from qcls.qwen_tokenizer import build_qwen_tokenizer  # noqa: E402
+from qcls.config.compose import compose, validate  # noqa: E402
+from qcls.testing.qwen_tokenizer import build_qwen_tokenizer  # noqa: E402
 
 QUERIES = ["women's summer floral midi dress", "mens slim fit jeans", "夏季女士碎花连衣裙", "boys hoodie size 140"]
 EN = {"category_zh": ["dress", "jeans", "shirt", "trench", "skirt", "tee", "hoodie", "knit", "other", "none"],

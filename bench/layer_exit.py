@@ -22,9 +22,9 @@ from bench import common as C  # noqa: E402
 from qcls.backends import partial  # noqa: E402
 from qcls.backends.base import LoadedModel, module_bytes  # noqa: E402
 from qcls.classifier import Classifier  # noqa: E402
-from qcls.compose import compose  # noqa: E402
+from qcls.config.compose import compose  # noqa: E402
 from qcls.heads.head import FINAL, Read  # noqa: E402
-from qcls.qwen_tokenizer import build_qwen_tokenizer  # noqa: E402
+from qcls.testing.qwen_tokenizer import build_qwen_tokenizer  # noqa: E402
 
 QUERIES = ["mens slim fit jeans", "夏季女士碎花连衣裙", "boys hoodie with zip", "red knit maternity dress"]
 DEPTHS = {"qwen3_4b": [9, 18, 27, 36], "qwen3_8b": [10, 20, 36], "gemma3_4b": [17, 34], "tiny": [1, 2]}

@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 from bench import common as C  # noqa: E402
 from bench.querylog import zipf_log  # noqa: E402
 from bench.paths import QUERIES, closed_loop, engine_levels, handle_caller, http_caller, pct  # noqa: E402
-from qcls.deployments.ports import free_port  # noqa: E402
+from qcls.testing.ports import free_port  # noqa: E402
 
 GOAL_HTTP_MS, GOAL_HANDLE_MS, GOAL_SHARE, GOAL_BATCH = 2.0, 1.0, 0.8, 3.5
 
@@ -48,7 +48,7 @@ def describe_device(cfg) -> str:
 
 def measure(a, overrides: list[str]) -> tuple[list[dict], dict]:
     """Start the app and drive every path at every concurrency, then the engine levels in this process."""
-    from qcls.compose import compose
+    from qcls.config.compose import compose
     from qcls.deployments.ingress import export_serve_env
     cfg = compose(overrides)
     stats, info = [], {"config": config_line(cfg)}
@@ -337,7 +337,7 @@ def app_overrides(random_qwen3: str | None, overrides: list[str], cache: bool = 
 def main(argv=None) -> int:
     a = parse_args(argv)
     overrides = app_overrides(a.random_qwen3, a.overrides, cache=a.zipf)
-    from qcls.compose import compose
+    from qcls.config.compose import compose
     cfg = compose(overrides)
     stats, info = log_ab(a, overrides) if a.prediction_log_ab else measure(a, overrides)
     if a.zipf:  # the same stream again with the cache off

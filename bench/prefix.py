@@ -20,7 +20,7 @@ from bench import common as C
 from bench.latency import QUERIES, make_cfg
 from bench.prefix_cases import BASE, attention_flops, kv_read_bytes, prompt_sets
 from qcls.classifier import Classifier
-from qcls.compose import compose
+from qcls.config.compose import compose
 from qcls.engine import tree_plan
 
 ATTENTION = r"prefix_kernel|row_kernel|fmha|attention|attn"

@@ -46,7 +46,7 @@ class Pool:
         self.urls, self.gone, self.seen = [], set(), {}  # seen: replica id -> (url, first RUNNING)
 
     def refresh(self) -> None:
-        from qcls.deployments.replicas import replicas
+        from qcls.testing.replicas import replicas
         for rid, r in replicas(self.app).items():
             if r.state == "RUNNING" and r.port and rid not in self.seen:
                 self.seen[rid] = (f"http://127.0.0.1:{r.port}{self.prefix}", time.perf_counter())
@@ -62,7 +62,7 @@ class Pool:
 
 async def drive(a, app: str, prefix: str, out: dict) -> list[Row]:
     """The clients, the kill and the watch over Serve's replicas, until the replacement has served --after-s."""
-    from qcls.deployments.replicas import running, wait_exited
+    from qcls.testing.replicas import running, wait_exited
 
     n = a.replicas
     pool, rows, stop = Pool(app, prefix), [], asyncio.Event()
@@ -229,7 +229,7 @@ def main(argv=None) -> int:
     ap.add_argument("--random-qwen3", choices=["qwen3_4b", "qwen3_8b", "tiny"])
     a = ap.parse_args(argv)
     overrides = load.app_overrides(a.random_qwen3, a.overrides)
-    from qcls.compose import compose
+    from qcls.config.compose import compose
     cfg = compose(overrides)
     a.replicas = cfg.serve.num_replicas
     if a.replicas < 2 or cfg.serve.autoscaling or cfg.serve.ingress != "direct":

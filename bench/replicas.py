@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     if 1 not in a.replicas:
         ap.error("--replicas must include 1: the goal compares with one replica's rate")
     a.work.mkdir(parents=True, exist_ok=True)
-    from qcls.compose import compose
+    from qcls.config.compose import compose
     cfg = compose(list(a.overrides))
     import torch
     need_gpus, gpus = cfg.serve.num_gpus > 0, torch.cuda.device_count()

@@ -7,12 +7,12 @@ from typing import Any, Callable
 
 import torch
 
-from qcls.answer_fingerprint import answer_fingerprint
+from qcls.results.answer_fingerprint import answer_fingerprint
 from qcls.backends import sources
 from qcls.backends.base import LoadedModel
 from qcls.backends.memory import measured
 from qcls.backends.registry import get_backend
-from qcls.compose import compose
+from qcls.config.compose import compose
 from qcls.config import QclsConfig
 from qcls.engine.engine import FastEngine
 from qcls.errors import ConfigError
@@ -20,11 +20,11 @@ from qcls.engine.layout import PromptLayout
 from qcls.engine.turns import ALONE, DeviceTurns, holding
 from qcls.heads import startup as heads
 from qcls.heads.depth import Depth, plan_depth
-from qcls.heads.fingerprint import num_layers
+from qcls.heads.weights_fingerprint import num_layers
 from qcls.heads.head import Tap
 from qcls.progress import step, step_note, warn
-from qcls.result_cache import ResultCache
-from qcls.result_builder import ResultBuilder, check_finite
+from qcls.results.cache import ResultCache
+from qcls.results.building import ResultBuilder, check_finite
 from qcls.results import STAGES, QueryResult
 from qcls.scoring.reference import ReferenceEngine
 from qcls.scoring.strategies import get_strategy

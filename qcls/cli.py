@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 
+from qcls.config.overrides import split_args
 from qcls.errors import run_guarded
 from qcls.results import STAGES, QueryResult
-
-OVERRIDE = re.compile(r"^[+~]{0,2}[A-Za-z_][\w.@/-]*=")
 
 EPILOG = """examples:
   qcls classify "mens slim fit jeans" "夏季女士碎花连衣裙"
@@ -44,13 +42,6 @@ QCLS_DEBUG=1) adds the traceback. `qcls check` shows label token costs and every
 ROUTED = {"sweep": "qcls.eval.sweep", "calibrate": "qcls.eval.calibrate", "audit": "qcls.eval.audit"}
 
 
-def split_args(items: list[str], literal: list[str] = ()) -> tuple[list[str], list[str]]:
-    """(queries, overrides): key=value items are overrides; `literal` (after `--`) are all queries."""
-    overrides = [it for it in items if OVERRIDE.match(it)]
-    queries = [it for it in items if not OVERRIDE.match(it)] + list(literal)
-    return queries, overrides
-
-
 def format_result(r: QueryResult, top: int = 3) -> str:
     if not r.ok:
         return f"query: {r.query!r}\n  ERROR: {r.error}\n"
@@ -74,7 +65,8 @@ def format_result(r: QueryResult, top: int = 3) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _emit(results: list[QueryResult], as_json: bool, out=sys.stdout) -> None:
+def _emit(results: list[QueryResult], as_json: bool, out=None) -> None:
+    out = out or sys.stdout  # looked up per call: an in-process caller may have redirected it
     for r in results:
         out.write(json.dumps(r.to_dict(), ensure_ascii=False) + "\n" if as_json else format_result(r))
     out.flush()
@@ -82,7 +74,7 @@ def _emit(results: list[QueryResult], as_json: bool, out=sys.stdout) -> None:
 
 def _classifier(overrides: list[str]):
     from qcls.classifier import Classifier
-    from qcls.compose import compose
+    from qcls.config.compose import compose
     return Classifier(compose(overrides))
 
 
@@ -128,7 +120,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         raise ValueError(f"qcls check takes overrides only (key=value), not {stray}")
     from qcls.check.report import build, verdict
     from qcls.check.text import format_report
-    from qcls.compose import compose
+    from qcls.config.compose import compose
     rep = build(compose(overrides), args.query_tokens)
     sys.stdout.write(json.dumps(rep.to_dict(), ensure_ascii=False) + "\n" if args.json else format_report(rep))
     sys.stdout.flush()
@@ -160,7 +152,7 @@ def groups_text() -> str:
     """The config groups and their options as this process sees them (the user's folders included)."""
     import textwrap
 
-    from qcls.paths import group_options
+    from qcls.config.paths import group_options
     groups = ", ".join(f"{g} ({', '.join(group_options(g))})" for g in
                        ("model", "prompts", "backend", "scoring", "engine", "serve", "gpu", "eval"))
     return textwrap.fill(f"config groups: {groups}; keys such as force_single_token_labels=true, "
@@ -270,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     # through QCLS_CONFIG_DIR; put back as it was when the command returns (main() also runs inside a process)
     import os
 
-    from qcls.paths import ENV_CONFIG_DIR
+    from qcls.config.paths import ENV_CONFIG_DIR
     saved = os.environ.get(ENV_CONFIG_DIR)
     try:
         return _main(argv, literal, debug)
@@ -285,7 +277,7 @@ def _main(argv: list[str], literal: list[str], debug: bool) -> int:
     config_dirs, argv = take_config_dirs(argv)
 
     def user_config() -> int:
-        from qcls.compose import export_user_config
+        from qcls.config.compose import export_user_config
         argv[:] = export_user_config(config_dirs, argv)
         return 0
     if run_guarded(user_config, debug) != 0:

@@ -25,7 +25,7 @@ torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from qcls.compose import compose
+from qcls.config.compose import compose
 from qcls.progress import set_quiet
 
 set_quiet(True)
@@ -96,8 +96,8 @@ def demo_classifier(demo_cfg_overrides):
 @pytest.fixture(scope="session")
 def qwen3_qwentok(tmp_path_factory) -> str:
     """A tiny random-weight Qwen3 with the real Qwen vocabulary and tokenizer."""
-    from qcls.qwen_tokenizer import build_qwen_tokenizer
-    from qcls.tiny_models import make_tiny_model_dir
+    from qcls.testing.qwen_tokenizer import build_qwen_tokenizer
+    from qcls.testing.tiny_models import make_tiny_model_dir
     root = tmp_path_factory.mktemp("tiny_qwentok")
     return str(make_tiny_model_dir(root / "qwen3_qwentok", "qwen3", build_qwen_tokenizer(), seed=2))
 
@@ -108,7 +108,7 @@ def tiny_dirs(tmp_path_factory, qwen3_qwentok) -> dict[str, str]:
     `qwen3_qwentok`: a tiny Qwen3 with the real Qwen vocabulary and tokenizer, and `gemma3_wide`: the tiny
     Gemma3 with a window no test row reaches and the default softmax scale (what the tree kernel runs
     before it has windows and scales)."""
-    from qcls.tiny_models import TINY_FAMILIES, make_tiny_model_dir, tiny_byte_tokenizer
+    from qcls.testing.tiny_models import TINY_FAMILIES, make_tiny_model_dir, tiny_byte_tokenizer
 
     root = tmp_path_factory.mktemp("tiny_models")
     out = {fam: str(make_tiny_model_dir(root / fam, fam, tiny_byte_tokenizer(), seed=1)) for fam in TINY_FAMILIES}
@@ -123,7 +123,7 @@ def gemma_tokenizer():
     """The real Gemma3 tokenizer of the gemma3_demo package (from the converted demo model when it exists,
     else from the GGUF header); skips where the package is not installed."""
     from qcls.backends import sources
-    from qcls.compose import compose
+    from qcls.config.compose import compose
     from qcls.errors import ModelSourceError
     cache = os.environ.get("QCLS_CACHE_DIR")
     spec = compose(["model=gemma3_demo"] + ([f"cache_dir={cache}"] if cache else []))
@@ -136,7 +136,7 @@ def gemma_tokenizer():
 @pytest.fixture(scope="session")
 def gemma3_gemmatok(tmp_path_factory, gemma_tokenizer) -> str:
     """A tiny Gemma3 with the real Gemma3 vocabulary (262,144 tokens) and tokenizer."""
-    from qcls.tiny_models import make_tiny_model_dir
+    from qcls.testing.tiny_models import make_tiny_model_dir
     return str(make_tiny_model_dir(tmp_path_factory.mktemp("tiny_gemmatok"), "gemma3", gemma_tokenizer, seed=3))
 
 
@@ -155,7 +155,7 @@ def prompt(name: str, labels: list[str], system: str = "Pick one label.", label_
 
 def tiny_cfg(model_dir: str, prompts: list[dict], **extra):
     """A validated config for a local tiny model (fp32 on the CPU)."""
-    from qcls.compose import validate
+    from qcls.config.compose import validate
     engine = {"query_buckets": [8, 16], "warmup_requests": 1, **extra.pop("engine", {})}
     data = {"model": {"name": "tiny", "source": "local", "path": model_dir}, "prompts": prompts,
             "max_query_tokens": 16, "engine": engine, **extra}
@@ -180,7 +180,7 @@ def ray_session():
 
     from qcls.config import ServeSpec
     from qcls.deployments.ingress import export_serve_env
-    from qcls.deployments.ports import free_port
+    from qcls.testing.ports import free_port
 
     port, metrics_port = free_port(), free_port()
     saved = dict(os.environ)
@@ -198,6 +198,6 @@ def ray_session():
 def tiny_overrides(tmp_path_factory) -> list[str]:
     """Overrides for a tiny random-weight Qwen3 (byte tokenizer, the shipped default prompts, no head): for tests
     whose subject is not the model (serving, bulk, faults), in-process or in a Serve replica."""
-    from qcls.tiny_models import make_tiny_model_dir, tiny_byte_tokenizer
+    from qcls.testing.tiny_models import make_tiny_model_dir, tiny_byte_tokenizer
     d = make_tiny_model_dir(tmp_path_factory.mktemp("tiny_qwen3") / "qwen3", "qwen3", tiny_byte_tokenizer(), seed=1)
     return FAST + [f"model.path={d}", "model.source=local", "model.name=tiny", "model.head=null", "prompts=default"]

@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from qcls.cli import main, split_args
+from qcls.cli import main
+from qcls.config.overrides import split_args
 from qcls.results import STAGES
 
 

@@ -44,7 +44,7 @@ def test_message_is_what_then_the_way_out():
 
 def test_errors_keep_their_builtin_types():
     from qcls.backends.memory import MemoryBudgetError
-    from qcls.compose import ConfigError
+    from qcls.config.compose import ConfigError
     assert ConfigError is E.ConfigError and issubclass(ConfigError, ValueError)
     assert issubclass(E.ModelSourceError, FileNotFoundError) and issubclass(E.HubUnreachableError, OSError)
     assert issubclass(E.MissingPackageError, ImportError) and issubclass(MemoryBudgetError, RuntimeError)

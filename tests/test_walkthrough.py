@@ -12,7 +12,7 @@ import yaml
 
 from qcls.classifier import Classifier
 from qcls.cli import main
-from qcls.compose import compose
+from qcls.config.compose import compose
 from qcls.eval import models
 from tests.conftest import prompt
 

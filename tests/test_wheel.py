@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_config_dirs import PROMPTS
+from tests.config.test_config_dirs import PROMPTS
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ import torch
 from qcls.backends import partial, sources
 from qcls.config import QclsConfig
 from qcls.errors import ConfigError, DeviceError
-from qcls.heads.fingerprint import num_layers
+from qcls.heads.weights_fingerprint import num_layers
 
 
 @dataclass

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from qcls.heads.fingerprint import num_layers, text_config
+from qcls.heads.weights_fingerprint import num_layers, text_config
 from qcls.progress import warn
 
 

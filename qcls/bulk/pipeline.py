@@ -11,7 +11,7 @@ waited while a whole chunk was read and while all of its records were built (wit
 
 A chunk's batches are the ones a one-shot run over its distinct new queries would make (full batches in order
 of first appearance, the remainder last), whatever the slicing: a resumed run puts the same queries in the
-same batches and writes the same bytes (qcls/result_cache.py says why that matters). Shared by the
+same batches and writes the same bytes (qcls/results/cache.py says why that matters). Shared by the
 single-process runner and the Ray Data actors.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ import logging
 from collections import deque
 from typing import Callable, Iterator
 
-from qcls.result_cache import ResultCache
+from qcls.results.cache import ResultCache
 from qcls.bulk.outputs import Columns, Result
 from qcls.bulk.progress import Tally
 from qcls.bulk.readers import Row

@@ -37,7 +37,7 @@ import time
 import zlib
 from pathlib import Path
 
-from qcls.result_cache import ResultCache
+from qcls.results.cache import ResultCache
 from qcls.bulk.options import BulkOptions
 from qcls.bulk.outputs import Columns, Format
 from qcls.bulk.progress import Progress, Tally, format_summary, summary
@@ -157,7 +157,7 @@ def run(opts: BulkOptions, clf_factory=None, observe=None) -> dict:
             raise
         raise MissingPackageError(f"qcls bulk --ray needs Ray Data ({e.name!r} is not installed)",
                                   "install it with: pip install 'qcls[bulk]'") from None
-    from qcls.compose import compose
+    from qcls.config.compose import compose
     from qcls.heads.startup import choose, portable
     cfg = compose(opts.all_overrides())
     reader, cols, fmt = plan(opts, cfg)

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
 
-from qcls.result_cache import ResultCache
+from qcls.results.cache import ResultCache
 from qcls.bulk.options import BulkOptions
 from qcls.bulk.outputs import Columns, Format, output_format
 from qcls.bulk.pipeline import SLICE_ROWS, Feed, count, process_chunk
@@ -156,7 +156,7 @@ class Slices:
 def run(opts: BulkOptions, clf_factory=None) -> dict:
     """Classify opts.input into opts.output; the summary as a dict. `clf_factory(cfg)` builds the Classifier
     (tests and the benchmark pass one that reuses a loaded model)."""
-    from qcls.compose import compose
+    from qcls.config.compose import compose
     cfg = compose(opts.all_overrides())
     reader, cols, fmt = plan(opts, cfg)
     ext = Path(opts.output).suffix.lower()

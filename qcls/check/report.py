@@ -11,7 +11,7 @@ from qcls.backends import memory, sources
 from qcls.backends.registry import BACKENDS
 from qcls.config import QclsConfig
 from qcls.heads.depth import plan_depth
-from qcls.heads.fingerprint import num_layers
+from qcls.heads.weights_fingerprint import num_layers
 from qcls.engine.bucket import token_buckets
 from qcls.engine.layout import Packer, PromptLayout
 from qcls.engine.prefix_cache import plan_prefixes

@@ -23,7 +23,7 @@ from ray import serve
 from ray.serve import Application
 
 from qcls.classifier import Classifier
-from qcls.compose import ConfigError, compose
+from qcls.config.compose import ConfigError, compose
 from qcls.config import QclsConfig
 from qcls.heads.startup import portable
 from qcls.deployments.http import build_http_app
@@ -34,8 +34,6 @@ from qcls.deployments.worker import EngineWorker, Pending, refused
 from qcls.errors import QclsError, format_error
 from qcls.predictions.log import PredictionLog
 from qcls.results import QueryResult
-
-INJECTED_CUDA_ERROR = "CUDA error: an illegal memory access was encountered (injected by inject_fault)"
 
 
 @serve.deployment(name="QclsClassifier")
@@ -50,6 +48,7 @@ class QclsDeployment:
         try:  # (the prediction log's folder is checked first: a bad one is refused before the model loads)
             log = cfg.serve.prediction_log
             self.predictions = PredictionLog(log, observer=self.metrics.prediction_log_rows) if log.folder else None
+            self.faults = fault_injection(cfg)
             self.clf = Classifier(cfg)
         except QclsError as e:  # the clean message in the replica log; `qcls serve` shows it too (serve_cli.py)
             print(format_error(e, "qcls replica"), file=sys.stderr, flush=True)
@@ -172,54 +171,12 @@ class QclsDeployment:
 
     def inject_fault(self, kind: str | None, query: str | None = None, seconds: float = 0.0,
                      path: str | None = None) -> int:
-        """Tests only (serve.fault_injection=true). kind="engine": every forward raises a CUDA-like error;
-        "poison": only batches holding `query` raise; "slow": every forward takes `seconds` longer; "hold":
-        every forward waits until the file `path` exists (at most `seconds`, a hang guard) and every query that
-        reaches this replica is written, one a line, to `path`.arrived, so that a test knows from events, not
-        from times, that requests are in flight here; None: undo. Returns this replica's process id (the tests
-        kill replicas)."""
-        if not self.cfg.serve.fault_injection:
+        """Tests only (serve.fault_injection=true): this replica's forwards broken, slowed or held on purpose
+        (the kinds: qcls/testing/faults.py); None undoes. Returns this replica's process id (the tests kill
+        replicas)."""
+        if self.faults is None:
             raise PermissionError("fault injection is off: it needs serve.fault_injection=true (tests only)")
-        for obj, name in ((self.clf.engine, "launch"), (self.clf, "_launch"), (self.worker, "submit")):
-            obj.__dict__.pop(name, None)
-        self.worker.watch_steps = kind != "hold"  # a held forward is the test's doing, not a stuck device
-        if kind == "engine":
-            def broken_launch(*_a, **_k):
-                raise RuntimeError(INJECTED_CUDA_ERROR)
-            self.clf.engine.launch = broken_launch
-        elif kind == "poison":  # Classifier._launch: under both the served path (start) and classify
-            real = self.clf._launch
-
-            def poisoned(results, good):
-                if any(results[i].query == query for i, _, _ in good):
-                    raise RuntimeError(f"injected failure on {query!r}")
-                return real(results, good)
-            self.clf._launch = poisoned
-        elif kind == "slow":
-            real = self.clf._launch
-
-            def slow(results, good):
-                time.sleep(seconds)
-                return real(results, good)
-            self.clf._launch = slow
-        elif kind == "hold":
-            if not path:
-                raise ValueError("inject_fault('hold') needs path= (the file whose creation releases the forwards)")
-            real, real_submit = self.clf._launch, self.worker.submit
-
-            def held(results, good):
-                deadline = time.monotonic() + seconds
-                while not os.path.exists(path) and time.monotonic() < deadline:
-                    time.sleep(0.005)
-                return real(results, good)
-
-            def noted(items):
-                with open(f"{path}.arrived", "a", encoding="utf-8") as f:
-                    f.writelines(f"{it.query}\n" for it in items)
-                return real_submit(items)
-            self.clf._launch, self.worker.submit = held, noted
-        elif kind is not None:
-            raise ValueError(f"unknown fault {kind!r}: use 'engine', 'poison', 'slow', 'hold' or None")
+        self.faults.inject(self.clf, self.worker, kind, query, seconds, path)
         return os.getpid()
 
 
@@ -275,6 +232,21 @@ def autoscaling_config(given: dict[str, Any]) -> dict[str, Any]:
     return dict(given)
 
 
+def fault_injection(cfg: QclsConfig):
+    """qcls.testing.faults where serve.fault_injection=true (tests only), else None."""
+    if not cfg.serve.fault_injection:
+        return None
+    try:
+        from qcls.testing import faults
+    except ModuleNotFoundError as e:
+        if e.name not in ("qcls.testing", "qcls.testing.faults"):
+            raise
+        raise ConfigError("serve.fault_injection=true needs qcls.testing, which ships with the source checkout "
+                          "(tests and benchmarks) but not in the qcls wheel",
+                          "serve.fault_injection=false, or serve from a checkout (pip install -e .)") from None
+    return faults
+
+
 def app_for(cfg: QclsConfig, overrides: list[str] | tuple[str, ...] = (), config_dir: Any = None,
             user_config: dict[str, Any] | None = None) -> Application:
     """The Serve application for a validated config. `overrides`/`config_dir`: what it was composed from, under a
@@ -282,6 +254,7 @@ def app_for(cfg: QclsConfig, overrides: list[str] | tuple[str, ...] = (), config
     if cfg.backend.device == "cuda" and cfg.serve.num_gpus == 0:
         raise ConfigError("backend.device=cuda but serve.num_gpus=0: a replica without a GPU sees none; set "
                           "serve.num_gpus=1 (one card per replica)")
+    fault_injection(cfg)  # refused here, before a replica starts
     opts = deployment_options(cfg)
     if user_config is not None:
         opts["user_config"] = user_config

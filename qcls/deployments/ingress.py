@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
     import shlex
     import sys
 
-    from qcls.compose import compose
+    from qcls.config.compose import compose
 
     for k, v in serve_env(compose(list(sys.argv[1:] if argv is None else argv)).serve).items():
         print(f"export {k}={shlex.quote(v)}")

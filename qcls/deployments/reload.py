@@ -98,7 +98,7 @@ def changed_keys(old: QclsConfig, new: QclsConfig) -> list[str]:
 def target_config(user_config: dict | None, base: dict, current: QclsConfig) -> QclsConfig:
     """The configuration a user_config asks for. `base`: the app's own {"overrides", "config_dir"}; a config
     without `serve` keeps the replica's serving settings."""
-    from qcls.compose import ConfigError, compose
+    from qcls.config.compose import ConfigError, compose
 
     uc = dict(user_config or {})
     uc.pop("id", None)

@@ -16,7 +16,7 @@ import sys
 import time
 import uuid
 
-from qcls.compose import compose
+from qcls.config.compose import compose
 from qcls.config import QclsConfig
 from qcls.errors import ConfigError
 

@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 
-from qcls.compose import compose
+from qcls.config.compose import compose
 
 
 def serve_main(overrides: list[str], blocking: bool = True, log_to_driver: bool | None = None):

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from qcls.compose import ConfigError
+from qcls.config.compose import ConfigError
 from qcls.eval import head_options
 
 COLUMNS = ("query", "prompt", "given", "suggested", "given_prob", "suggested_prob", "rank")
@@ -112,7 +112,7 @@ def labelled_path(value: str) -> Path:
     """dev / test (the eval group's splits) → the file it names; else the file, relative to the current directory."""
     from qcls.eval.calibrate import split_path
     from qcls.eval.dataset import DatasetError
-    from qcls.paths import candidates, find_file, group_options
+    from qcls.config.paths import candidates, find_file, group_options
     if value in group_options("eval"):
         return split_path(value)
     found = find_file(value)
@@ -123,7 +123,7 @@ def labelled_path(value: str) -> Path:
 
 
 def run(args: argparse.Namespace, labelled: str, overrides: list[str]) -> dict:
-    from qcls.compose import compose
+    from qcls.config.compose import compose
     from qcls.eval.dataset import load_eval_set
     from qcls.eval.threshold_fitting import head_probs
 
@@ -178,7 +178,7 @@ def summary(res: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from qcls.cli import split_args
+    from qcls.config.overrides import split_args
     from qcls.eval.dataset import DatasetError
     ap = build_parser()
     args = ap.parse_intermixed_args(list(sys.argv[1:] if argv is None else argv))  # the file before options

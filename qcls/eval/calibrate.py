@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from qcls.compose import ConfigError
+from qcls.config.compose import ConfigError
 from qcls.eval import head_options
 
 EPILOG = """examples:
@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
 def split_path(value: str) -> Path:
     """`dev` / `test` (an option of the eval group) → the file it names; anything else is a path."""
     from qcls.eval.spec import named_split, resolve_path
-    from qcls.paths import group_options
+    from qcls.config.paths import group_options
     if value in group_options("eval"):
         return resolve_path(named_split(value).path, f"eval/{value}.yaml path")
     return resolve_path(value, "--eval")
@@ -96,7 +96,7 @@ def prompts_group(cfg) -> str | None:
     from omegaconf import OmegaConf
 
     from qcls.config import PromptSpec
-    from qcls.paths import group_options
+    from qcls.config.paths import group_options
     for f in group_options("prompts").values():
         try:
             listed = OmegaConf.to_container(OmegaConf.load(f), resolve=True).get("prompts", [])
@@ -117,12 +117,12 @@ def default_out(cfg, method: str) -> Path:
 
 def run(args: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
     from qcls.classifier import Classifier
-    from qcls.compose import compose
+    from qcls.config.compose import compose
     from qcls.eval import baseline, calibrated_metrics
     from qcls.eval.calibration import contextual
     from qcls.eval.dataset import load_eval_set
     from qcls.eval.scores import by_prompt, classify_set
-    from qcls.paths import shown
+    from qcls.config.paths import shown
 
     cfg = compose(overrides)
     data = load_eval_set(split_path(args.eval), cfg.prompts, args.limit)  # refused before the model loads
@@ -266,7 +266,7 @@ def _head_table(res: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from qcls.cli import split_args
+    from qcls.config.overrides import split_args
     from qcls.eval.dataset import DatasetError
     argv = list(sys.argv[1:] if argv is None else argv)
     ap = build_parser()

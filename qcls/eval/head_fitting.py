@@ -12,7 +12,7 @@ from qcls.eval import head_depth
 from qcls.eval import heads as H
 from qcls.eval.dataset import EvalSet
 from qcls.eval.scores import EvalRunError
-from qcls.heads import fingerprint as fp
+from qcls.heads import weights_fingerprint as fp
 from qcls.heads.files import now, template_sha256
 from qcls.heads.head import Head, Read, Tap
 
@@ -98,7 +98,7 @@ def fit(clf, sets: dict[str, StateSet], taps: list[Tap], reads: Sequence[Read], 
 
 def _shown(path: str) -> str:
     """A shipped fitting file by its path inside the package (a shipped head names data/eval/…), else as is."""
-    from qcls.paths import shown
+    from qcls.config.paths import shown
     return shown(path)
 
 

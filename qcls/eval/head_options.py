@@ -46,7 +46,7 @@ def fit(args: argparse.Namespace, cfg, data) -> FittedSplit:
     from qcls.classifier import Classifier
     from qcls.eval import head_depth, head_fitting
     from qcls.eval import heads as H
-    from qcls.heads.fingerprint import num_layers
+    from qcls.heads.weights_fingerprint import num_layers
 
     if args.cv_folds < 2:
         raise ValueError(f"--cv-folds {args.cv_folds}: cross-validation needs at least 2 folds")

@@ -16,7 +16,7 @@ from qcls.eval import agreement, baseline, calibrated_metrics, coverage, metrics
 from qcls.eval.dataset import EvalSet, load_eval_set
 from qcls.eval.scores import PromptScores, by_prompt, classify_set
 from qcls.eval.spec import EvalSpec, resolve_path, split_config
-from qcls.paths import shown
+from qcls.config.paths import shown
 from qcls.progress import step_note
 
 MEAN_KEYS = ("accuracy", "macro_f1", "majority_accuracy", "nll", "brier", "ece")
@@ -147,7 +147,7 @@ def _forward(calibration: dict | None, head, per: dict, loaded) -> dict[str, Any
     loaded file's): per prompt the layer read and layers run / N (qcls/eval/head_depth.py)."""
     from qcls.eval.head_depth import forward_costs
     from qcls.eval.head_fitting import serving_reads
-    from qcls.heads.fingerprint import num_layers
+    from qcls.heads.weights_fingerprint import num_layers
     if calibration and calibration.get("forward"):
         return calibration["forward"]
     return forward_costs(serving_reads(head if calibration else None, list(per)), num_layers(loaded.model.config))

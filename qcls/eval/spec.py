@@ -7,7 +7,7 @@ from typing import Any, Literal
 from omegaconf import DictConfig, OmegaConf
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from qcls.compose import ConfigError, validate
+from qcls.config.compose import ConfigError, validate
 from qcls.config import QclsConfig
 from qcls.eval.dataset import DatasetError
 
@@ -46,8 +46,8 @@ class EvalSpec(BaseModel):
 
 
 def resolve_path(value: str, what: str = "eval.path") -> Path:
-    """Absolute, or relative to the current directory, then to the package (the shipped splits: qcls/paths.py)."""
-    from qcls.paths import candidates, find_file
+    """Absolute, or relative to the current directory, then to the package (shipped splits: qcls/config/paths.py)."""
+    from qcls.config.paths import candidates, find_file
     found = find_file(value)
     if found is not None:
         return found
@@ -77,7 +77,7 @@ def split_config(cfg: DictConfig | dict[str, Any]) -> tuple[EvalSpec, QclsConfig
 def named_split(name: str) -> EvalSpec:
     """The eval group's option <name> (a user's config folder first, then qcls/conf/eval/) as an EvalSpec (for
     `qcls calibrate --eval dev`)."""
-    from qcls.paths import group_options
+    from qcls.config.paths import group_options
     options = group_options("eval")
     f = options.get(name)
     if f is None:

@@ -105,7 +105,7 @@ def preflight(argv: list[str], files: bool = True) -> None:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
-    from qcls.compose import ConfigError, compose_raw
+    from qcls.config.compose import ConfigError, compose_raw
     from qcls.eval.dataset import DatasetError
     from qcls.eval.spec import resolve_path, split_config
     items = [a for a in argv if not a.startswith("-") and ("=" in a or a.startswith("~"))]
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     import hydra
 
-    from qcls.compose import conf_dir
+    from qcls.config.compose import conf_dir
     preflight(argv)  # a bad override or value is one ConfigError (exit 2 in the CLI) before any job runs
     app = hydra.main(config_path=str(conf_dir()), config_name="sweep", version_base="1.3")(_task)
     saved = sys.argv

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from qcls.heads import fingerprint as fp
+from qcls.heads import weights_fingerprint as fp
 from qcls.heads.files import EXPECTED, HOW_TO_GET, CalibrationError, load, template_sha256
 from qcls.heads.head import FINAL, Head, PromptHead
 
@@ -24,8 +24,8 @@ HEAD, LLM = "head", "LLM scores"  # what answers a prompt, as the start-up line,
 
 
 def resolve_path(value: str) -> Path:
-    """Absolute, or relative to the current directory, then to the package (the shipped heads: qcls/paths.py)."""
-    from qcls.paths import candidates
+    """Absolute, or relative to the current directory, then to the package (the shipped heads: qcls/config/paths.py)."""
+    from qcls.config.paths import candidates
     tried = candidates(value)
     for cand in tried:
         if cand.is_file():

@@ -3,7 +3,7 @@ output and the serving prediction log, so that one reader reads both.
 
 Per prompt `p`: `pred:p` (the winning label; empty when the prompt abstained without a fallback), `pred:p:prob`
 (the most probable label's probability), `pred:p:abstained`, and where every label is kept `prob:p:<label>`.
-A log row adds `time` (UTC, ISO 8601), `fingerprint` (the configuration that answered: qcls/answer_fingerprint.py),
+A log row adds `time` (UTC, ISO 8601), `fingerprint` (which configuration answered: qcls/results/answer_fingerprint.py),
 `cache_hit` and `latency_ms`. The `pred:` prefix is what keeps a predictions file from passing as a labelled file,
 whose per-prompt columns are the bare prompt names: a head fitted on the model's own answers learns nothing.
 """

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from qcls.backends import demos, sources
-from qcls.compose import compose
+from qcls.config.compose import compose
 from qcls.errors import ModelSourceError
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from qcls.backends.sources import demo_gguf_path
 from qcls.classifier import Classifier
-from qcls.compose import compose
+from qcls.config.compose import compose
 from tests.backends.helpers import scores
 
 pytestmark = pytest.mark.slow  # each GGUF load dequantizes the demo model (~25 s on 2 cores)

@@ -6,7 +6,7 @@ import torch
 from transformers import Qwen3Config
 
 from qcls.backends import memory as M
-from qcls.compose import compose
+from qcls.config.compose import compose
 
 SHAPE = dict(num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=151936)
 QWEN3_8B = Qwen3Config(hidden_size=4096, intermediate_size=12288, tie_word_embeddings=False, **SHAPE)
@@ -128,7 +128,7 @@ def test_param_counts_equal_the_built_model(family):
     (on the meta device: no memory)."""
     from transformers import AutoModelForCausalLM, Gemma3TextConfig
 
-    from qcls.tiny_models import tiny_config
+    from qcls.testing.tiny_models import tiny_config
     mc = Gemma3TextConfig(**GEMMA3_4B) if family == "gemma3_4b" else tiny_config(family, 1024)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(mc)

@@ -7,7 +7,7 @@ import torch
 
 from qcls.backends.offload import EmbedGather, OffloadedModel
 from qcls.classifier import Classifier
-from qcls.compose import compose
+from qcls.config.compose import compose
 from tests.backends.helpers import cfg, scores
 
 TOL = 1e-5

@@ -7,7 +7,7 @@ import pytest
 
 from qcls.backends.base import Backend
 from qcls.backends.registry import BACKENDS, get_backend
-from qcls.compose import ConfigError, compose
+from qcls.config.compose import ConfigError, compose
 from tests.backends.helpers import cfg
 
 

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from qcls.result_cache import ResultCache
+from qcls.results.cache import ResultCache
 from qcls.bulk.outputs import Columns, Format
 from qcls.bulk.pipeline import Feed, process_chunk
 from qcls.bulk.progress import Tally

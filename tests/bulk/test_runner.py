@@ -99,7 +99,7 @@ def test_repeats_classified_once_rows_as_without_dedupe(tmp_path, tiny_overrides
     write_log(inp, queries, "txt")
     summary, out = bulk(tmp_path, tiny_overrides, clf_factory, inp, "out.jsonl", chunk_rows=100, all_labels=True)
     recs = read_out(out)
-    from qcls.compose import compose
+    from qcls.config.compose import compose
     clf = clf_factory(compose(tiny_overrides))
     distinct = {q for q in queries if q.strip() and len(q) <= 16}
     assert summary["classified"] == len(distinct) and summary["rows"] == len(queries)

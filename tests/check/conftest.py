@@ -17,7 +17,7 @@ QWEN3_8B_CONFIG = {
 
 @pytest.fixture(scope="session")
 def qwen3_8b_dir(tmp_path_factory) -> str:
-    from qcls.qwen_tokenizer import save_qwen_tokenizer
+    from qcls.testing.qwen_tokenizer import save_qwen_tokenizer
     out = tmp_path_factory.mktemp("qwen3_8b_no_weights")
     (out / "config.json").write_text(json.dumps(QWEN3_8B_CONFIG))
     save_qwen_tokenizer(out)

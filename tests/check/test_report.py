@@ -9,7 +9,7 @@ import pytest
 from qcls.check.report import build, verdict
 from qcls.check.text import format_report
 from qcls.cli import main
-from qcls.compose import compose
+from qcls.config.compose import compose
 from qcls.scoring.tokenization import encode
 from tests.conftest import prompt, tiny_cfg
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from qcls.compose import compose
+from qcls.config.compose import compose
 from tests.conftest import FAST
 
 # engine.max_batch_size=4 is what one forward takes and what @serve.batch gathers. The tests of these apps compare

@@ -28,12 +28,12 @@ import httpx  # noqa: E402
 import ray  # noqa: E402
 from ray import serve  # noqa: E402  (before export_serve_env: this process keeps Serve's defaults)
 
-from qcls.compose import compose  # noqa: E402
+from qcls.config.compose import compose  # noqa: E402
 from qcls.config import ServeSpec  # noqa: E402
 from qcls.deployments.app import app_for  # noqa: E402
 from qcls.deployments.ingress import export_serve_env  # noqa: E402
-from qcls.deployments.replicas import wait_exited  # noqa: E402
-from qcls.deployments.ports import free_port  # noqa: E402
+from qcls.testing.replicas import wait_exited  # noqa: E402
+from qcls.testing.ports import free_port  # noqa: E402
 
 APP, CLIENTS = "hap", 4
 HANG_GUARD_S = 120.0  # a hang guard, never a bound: a request or a wait this long has hung

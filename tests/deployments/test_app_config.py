@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from qcls.compose import ConfigError, compose
+from qcls.config.compose import ConfigError, compose
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -95,3 +96,16 @@ def test_the_documented_cluster_config_is_a_valid_serve_config_for_the_builder()
     assert app.import_path == "qcls.deployments.app:build_app"
     opts = deployment_options(compose(app.args["overrides"]))
     assert opts["num_replicas"] == 4 and opts["ray_actor_options"]["num_gpus"] == 1
+
+
+def test_fault_injection_needs_the_checkouts_testing_package(monkeypatch):
+    from qcls.deployments.app import app_for, fault_injection
+    from qcls.testing import faults
+
+    assert fault_injection(compose([])) is None  # off: qcls.testing is never looked for
+    on = compose(["serve.fault_injection=true"])
+    assert fault_injection(on) is faults
+    monkeypatch.setitem(sys.modules, "qcls.testing", None)  # as where the wheel is installed: it leaves it out
+    with pytest.raises(ConfigError, match="needs qcls.testing") as e:
+        app_for(on)
+    assert e.value.way_out.startswith("serve.fault_injection=false")

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from qcls.compose import compose
+from qcls.config.compose import compose
 from tests.deployments.helpers import HANG_GUARD_S, assert_no_trace
 
 pytestmark = pytest.mark.slow

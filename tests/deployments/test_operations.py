@@ -9,7 +9,7 @@ import uuid
 import httpx
 import pytest
 
-from qcls.compose import ConfigError, compose
+from qcls.config.compose import ConfigError, compose
 from tests.deployments.helpers import HANG_GUARD_S, until
 
 pytestmark = pytest.mark.slow

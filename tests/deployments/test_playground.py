@@ -53,7 +53,7 @@ def app(serve_port, serve_overrides, request):
     Yields (the replica's own URL, the URL through Serve's proxy)."""
     from ray import serve
 
-    from qcls.compose import compose
+    from qcls.config.compose import compose
     from qcls.deployments.app import app_for
     from qcls.deployments.ingress import direct_urls
 
@@ -156,7 +156,7 @@ def test_two_identical_labels_are_refused_beside_their_field_and_the_old_prompts
 
 
 def test_an_applied_edit_answers_with_the_new_prompt_and_downloads_as_a_prompt_file(page, served, tmp_path):
-    from qcls.compose import compose
+    from qcls.config.compose import compose
 
     page.fill("#p1-name", "season")
     page.fill("#p1-template", "Query: {query}\nThe season this is worn in (summer, winter or none):")

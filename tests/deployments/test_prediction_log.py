@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from qcls.config import PredictionLogSpec
 from qcls.deployments.worker import EngineWorker
 from qcls.predictions.log import PredictionLog
-from qcls.result_cache import ResultCache
+from qcls.results.cache import ResultCache
 from tests.deployments.test_worker import FakeClassifier
 
 

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from qcls.compose import ConfigError, compose
+from qcls.config.compose import ConfigError, compose
 from qcls.deployments.reload import Reloader, changed_keys, deployment_version, redacted, target_config
 from tests.engine.test_turns import Recording
 

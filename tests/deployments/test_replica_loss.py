@@ -19,7 +19,7 @@ import time
 import httpx
 import pytest
 
-from qcls.compose import compose
+from qcls.config.compose import compose
 from tests.deployments.helpers import HANG_GUARD_S, Hold, until_async
 
 pytestmark = pytest.mark.slow
@@ -69,7 +69,7 @@ def direct_request(port: int) -> tuple[float, int | Exception]:
 
 
 def test_killing_one_of_two_replicas_fails_only_its_in_flight_requests(proxy_url, lossy, tmp_path):
-    from qcls.deployments.replicas import running, wait_exited
+    from qcls.testing.replicas import running, wait_exited
 
     reps = running(APP, 2, guard_s=HANG_GUARD_S)
     hold = Hold(lossy, tmp_path)  # the replica this call reached: from now on every request there stays there
@@ -116,12 +116,12 @@ def test_killing_one_of_two_replicas_fails_only_its_in_flight_requests(proxy_url
     assert len(failed) <= CLIENTS, table  # closed-loop clients: at most one request each in flight
     after = [r for r in rows if r[1] > exited]
     assert len(after) >= 2 * CLIENTS and all(r[3] == 200 for r in after), table
-    from qcls.deployments.replicas import replicas
+    from qcls.testing.replicas import replicas
     assert doomed_id not in {k for k, r in replicas(APP).items() if r.state == "RUNNING"}
 
 
 def test_healthz_answers_503_while_no_replica_is_ready(proxy_url, lossy):
-    from qcls.deployments.replicas import running, wait_exited
+    from qcls.testing.replicas import running, wait_exited
 
     reps = running(APP, 2, guard_s=2 * HANG_GUARD_S)  # both up again: their replacements then start from nothing
     for r in reps.values():

@@ -7,7 +7,8 @@ import contextlib
 import inspect
 import io
 
-from qcls.compose import compose
+from qcls.config.compose import compose
+from qcls.config.overrides import split_args
 
 
 def _parse(parser, argv: list[str], known: bool, intermixed: bool = False):
@@ -41,13 +42,13 @@ def check_qcls(argv: list[str]) -> None:
     import os
 
     from qcls import cli
-    from qcls.paths import ENV_CONFIG_DIR
+    from qcls.config.paths import ENV_CONFIG_DIR
     dirs, argv = cli.take_config_dirs(list(argv))
     if not dirs:
         return _check(argv)
     saved = os.environ.get(ENV_CONFIG_DIR)
     try:
-        from qcls.compose import export_user_config
+        from qcls.config.compose import export_user_config
         export_user_config(dirs, [])
         return _check(argv)
     finally:
@@ -75,7 +76,7 @@ def _check(argv: list[str]) -> None:
         if parsed is None:
             return
         args = parsed[0]
-        stray, overrides = cli.split_args(args.items)
+        stray, overrides = split_args(args.items)
         if len(stray) != (argv[0] == "audit"):
             raise ValueError(f"qcls {argv[0]} takes {'one labelled file and ' * (argv[0] == 'audit')}key=value "
                              f"overrides, not {stray}")
@@ -88,7 +89,7 @@ def _check(argv: list[str]) -> None:
     bad = [r for r in rest if r.startswith("-")]
     if bad:
         raise ValueError(f"unrecognized arguments: {bad}")
-    queries, overrides = cli.split_args(list(args.items) + rest, literal)
+    queries, overrides = split_args(list(args.items) + rest, literal)
     if args.cmd == "classify" and not queries:
         raise ValueError("qcls classify: give at least one query")
     if args.cmd in ("repl", "serve", "check") and queries:

@@ -177,7 +177,7 @@ STAGE_KEYS = ("tokenize", "prepare", "forward", "score", "postprocess")
 def test_demo_model(demo_cfg_overrides, strategy):
     """Real weights and tokenizer: the mission's two prompts (' tee' and ' hoodie' are two tokens there), scored by
     the LLM itself (calibration=null: the demo's head would stop the forward before any label is scored)."""
-    from qcls.compose import compose
+    from qcls.config.compose import compose
     over = demo_cfg_overrides + [f"scoring={strategy}", "calibration=null"]
     fast = Classifier(compose(over))
     ref = Classifier(compose(over + ["engine=reference"]), loaded=fast.loaded)

@@ -127,7 +127,7 @@ def test_real_gemma3_270m_matches_the_reference(demo_cfg_overrides, prompts, str
     from tests.conftest import skip_without_gemma3_demo
     skip_without_gemma3_demo()
     from qcls.classifier import Classifier
-    from qcls.compose import compose
+    from qcls.config.compose import compose
     # calibration=null: the label scores themselves (the model's head would stop the forward before them)
     over = [*demo_cfg_overrides, "model=gemma3_demo", f"prompts={prompts}", f"scoring={strategy}",
             "engine.max_batch_size=2", "calibration=null"]

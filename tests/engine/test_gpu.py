@@ -137,7 +137,7 @@ def test_no_allocation_or_capture_on_request_path(tiny_dirs, monkeypatch):
 def sharp_dir(tmp_path_factory):
     """A deeper random Qwen3 (8 layers, hidden 256) with the final norm ×4: logits about as large as a trained
     model's (top logits ~30), so fp16 rounding shows in the scores (bench/fidelity.py's comparison)."""
-    from qcls.tiny_models import make_tiny_model_dir, tiny_byte_tokenizer
+    from qcls.testing.tiny_models import make_tiny_model_dir, tiny_byte_tokenizer
     d = make_tiny_model_dir(tmp_path_factory.mktemp("sharp") / "qwen3", "qwen3", tiny_byte_tokenizer(), seed=3,
                             hidden_size=256, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,
                             head_dim=64, intermediate_size=768)

@@ -11,7 +11,7 @@ import torch
 from qcls.backends.registry import get_backend
 from qcls.classifier import Classifier
 from qcls.errors import ConfigError
-from qcls.heads.fingerprint import weights_fingerprint
+from qcls.heads.weights_fingerprint import weights_fingerprint
 from qcls.heads.head import Read
 from tests.conftest import prompt, tiny_cfg
 from tests.engine.test_equivalence import MULTI, QUERIES, SHARED, SINGLE
@@ -153,7 +153,7 @@ def test_demo_models_with_their_heads_stop_at_the_heads_layer(model, demo_cfg_ov
     """Real weights and the shipped heads (fitted with the whole depth): the same probabilities with the exit on as
     off (fp32, ≤ 1e-5). The model's default head stops the forward but loads every layer (a choice the user did not
     make must not refuse a later reload); the same file named as calibration=… loads only the read layers."""
-    from qcls.compose import compose
+    from qcls.config.compose import compose
     if model == "gemma3_demo":
         from tests.conftest import skip_without_gemma3_demo
         skip_without_gemma3_demo()

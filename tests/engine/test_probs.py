@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from qcls.result_builder import softmax as _softmax
+from qcls.results.building import softmax as _softmax
 from qcls.engine.kernels import triton
 from qcls.engine.probs import Probabilities
 

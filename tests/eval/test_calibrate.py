@@ -75,7 +75,7 @@ def head_set(path, n: int = 30, offset: int = 0):
 
 def test_calibrate_head_writes_a_file_that_classifies(tiny_dirs, tmp_path, capsys, monkeypatch):
     from qcls.classifier import Classifier
-    from qcls.compose import compose
+    from qcls.config.compose import compose
     monkeypatch.chdir(tmp_path)
     dev = head_set(tmp_path / "dev.jsonl")
     assert main(["--eval", str(dev), "--method", "head", "--layer", "1", "--read", "both", "--with-scores",
@@ -160,7 +160,7 @@ def test_sweep_fits_a_head_per_job_with_a_learning_curve(tiny_dirs, tmp_path):
     learning curve, saves head.yaml; its head probabilities equal what the saved file gives through the
     engine (the job computes them from the states in numpy)."""
     from qcls.classifier import Classifier
-    from qcls.compose import compose
+    from qcls.config.compose import compose
     dev, ev = head_set(tmp_path / "dev.jsonl"), head_set(tmp_path / "ev.jsonl", 12, offset=40)
     out = tmp_path / "sweep"
     assert sweep_main(["-m", *tiny(tiny_dirs["qwen3"]), f"eval.path={ev}", f"eval.fit_on={dev}",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from qcls.compose import compose
+from qcls.config.compose import compose
 
 ROOT = Path(__file__).resolve().parents[2]
 SPLITS = {"dev": ROOT / "qcls/data/eval/ecommerce_dev.jsonl", "test": ROOT / "qcls/data/eval/ecommerce_test.jsonl"}

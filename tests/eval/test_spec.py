@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from hydra import compose, initialize_config_dir
 
-from qcls.compose import ConfigError, conf_dir
+from qcls.config.compose import ConfigError, conf_dir
 from qcls.eval.dataset import DatasetError
 from qcls.eval.spec import EvalSpec, named_split, resolve_path, split_config
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from qcls.cli import main
-from qcls.compose import conf_dir
+from qcls.config.compose import conf_dir
 
 
 def make(tmp_path, case: str):

@@ -13,7 +13,7 @@ from qcls import progress
 from qcls.classifier import Classifier
 from qcls.cli import main
 from qcls.heads import files
-from qcls.heads import fingerprint as fp
+from qcls.heads import weights_fingerprint as fp
 from qcls.heads.files import template_sha256
 from qcls.heads.head import Head, PromptHead, Read
 from qcls.heads.startup import OTHER_LABELS, choose, lost_head
@@ -153,7 +153,7 @@ def test_a_missing_default_head_file_names_model_head(tiny_dirs, tmp_path):
 def test_a_sweep_job_scores_the_mix(tiny_dirs, tmp_path):
     """A sweep job under calibration=model whose head fits `category` only: the calibrated columns are the
     head's for category and the raw scores' for audience; result.json says which."""
-    from qcls.compose import compose
+    from qcls.config.compose import compose
     from qcls.eval import models
     from qcls.eval.sweep import main as sweep_main
     from tests.eval.sweep_helpers import EVAL10, FIT10, tiny, write_set

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qcls.compose import validate
+from qcls.config.compose import validate
 from qcls.heads import files
-from qcls.heads import fingerprint as fp
+from qcls.heads import weights_fingerprint as fp
 from qcls.heads.files import CalibrationError, template_sha256
 from qcls.heads.head import Head, PromptHead, Read
 from qcls.heads.startup import check_model_config, check_model_weights, head_for
@@ -59,14 +59,14 @@ def test_startup_refuses_mismatched_files(tmp_path, case, match):
 
 
 def test_startup_path_resolution(tmp_path, monkeypatch):
-    """Relative paths: the current directory first, then the package (qcls/paths.py PACKAGE_DIR)."""
+    """Relative paths: the current directory first, then the package (qcls/config/paths.py PACKAGE_DIR)."""
     write(tmp_path, {"a": {"man": 0.0, "woman": 0.0, "none": 0.0}})
     monkeypatch.chdir(tmp_path)
     assert head_for(cfg_with("cal.yaml"))[1] == str((tmp_path / "cal.yaml").resolve())
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
-    monkeypatch.setattr("qcls.paths.PACKAGE_DIR", tmp_path)
+    monkeypatch.setattr("qcls.config.paths.PACKAGE_DIR", tmp_path)
     assert head_for(cfg_with("cal.yaml"))[1] == str((tmp_path / "cal.yaml").resolve())
     assert head_for(cfg_with(tmp_path / "cal.yaml"))[0] is not None  # absolute
     with pytest.raises(CalibrationError, match=r"'nope.yaml': no such file \(looked at .*elsewhere/nope.yaml, "

@@ -185,7 +185,7 @@ def test_the_folder_is_checked_at_start_up(tmp_path, monkeypatch):
 def test_the_configs_checks(tmp_path, monkeypatch):
     from pydantic import ValidationError
 
-    from qcls.compose import compose
+    from qcls.config.compose import compose
     monkeypatch.chdir(tmp_path)
     assert PredictionLogSpec().folder is None  # off by default
     log = compose(["serve.prediction_log.folder=logs", "serve.prediction_log.format=parquet"]).serve.prediction_log

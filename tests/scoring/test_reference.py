@@ -22,7 +22,7 @@ def _setup(cfg, spec_dict):
 
 @pytest.mark.slow
 def test_demo_hoodie_exact_is_sum_of_its_two_token_logprobs(demo_cfg_overrides):
-    from qcls.compose import compose
+    from qcls.config.compose import compose
     cfg = compose(demo_cfg_overrides)
     spec = cfg.prompts[0].model_dump()
     loaded, pt, trie = _setup(cfg, spec)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from qcls.config import PromptSpec
-from qcls.qwen_tokenizer import build_qwen_tokenizer
+from qcls.testing.qwen_tokenizer import build_qwen_tokenizer
 from qcls.scoring.tokenization import QueryError, check_first_tokens, encode_prompt, encode_query
 from tests.conftest import prompt
 

@@ -88,7 +88,7 @@ def test_a_label_that_is_a_token_prefix_of_another_ends_with_the_end_token(gemma
 def test_shipped_gemma_prompts_encode_labels_as_in_their_examples(gemma_tokenizer):
     """In the shipped base-model prompts a label after 'Field:' tokenizes the same inside an example line as
     on its own after the suffix, so the examples teach exactly the tokens that are scored."""
-    from qcls.compose import compose
+    from qcls.config.compose import compose
     tok = gemma_tokenizer
     for spec in compose(["prompts=gemma3_ecommerce8_fewshot"]).prompts:
         pt = encode_prompt(tok, spec)

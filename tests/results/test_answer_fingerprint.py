@@ -1,8 +1,8 @@
 """The configuration fingerprint: it changes with what changes answers, and only with that."""
 from __future__ import annotations
 
-from qcls.answer_fingerprint import answer_fingerprint
-from qcls.compose import compose
+from qcls.results.answer_fingerprint import answer_fingerprint
+from qcls.config.compose import compose
 
 
 def test_the_fingerprint_follows_what_changes_answers(tmp_path):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parent.parent  # qcls/, this file being qcls/config/paths.py
 CONF_DIR = PACKAGE_DIR / "conf"
 ENV_CONFIG_DIR = "QCLS_CONFIG_DIR"
 

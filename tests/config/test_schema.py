@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from qcls.compose import ConfigError, compose, validate
+from qcls.config.compose import ConfigError, compose, validate
 from tests.conftest import prompt
 
 

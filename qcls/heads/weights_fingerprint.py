@@ -1,4 +1,5 @@
-"""Fingerprints that tie a learned head to the model it was fitted on.
+"""Fingerprints that tie a learned head to the model it was fitted on (which weights; the answers' fingerprint,
+which configuration answered, is qcls/results/answer_fingerprint.py).
 
 A head multiplies hidden states: on another model (or other weights of the same architecture) its numbers
 are meaningless, and nothing at request time would say so. Two short hashes are stored in the head file:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from qcls.result_cache import ResultCache
+from qcls.results.cache import ResultCache
 
 
 def test_eviction_order_and_pure_lookups():
