@@ -88,6 +88,7 @@ def _checked(path: Path, rows: list[tuple[int, str, dict[str, str]]], prompts: S
     unlabelled: list[int] = []
     first_line: dict[str, int] = {}
     for no, query, labels in rows:
+        _not_predictions(where(path, no), labels)
         if query in first_line:
             raise DatasetError(f"{where(path, no)}: duplicate query {query!r} (first on line {first_line[query]}); "
                                "every query must appear once")
@@ -113,6 +114,18 @@ def _checked(path: Path, rows: list[tuple[int, str, dict[str, str]]], prompts: S
     return EvalSet(path, examples, sorted(ignored), unlabelled)
 
 
+def _not_predictions(where: str, names) -> None:
+    """A predictions file (`qcls bulk` output, a prediction log: pred:<prompt> columns) is what the model answered,
+    not gold labels: a head fitted on it would learn the model's own mistakes."""
+    from qcls.predictions.schema import prediction_columns
+    preds = prediction_columns(names)
+    if preds:
+        raise DatasetError(f"{where}: columns {preds[:3]} hold what qcls answered (a predictions file: `qcls bulk` "
+                           "output or a prediction log), not gold labels; label the queries by reading them, in a file "
+                           "with a `query` column and one column per prompt name (`qcls label-next` writes one to "
+                           "fill in)")
+
+
 def _parse_line(path: Path, no: int, raw: str) -> tuple[str, dict[str, str]]:
     where = f"{path}:{no}"
     try:
@@ -122,6 +135,7 @@ def _parse_line(path: Path, no: int, raw: str) -> tuple[str, dict[str, str]]:
                            'like {"query": "...", "labels": {"category": "dress"}}') from None
     if not isinstance(obj, dict):
         raise DatasetError(f"{where}: want a JSON object, got {type(obj).__name__}")
+    _not_predictions(where, obj)
     unknown = sorted(set(obj) - KEYS)
     if unknown:
         raise DatasetError(f"{where}: unknown field(s) {unknown}; allowed: {sorted(KEYS)}")
