@@ -108,7 +108,7 @@ def tables(sizes, acc, seeds, until) -> tuple[str, dict]:
         goal[p] = {"random_at_max": round(target, 4), "label_next_reaches_it_at": hit,
                    "label_next_at_60": round(at60, 4), "met": hit is not None and hit <= 60}
         lines.append(f"\nrandom at {until}: {target:.3f}; label-next reaches it at "
-                     f"{hit if hit else f'no size up to {until}'}; at 60: {at60:.3f} ({at60 - target:+.3f}); "
+                     f"{hit if hit else f'no size up to {until}'}; at {min(60, until)}: {at60:.3f} ({at60 - target:+.3f}); "
                      f"goal (≤ 60): {'met' if goal[p]['met'] else 'not met'}")
     return "\n".join(lines) + "\n", goal
 

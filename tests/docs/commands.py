@@ -9,6 +9,8 @@ import io
 
 from qcls.compose import compose
 
+POSITIONALS = {"calibrate": 0, "label-next": 1}  # arguments that are not overrides (label-next: the pool)
+
 
 def _parse(parser, argv: list[str], known: bool):
     """argparse's result, or a ValueError with its message (argparse exits instead of raising)."""
@@ -65,15 +67,16 @@ def _check(argv: list[str]) -> None:
             return
         preflight(argv[1:], files=False)  # (the user's data files are not here, as model.path's directory is not)
         return
-    if argv[0] == "calibrate":
-        from qcls.eval.calibrate import build_parser
-        parsed = _parse(build_parser(), argv[1:], known=False)
+    if argv[0] in cli.ROUTED:  # a command with its own parser: its options, then its overrides
+        import importlib
+        parsed = _parse(importlib.import_module(cli.ROUTED[argv[0]]).build_parser(), argv[1:], known=False)
         if parsed is None:
             return
         args = parsed[0]
         stray, overrides = cli.split_args(args.items)
-        if stray:
-            raise ValueError(f"qcls calibrate takes key=value overrides, not {stray}")
+        if len(stray) != POSITIONALS.get(argv[0], len(stray)):
+            raise ValueError(f"qcls {argv[0]} takes {POSITIONALS[argv[0]]} argument(s) besides key=value overrides, "
+                             f"not {stray}")
         _compose(overrides, args)
         return
     parsed = _parse(cli.build_parser(), argv, known=True)
