@@ -47,8 +47,7 @@ def setup(model: str):
     return reads, dev, test, clf.engine.taps, cfg.model.name
 
 
-def fit(ss, rows, read, taps):
-    """The prompt's head on the labelled rows (read, C)."""
+def fit(ss, rows, read, taps):  # the prompt's head on the labelled rows, at the shipped head's read and C
     return H.fit_affine(H.features(ss.states[rows], taps, read[0], None), ss.gold[rows], len(ss.labels), read[1])
 
 
@@ -73,8 +72,7 @@ def simulate(reads, dev, test, taps, seeds, start, step, until):
     acc = {a: {p: {n: [] for n in sizes} for p in dev} for a in ("random", "label-next")}
     n_dev = len(next(iter(dev.values())).gold)
     for seed in range(seeds):
-        rng = np.random.default_rng(seed)
-        first = rng.choice(n_dev, start, replace=False)
+        first = np.random.default_rng(seed).choice(n_dev, start, replace=False)
         for arm in acc:
             labelled, arm_rng = first.copy(), np.random.default_rng([seed, 1])
             for n in sizes:
@@ -90,7 +88,6 @@ def simulate(reads, dev, test, taps, seeds, start, step, until):
                 else:
                     new = next_batch(dev, heads, reads, taps, labelled, step)
                 labelled = np.concatenate([labelled, new])
-        print(f"[label_next] seed {seed} done", flush=True)
     return sizes, acc
 
 
@@ -104,11 +101,12 @@ def tables(sizes, acc, seeds, until) -> tuple[str, dict]:
             lines.append(f"| {n} | {cell[0]} | {cell[1]} |")
         target = float(np.mean(acc["random"][p][until]))
         hit = next((n for n in sizes if np.mean(acc["label-next"][p][n]) >= target), None)
-        at60 = float(np.mean(acc["label-next"][p][min(60, until)]))
+        mid = min(60, until)
+        at60 = float(np.mean(acc["label-next"][p][mid]))
         goal[p] = {"random_at_max": round(target, 4), "label_next_reaches_it_at": hit,
                    "label_next_at_60": round(at60, 4), "met": hit is not None and hit <= 60}
         lines.append(f"\nrandom at {until}: {target:.3f}; label-next reaches it at "
-                     f"{hit if hit else f'no size up to {until}'}; at {min(60, until)}: {at60:.3f} ({at60 - target:+.3f}); "
+                     f"{hit if hit else f'no size up to {until}'}; at {mid}: {at60:.3f} ({at60 - target:+.3f}); "
                      f"goal (≤ 60): {'met' if goal[p]['met'] else 'not met'}")
     return "\n".join(lines) + "\n", goal
 
@@ -123,7 +121,7 @@ def plot(sizes, acc, until, path: Path) -> None:
             sd = np.array([np.std(acc[arm][p][n]) for n in sizes])
             ax.plot(sizes, m, marker="o", color=color, label=arm)
             ax.fill_between(sizes, m - sd, m + sd, color=color, alpha=0.15)
-        ax.axhline(np.mean(acc["random"][p][until]), ls="--", color="tab:gray", lw=0.8)
+        ax.axhline(np.mean(acc["random"][p][until]), ls="--", color="tab:gray", lw=0.8, label=f"random at {until}")
         ax.set(title=p, xlabel="labelled queries", ylabel="test accuracy")
         ax.grid(alpha=0.3)
         ax.legend(loc="lower right", fontsize=8)
@@ -133,10 +131,8 @@ def plot(sizes, acc, until, path: Path) -> None:
 def main() -> None:
     ap = C.parser(__doc__)
     ap.add_argument("--model", default="gemma3_demo", help="a model config (its shipped head's reads), or tiny")
-    ap.add_argument("--seeds", type=int, default=5)
-    ap.add_argument("--start", type=int, default=20)
-    ap.add_argument("--step", type=int, default=10)
-    ap.add_argument("--until", type=int, default=100)
+    for opt, default in (("--seeds", 5), ("--start", 20), ("--step", 10), ("--until", 100)):
+        ap.add_argument(opt, type=int, default=default)
     ap.add_argument("--plot", type=Path, help="write the learning curves here (PNG)")
     args = ap.parse_args()
     reads, dev, test, taps, name = setup(args.model)

@@ -42,7 +42,8 @@ docs/evaluation.md, "Choosing what to label"."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="qcls label-next", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    ap = argparse.ArgumentParser(prog="qcls label-next", epilog=EPILOG,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                  description="Choose the N queries of POOL most worth labelling for the head being "
                                              "improved and write them as a CSV to fill in; key=value arguments are "
                                              "Hydra overrides.")
@@ -110,7 +111,8 @@ def run(args: argparse.Namespace, overrides: list[str], pool_arg: str) -> dict[s
     keep = [i for i in range(len(cand)) if got["ok"][i]]
     if len(keep) < args.n:
         raise ConfigError(f"-n {args.n}: only {len(keep)} of the pool's {len(cand)} candidates could be classified "
-                          f"(the others: {got['errors'][:2]})", f"give -n {len(keep)} or fewer, or raise max_query_tokens")
+                          f"(the others: {got['errors'][:2]})",
+                          f"give -n {len(keep)} or fewer, or raise max_query_tokens")
     ref_rows = [len(cand) + i for i in range(len(reference)) if got["ok"][len(cand) + i]]
     c = Candidates([cand[i][0] for i in keep], np.array([cand[i][1] for i in keep], dtype=np.float64),
                    {p: v[keep] for p, v in got["probs"].items()}, got["labels"], got["served_by"],
@@ -203,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     from qcls.cli import split_args
     from qcls.eval.dataset import DatasetError
     ap = build_parser()
-    args = ap.parse_args(list(sys.argv[1:] if argv is None else argv))
+    args = ap.parse_intermixed_args(list(sys.argv[1:] if argv is None else argv))  # overrides among options
     stray, overrides = split_args(args.items)
     if len(stray) != 1:
         ap.error(f"give one POOL (a log folder or a query file) and key=value overrides, got {stray or 'no POOL'}")
@@ -214,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     width = max(len(r["why"]) for r in res["picks"])
     for k, r in enumerate(res["picks"], 1):
-        print(json.dumps({"rank": k, **r}, ensure_ascii=False) if args.json else f"{k:>3}  {r['why']:<{width}}  {r['query']}")
+        line = f"{k:>3}  {r['why']:<{width}}  {r['query']}"
+        print(json.dumps({"rank": k, **r}, ensure_ascii=False) if args.json else line)
     print(summary(res), file=sys.stderr, flush=True)
     return 0
 

@@ -61,14 +61,14 @@ def _log(folder: Path) -> Pool:
     parts = sorted(p for pattern in PARTS for p in folder.glob(pattern) if not p.name.startswith("."))
     if not parts:
         raise PoolError(f"pool {folder}: a folder without prediction-log parts (*.jsonl, *.parquet)",
-                        "give the log's folder (serve.prediction_log), or a query file")
+                        "give the folder the prediction log writes to, or a query file")
     found: list[tuple[str | None, int]] = []
     for part in parts:
         reader = _reader(part, QUERY, f"move {part} out of the folder: a log's parts are the files it wrote")
         if not prediction_columns(reader.columns):
-            raise PoolError(f"pool {folder}: {part.name} is not a prediction-log part (its columns {reader.columns[:8]} "
-                            "have no pred:<prompt> column)", f"move {part} out of the folder, or give a query file "
-                            "as the pool instead of the folder")
+            raise PoolError(f"pool {folder}: {part.name} is not a prediction-log part (its columns "
+                            f"{reader.columns[:8]} have no pred:<prompt> column)",
+                            f"move {part} out of the folder, or give a query file as the pool instead of the folder")
         found += _queries(reader, strict=True)
     return _grouped(folder, "prediction log", parts, found)
 

@@ -17,7 +17,7 @@ def _parse(parser, argv: list[str], known: bool):
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            return parser.parse_known_args(argv) if known else (parser.parse_args(argv), [])
+            return parser.parse_known_args(argv) if known else (parser.parse_intermixed_args(argv), [])
     except SystemExit as e:
         if e.code == 0:  # --help / --version
             return None

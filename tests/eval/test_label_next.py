@@ -96,7 +96,7 @@ LOG_ROW = json.dumps({"time": "t", "query": "red dress", "pred:category": "dress
     ({"log/a.jsonl": LOG_ROW + "\n" + LOG_ROW[:20] + "\n"}, ["log"], ["a.jsonl line 2", "cut short", "move"]),
     ({"log/a.jsonl": LOG_ROW + "\n", "log/b.jsonl": '{"query": "x", "labels": {}}\n'}, ["log"],
      ["b.jsonl is not a prediction-log part", "move"]),
-    ({"log/readme.txt": "x"}, ["log"], ["without prediction-log parts", "give the log's folder"]),
+    ({"log/readme.txt": "x"}, ["log"], ["without prediction-log parts", "the folder the prediction log writes to"]),
     ({"p.txt": "red dress\n", "l.csv": "query,pred:category\nred dress,dress\n"}, ["p.txt", "--labelled", "l.csv"],
      ["l.csv: row 2", "what qcls answered", "label-next"]),
     ({"p.txt": "red dress\n", "l.csv": "query,category\nred dress,gown\n"}, ["p.txt", "--labelled", "l.csv"],
