@@ -40,7 +40,6 @@ errors: a start-up problem (config, model source, network, memory budget, missin
 collisions) prints one `qcls: error:` paragraph with the way out and exits 2; `qcls --debug …` (or
 QCLS_DEBUG=1) adds the traceback. `qcls check` shows label token costs and every backend's memory fit."""
 
-# commands with their own argument parsing (Hydra apps, and those that take options after overrides)
 ROUTED = {"sweep": "qcls.eval.sweep", "calibrate": "qcls.eval.calibrate", "label-next": "qcls.eval.label_next_cli"}
 ROUTED_HELP = {"label-next": "the queries of a log or file most worth labelling next for a head, as a CSV to fill in"}
 
