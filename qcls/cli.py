@@ -1,5 +1,5 @@
-"""qcls command line: classify, repl, serve, reload, check, bulk (and sweep, calibrate, audit: apps with their own
-parsers, routed before argparse). A thin layer over Classifier.
+"""qcls command line: classify, repl, serve, reload, check, bulk (and sweep, calibrate, label-next, audit: commands
+that parse their own arguments, routed before argparse). A thin layer over Classifier.
 
 Hydra overrides (`model=qwen3_4b scoring=exact engine.max_batch_size=2`) may be mixed with queries: an
 argument of the form key=value is an override; put queries that look like one after `--`.
@@ -30,6 +30,7 @@ EPILOG = """examples:
   qcls check model=qwen3_8b model.source=local model.path=/models/Qwen3-8B gpu=t4   # no weights, no GPU
   qcls sweep -m scoring=trie,first_token,exact eval=dev          # qcls sweep --help
   qcls calibrate prompts=ecommerce8                               # qcls calibrate --help
+  qcls label-next logs/ calibration=heads/mine.yaml --labelled labelled.csv   # qcls label-next --help
   qcls audit my_labels.csv                                        # probably wrong labels: qcls audit --help
 
 {groups}
@@ -38,8 +39,11 @@ errors: a start-up problem (config, model source, network, memory budget, missin
 collisions) prints one `qcls: error:` paragraph with the way out and exits 2; `qcls --debug …` (or
 QCLS_DEBUG=1) adds the traceback. `qcls check` shows label token costs and every backend's memory fit."""
 
-# apps that parse their own command line (sweep is a Hydra app)
-ROUTED = {"sweep": "qcls.eval.sweep", "calibrate": "qcls.eval.calibrate", "audit": "qcls.eval.audit"}
+# commands that parse their own command line (sweep is a Hydra app)
+ROUTED = {"sweep": "qcls.eval.sweep", "calibrate": "qcls.eval.calibrate", "label-next": "qcls.eval.label_next_cli",
+          "audit": "qcls.eval.audit"}
+ROUTED_HELP = {"label-next": "the queries of a log or file most worth labelling next for a head, as a CSV to fill in",
+               "audit": "the labels of a labelled file that a held-out head finds unlikely, most doubtful first"}
 
 
 def format_result(r: QueryResult, top: int = 3) -> str:
@@ -218,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("items", nargs="*", metavar="INPUT OUTPUT|OVERRIDE")
     b.set_defaults(fn=cmd_bulk)
     for name in ROUTED:
-        sub.add_parser(name, help=f"see qcls {name} --help", add_help=False)
+        sub.add_parser(name, help=ROUTED_HELP.get(name, f"see qcls {name} --help"), add_help=False)
     return ap
 
 

@@ -10,16 +10,16 @@ import io
 from qcls.config.compose import compose
 from qcls.config.overrides import split_args
 
+POSITIONALS = {"calibrate": 0, "label-next": 1, "audit": 1}  # not overrides (the pool, the labelled file)
 
-def _parse(parser, argv: list[str], known: bool, intermixed: bool = False):
-    """argparse's result, or a ValueError with its message (argparse exits instead of raising); `intermixed`:
-    positionals may stand among the options, as `qcls audit` parses them."""
+
+def _parse(parser, argv: list[str], known: bool):
+    """argparse's result, or a ValueError with its message (argparse exits instead of raising); positionals may
+    stand among the options, as `qcls audit` and `qcls label-next` parse them."""
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            if known:
-                return parser.parse_known_args(argv)
-            return (parser.parse_intermixed_args(argv) if intermixed else parser.parse_args(argv)), []
+            return parser.parse_known_args(argv) if known else (parser.parse_intermixed_args(argv), [])
     except SystemExit as e:
         if e.code == 0:  # --help / --version
             return None
@@ -69,17 +69,16 @@ def _check(argv: list[str]) -> None:
             return
         preflight(argv[1:], files=False)  # (the user's data files are not here, as model.path's directory is not)
         return
-    if argv[0] in ("calibrate", "audit"):  # their own parsers; audit takes one labelled file (not looked for here)
+    if argv[0] in cli.ROUTED:  # a command with its own parser: its options, then its overrides
         import importlib
-        parsed = _parse(importlib.import_module(cli.ROUTED[argv[0]]).build_parser(), argv[1:], known=False,
-                        intermixed=argv[0] == "audit")
+        parsed = _parse(importlib.import_module(cli.ROUTED[argv[0]]).build_parser(), argv[1:], known=False)
         if parsed is None:
             return
         args = parsed[0]
         stray, overrides = split_args(args.items)
-        if len(stray) != (argv[0] == "audit"):
-            raise ValueError(f"qcls {argv[0]} takes {'one labelled file and ' * (argv[0] == 'audit')}key=value "
-                             f"overrides, not {stray}")
+        if len(stray) != POSITIONALS.get(argv[0], len(stray)):
+            raise ValueError(f"qcls {argv[0]} takes {POSITIONALS[argv[0]]} argument(s) besides key=value overrides, "
+                             f"not {stray}")
         _compose(overrides, args)
         return
     parsed = _parse(cli.build_parser(), argv, known=True)
