@@ -1,17 +1,16 @@
-"""How well `qcls audit` finds wrong labels: 10 % of each prompt's labels in the dev split changed at random to
-another label, and the rows the audit flags compared with the changed ones (precision, recall), per seed.
+"""How well `qcls audit` finds wrong labels: 10 % of each prompt's labels changed at random to another label, the
+flagged rows against the changed ones (precision, recall) per seed; the rule chosen on the dev split (every rule
+compared), reported on the test split (qcls audit's default).
 
-    python bench/audit.py                                 # gemma3_demo, the reads of its shipped head, 5 seeds
-    python bench/audit.py --tiny --seeds 1 --no-append    # a tiny random-weight model (the smoke run)
+    python bench/audit.py --cache /tmp/qcls_audit [--split test]   # gemma3_demo at its shipped head's reads
+    python bench/audit.py --tiny --seeds 1 --no-append             # a tiny random-weight model (the smoke run)
 
-The states of the dev split are read once, at the reads the model's shipped head uses (the tiny model: the read
-position after layer 1). Per seed and prompt the head is refitted on the changed labels at that read (its L2
-strength chosen by the same cross-validation: qcls/eval/head_fitting.py) and audited on its out-of-fold
-probabilities (qcls/eval/audit.py). A draw that would leave a label with fewer examples than the folds is drawn
-again (a split the audit refuses). Beside: what the audit flags on the labels as they are.
-"""
+States are read once per --cache (the tiny model: position after layer 1). Per seed and prompt the head is refitted
+on the changed labels at its read (L2 strength by the same cross-validation) and audited on its out-of-fold
+probabilities (qcls/eval/audit.py); a draw leaving a label fewer examples than the folds is drawn again."""
 from __future__ import annotations
 
+import pickle
 import sys
 import tempfile
 from pathlib import Path
@@ -20,33 +19,46 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import common as C  # noqa: E402
-from qcls.classifier import Classifier  # noqa: E402
 from qcls.config.compose import compose  # noqa: E402
-from qcls.eval import head_fitting  # noqa: E402
-from qcls.eval.audit import confident_learning  # noqa: E402
+from qcls.eval import audit as A  # noqa: E402
+from qcls.eval import heads as H  # noqa: E402
 from qcls.eval.calibrate import split_path  # noqa: E402
 from qcls.eval.dataset import load_eval_set  # noqa: E402
-from qcls.eval.heads import FOLDS, taps_of  # noqa: E402
+from qcls.eval.head_fitting import StateSet, read_set  # noqa: E402
 from qcls.eval.threshold_fitting import head_probs  # noqa: E402
-from qcls.heads.head import Read  # noqa: E402
+from qcls.heads.head import Head, Read  # noqa: E402
 
 GOAL = 0.6
 
 
-def setup(tiny: bool) -> tuple[list[str], dict[str, Read]]:
-    """(overrides, per prompt the read audited)."""
+def setup(tiny: bool) -> tuple[list[str], dict[str, Read], str]:
+    """(overrides, per prompt the read audited, the model's name)."""
     if tiny:
         from qcls.testing.tiny_models import make_tiny_model_dir, tiny_byte_tokenizer
-        d = make_tiny_model_dir(Path(tempfile.mkdtemp(prefix="qcls_bench_")) / "tiny", "qwen3", tiny_byte_tokenizer(),
-                                seed=1)
+        d = make_tiny_model_dir(Path(tempfile.mkdtemp()) / "tiny", "qwen3", tiny_byte_tokenizer(), seed=1)
         over = ["prompts=default", "model.source=local", f"model.path={d}", "model.name=tiny", "model.head=null",
                 "engine.query_buckets=[16,32]", "max_query_tokens=32", "engine.warmup_requests=1"]
-        return over, {p.name: Read(1, "position") for p in compose(over).prompts}
+        return over, {p.name: Read(1, "position") for p in compose(over).prompts}, "tiny"
     from qcls.heads import files
     from qcls.heads.startup import resolve_path
     over = ["model=gemma3_demo"]
     head = files.load(resolve_path(compose(over).model.head))
-    return over, {name: ph.read for name, ph in head.prompts.items()}
+    return over, {name: ph.read for name, ph in head.prompts.items()}, "gemma3_demo"
+
+
+def states(over: list[str], reads: dict[str, Read], taps, split: str, cache: str | None, model: str) -> dict:
+    """Per prompt the split's states at the reads (qcls/eval/head_fitting.py StateSets), read once per cache."""
+    key = f"{model}_{split}_" + "_".join(f"{r.kind}{r.layer}" for r in reads.values())
+    path = Path(cache) / f"audit_states_{key}.pkl" if cache else None
+    if path and path.is_file():
+        return pickle.loads(path.read_bytes())
+    from qcls.classifier import Classifier
+    cfg = compose(over + ["calibration=null"])
+    sets = read_set(Classifier(cfg, taps=taps), load_eval_set(split_path(split), cfg.prompts))
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(pickle.dumps(sets))
+    return sets
 
 
 def change(gold: np.ndarray, n_labels: int, share: float, folds: int, rng) -> tuple[np.ndarray, np.ndarray]:
@@ -59,12 +71,12 @@ def change(gold: np.ndarray, n_labels: int, share: float, folds: int, rng) -> tu
             return given, rows
 
 
-def audit(clf, ss, taps, read: Read, given: np.ndarray, name: str, folds: int):
-    """The audit's flagged rows and estimate for one prompt whose labels are `given`."""
-    one = head_fitting.StateSet(ss.labels, ss.states[ss.gold >= 0], ss.scores[ss.gold >= 0], given)
-    head = head_fitting.fit(clf, {name: one}, taps, [read], False, folds, "dev split, labels changed")
-    probs, g, _ = head_probs(head, {name: one}, taps)[name]
-    return confident_learning(probs, g)
+def probs(ss, taps, read: Read, given: np.ndarray, folds: int, name: str, splittings: set[int]) -> dict:
+    """Per number of splittings, the audit's out-of-fold probabilities of the head refitted on `given`."""
+    states, scores, _ = ss.labelled()
+    head = Head({name: H.fit_prompt(states, taps, scores, given, ss.labels, [read], False, folds=folds)}, "head", {})
+    return {r: head_probs(head, {name: StateSet(ss.labels, states, scores, given)}, taps, r)[name][0]
+            for r in splittings}
 
 
 def spread(x: np.ndarray) -> str:
@@ -73,46 +85,44 @@ def spread(x: np.ndarray) -> str:
 
 def main() -> None:
     ap = C.parser(__doc__)
+    ap.add_argument("--split", choices=["dev", "test"], default="dev",
+                    help="dev: every rule compared (the split that chooses); test: the audit's default (reported)")
     ap.add_argument("--tiny", action="store_true", help="a tiny random-weight model instead of gemma3_demo")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--share", type=float, default=0.1, help="the share of each prompt's labels changed")
-    ap.add_argument("--cv-folds", type=int, default=FOLDS, help=f"the audit's folds (default {FOLDS}, as qcls audit)")
+    ap.add_argument("--cv-folds", type=int, default=H.FOLDS, help=f"the folds (default {H.FOLDS}, as qcls audit)")
+    ap.add_argument("--cache", metavar="DIR", help="keep the split's states in DIR between runs")
     args = ap.parse_args()
-    over, reads = setup(args.tiny)
-    cfg = compose(over + ["calibration=null"])
-    data = load_eval_set(split_path("dev"), cfg.prompts)
-    taps = taps_of(list(reads.values()))
-    clf = Classifier(cfg, taps=taps)
-    sets = head_fitting.read_set(clf, data)
-    rows, per = [], {}
+    over, reads, model = setup(args.tiny)
+    taps = H.taps_of(list(reads.values()))
+    sets = states(over, reads, taps, args.split, args.cache, model)
+    rules = ([(f, r) for r in (1, 3, 5) for f in A.FILTERS] if args.split == "dev" else  # (rule, CV splittings)
+             [(A.FILTERS[0], A.DEFAULT_SPLITTINGS)])
+    lines, per = [], {}
     for j, (name, read) in enumerate(reads.items()):
-        ss = sets[name]
-        gold = ss.gold[ss.gold >= 0]
-        clean = audit(clf, ss, taps, read, gold, name, args.cv_folds)
-        got = []
-        for seed in range(args.seeds):
-            rng = np.random.default_rng([seed, j])
-            given, changed = change(gold, len(ss.labels), args.share, args.cv_folds, rng)
-            found = audit(clf, ss, taps, read, given, name, args.cv_folds)
-            hit = len(set(found.flagged) & set(changed))
-            got.append((hit / max(1, len(found.flagged)), hit / len(changed), len(found.flagged), found.estimate,
-                        len(changed)))
-        p, r, f, e, k = (np.array(x, dtype=float) for x in zip(*got))
-        met = "yes" if p.mean() >= GOAL and r.mean() >= GOAL else "**no**"
-        per[name] = {"read": f"{read.kind}@{read.layer}", "rows": len(gold), "precision": p.tolist(),
-                     "recall": r.tolist(), "flagged": f.tolist(), "estimate": e.tolist(), "changed": k.tolist(),
-                     "flagged_as_labelled": len(clean.flagged), "estimate_as_labelled": clean.estimate}
-        rows.append(f"| {name} | {read.kind}@{read.layer} | {len(gold)} | {k.mean():.0f} | {f.mean():.1f} | "
-                    f"{spread(p)} | {spread(r)} | {met} | {e.mean():.1f} | {len(clean.flagged)} / "
-                    f"{clean.estimate:.1f} |")
-    model = "tiny random-weight qwen3" if args.tiny else "gemma3_demo"
-    text = (C.header(f"Audit: wrong labels found in the dev split ({model})",
-                     f"{model}, prompts {list(reads)}, dev split; per prompt {args.share:.0%} of the labels changed at "
-                     f"random to another label, {args.seeds} seeds; heads refitted at the shipped heads' reads, "
-                     f"{args.cv_folds}-fold out-of-fold probabilities, confident learning (qcls/eval/audit.py)")
-            + "| prompt | read | rows | changed | flagged (mean) | precision, mean (min–max) | recall, mean "
-            f"(min–max) | both ≥ {GOAL} | estimated wrong (mean) | labels as given: flagged / estimated |\n"
-            + "|---" * 10 + "|\n" + "\n".join(rows) + "\n")
+        ss, gold = sets[name], sets[name].labelled()[2]
+        draws = [(gold, [])] + [change(gold, len(ss.labels), args.share, args.cv_folds, np.random.default_rng([s, j]))
+                                for s in range(args.seeds)]  # first the labels as given
+        seen = [probs(ss, taps, read, g, args.cv_folds, name, {r for _, r in rules}) for g, _ in draws]
+        for rule, r in rules:
+            found = [A.confident_learning(p[r], g, rule) for (g, _), p in zip(draws, seen)]
+            hit = np.array([len(set(f.flagged) & set(c)) for f, (_, c) in zip(found[1:], draws[1:])])
+            k, f = len(draws[1][1]), np.array([len(f.flagged) for f in found[1:]])
+            p, rc, e = hit / np.maximum(f, 1), hit / k, np.array([f.estimate for f in found[1:]])
+            per[f"{rule} {r} {name}"] = {"precision": p.tolist(), "recall": rc.tolist(), "flagged": f.tolist()}
+            met = "yes" if p.mean() >= GOAL and rc.mean() >= GOAL else "**no**"
+            lines.append(f"| {rule} | {r} | {name} | {len(gold)} | {k} | {f.mean():.1f} | {spread(p)} | {spread(rc)} "
+                         f"| {met} | {e.mean():.1f} | {len(found[0].flagged)} / {found[0].estimate:.1f} |")
+    shown = ", ".join(f"{n} {r.kind}@{r.layer}" for n, r in reads.items())
+    role = "every rule compared: this split chooses" if args.split == "dev" else "the audit's rule: this split reports"
+    text = (C.header(f"Audit: wrong labels found in the {args.split} split ({model})",
+                     f"{model}, {args.split} split ({role}); per prompt {args.share:.0%} of the labels changed at "
+                     f"random to another label, {args.seeds} seeds; heads refitted at the shipped reads ({shown}), "
+                     f"{args.cv_folds}-fold out-of-fold probabilities averaged over the CV splittings; rules: "
+                     "qcls/eval/audit.py")
+            + "| rule | CV splittings | prompt | rows | changed | flagged (mean) | precision, mean (min–max) "
+            f"| recall, mean (min–max) | both ≥ {GOAL} | estimated wrong (mean) | as given: flagged / estimated |\n"
+            + "|---" * 11 + "|\n" + "\n".join(lines) + "\n")
     C.report(text, args.no_append, "audit", per)
 
 

@@ -2,16 +2,23 @@
 suggests (docs/evaluation.md, "Finding wrong labels").
 
 The head is the one `qcls calibrate --method head` fits, with the same options (qcls/eval/head_options.py); each
-row's probabilities are out of fold: from that head's read and L2 strength refitted without the row's fold, in
-the folds that chose the strength (qcls/eval/threshold_fitting.py `head_probs`). On them, per prompt, confident
-learning (Northcutt, Jiang & Chuang, 2021):
+row's probabilities are out of fold: from that head's read and L2 strength refitted without the row's fold,
+averaged over --cv-splittings stratified splittings (the first is the one that chose the strength;
+qcls/eval/threshold_fitting.py `head_probs`). On them, per prompt, confident learning (Northcutt, Jiang & Chuang,
+2021):
 
 - label j's threshold t_j = the mean out-of-fold probability of j over the rows given j;
-- a row given i is flagged when another label k has p_k ≥ t_k and p_k > p_i; the suggested label is the most
-  probable such k; flagged rows are ranked by p_i (the given label's self-confidence), lowest first;
 - the confident joint C[i][j] counts the rows given i whose most probable label among those at or over their
-  thresholds is j (a row with none is not counted); the estimated number of wrong labels is its calibrated
-  off-diagonal, Σ_i n_i · Σ_{j≠i} C[i][j] / Σ_j C[i][j], n_i = the rows given i.
+  thresholds is j (a row with none is not counted); calibrated to the n_i rows given each label,
+  n·Q[i][j] = n_i · C[i][j] / Σ_j C[i][j], and the estimated number of wrong labels is its off-diagonal sum;
+- the flagging rule (--filter; cleanlab's `filter_by`), the default chosen on the dev split's simulation
+  (bench/audit.py): `confident_joint` flags a row given i when its label in the joint is another label k
+  (p_k ≥ t_k); `prune_by_noise_rate` flags, per off-diagonal cell (i, j), the round(n·Q[i][j]) rows given i
+  with the largest margin p_j − p_i; `prune_by_class`, per label i, the round(Σ_{j≠i} n·Q[i][j]) rows given i
+  with the lowest p_i; `both` the rows both of those flag;
+- under every rule a row whose given label is at least as probable as the suggested one is not flagged; the
+  suggested label is k (confident_joint) or the most probable other label; flagged rows are ranked by p_i (the
+  given label's self-confidence), lowest first.
 
 Flags are candidates to read, not verdicts; a confident disagreement may also be a gap in the label definitions.
 """
@@ -32,6 +39,8 @@ from qcls.eval import head_options
 COLUMNS = ("query", "prompt", "given", "suggested", "given_prob", "suggested_prob", "rank")
 DEFAULT_OUT = "audit.csv"
 SHOWN = 5  # the most doubtful rows of each prompt shown on stderr
+FILTERS = ("confident_joint", "prune_by_noise_rate", "prune_by_class", "both")  # the first is the default
+DEFAULT_SPLITTINGS = 5
 
 EPILOG = """examples:
   qcls audit my_labels.csv                                   # audit.csv: the doubtful labels, most doubtful first
@@ -56,26 +65,41 @@ class Found:
     estimate: float  # estimated wrong labels
 
 
-def confident_learning(probs: np.ndarray, given: np.ndarray) -> Found:
-    """`probs` [n, L] out-of-fold probabilities, `given` [n] label indices (every label given at least once)."""
+def confident_learning(probs: np.ndarray, given: np.ndarray, rule: str = FILTERS[0]) -> Found:
+    """`probs` [n, L] out-of-fold probabilities, `given` [n] label indices (every label given at least once);
+    `rule` one of FILTERS (the module docstring)."""
     n, n_labels = probs.shape
     rows = np.arange(n)
     counts = np.bincount(given, minlength=n_labels)
     thresholds = np.array([probs[given == j, j].mean() if counts[j] else np.inf for j in range(n_labels)])
     above = probs >= thresholds
-    masked = np.where(above, probs, -1.0)
-    likely = masked.argmax(1)  # the most probable label among those over their thresholds
+    likely = np.where(above, probs, -1.0).argmax(1)  # the most probable label among those over their thresholds
     joint = np.zeros((n_labels, n_labels), dtype=np.int64)
     has = above.any(1)
     np.add.at(joint, (given[has], likely[has]), 1)
+    wrong = counts[:, None] * joint / np.maximum(joint.sum(1), 1)[:, None]  # n·Q: calibrated to the n_i rows
+    np.fill_diagonal(wrong, 0.0)
     p_given = probs[rows, given]
-    flag = has & (likely != given) & (probs[rows, likely] > p_given)
-    order = np.lexsort((-probs[rows, likely], p_given))  # self-confidence up, the suggestion's probability down
+    if rule == "confident_joint":
+        suggested = likely
+        flag = has & (likely != given)
+    else:
+        others = probs.copy()
+        others[rows, given] = -1.0
+        suggested = others.argmax(1)  # the most probable other label
+        by_rate, by_class = np.zeros(n, bool), np.zeros(n, bool)
+        for i in range(n_labels):
+            mine = np.flatnonzero(given == i)
+            for j in range(n_labels):  # cell (i, j): the rows given i with the largest margin p_j − p_i
+                k = int(round(wrong[i, j]))
+                by_rate[mine[np.argsort(probs[mine, i] - probs[mine, j], kind="stable")[:k]]] = True
+            k = int(round(wrong[i].sum()))  # label i: its rows with the lowest p_i
+            by_class[mine[np.argsort(probs[mine, i], kind="stable")[:k]]] = True
+        flag = {"prune_by_noise_rate": by_rate, "prune_by_class": by_class, "both": by_rate & by_class}[rule]
+    flag = flag & (probs[rows, suggested] > p_given)  # never a row whose given label is the more probable
+    order = np.lexsort((-probs[rows, suggested], p_given))  # self-confidence up, the suggestion's probability down
     flagged = order[flag[order]]
-    per_row = joint.sum(1)
-    off = per_row - np.diag(joint)
-    estimate = float(np.sum(np.where(per_row > 0, counts * off / np.maximum(per_row, 1), 0.0)))
-    return Found(thresholds, joint, flagged, likely[flagged], estimate)
+    return Found(thresholds, joint, flagged, suggested[flagged], float(wrong.sum()))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -88,6 +112,15 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", metavar="FILE.csv", help=f"the flagged rows (default {DEFAULT_OUT}, never overwritten; "
                     "a file named here is)")
     ap.add_argument("--json", action="store_true", help="also print one JSON object per flagged row on stdout")
+    ap.add_argument("--filter", choices=FILTERS, default=FILTERS[0],
+                    help=f"the flagging rule (default {FILTERS[0]}, chosen on the dev split: a row whose most "
+                         "probable label among those over their thresholds is another, more probable than the given "
+                         "one; prune_by_noise_rate, prune_by_class and both flag the estimated number of wrong labels "
+                         "per cell or per label: see docs/evaluation.md)")
+    ap.add_argument("--cv-splittings", type=int, default=DEFAULT_SPLITTINGS, metavar="R",
+                    help=f"average each row's out-of-fold probabilities over R stratified splittings into the "
+                         f"--cv-folds folds (default {DEFAULT_SPLITTINGS}; 1 = the splitting that chose the L2 "
+                         "strength): less noise in each row's probability")
     ap.add_argument("items", nargs="*", metavar="LABELLED|OVERRIDE",
                     help="the labelled file (or dev / test: the shipped splits), then overrides")
     head_options.add(ap, "the head (as qcls calibrate --method head)")
@@ -127,15 +160,17 @@ def run(args: argparse.Namespace, labelled: str, overrides: list[str]) -> dict:
     from qcls.eval.dataset import load_eval_set
     from qcls.eval.threshold_fitting import head_probs
 
+    if args.cv_splittings < 1:
+        raise ValueError(f"--cv-splittings {args.cv_splittings}: give 1 or more splittings to average over")
     cfg = compose(overrides)
     path = labelled_path(labelled)
     data = load_eval_set(path, cfg.prompts)  # refused before the model loads
     out = out_path(args, path)
     fitted = head_options.fit(args, cfg, data)
     flagged, prompts = [], {}
-    for name, (probs, given, labels) in head_probs(fitted.head, fitted.sets, fitted.taps).items():
+    for name, (probs, given, labels) in head_probs(fitted.head, fitted.sets, fitted.taps, args.cv_splittings).items():
         queries = [e.query for e, g in zip(data.examples, fitted.sets[name].gold) if g >= 0]
-        found = confident_learning(probs, given)
+        found = confident_learning(probs, given, args.filter)
         ph = fitted.head.prompts[name]
         prompts[name] = {"rows": len(given), "flagged": len(found.flagged), "estimated_wrong": round(found.estimate, 1),
                          "read": f"{ph.read.kind}@{ph.read.layer}" if ph.read else "raw scores",
@@ -153,6 +188,7 @@ def run(args: argparse.Namespace, labelled: str, overrides: list[str]) -> dict:
         w.writeheader()
         w.writerows(flagged)
     return {"file": str(data.path), "out": str(out), "n_queries": len(data.examples), "folds": args.cv_folds,
+            "splittings": args.cv_splittings, "filter": args.filter,
             "prompts": prompts, "flagged": flagged, "notes": fitted.notes}
 
 
@@ -163,7 +199,8 @@ def summary(res: dict) -> str:
              f"{v['cv_accuracy']:.3f}" if v["cv_accuracy"] is not None else "-") for p, v in res["prompts"].items()]
     widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
     lines = [f"audit of {res['file']} ({res['n_queries']} queries; out-of-fold probabilities of "
-             f"{res['folds']}-fold cross-validated heads):"]
+             f"{res['folds']}-fold cross-validated heads, averaged over {res['splittings']} splittings; "
+             f"rule {res['filter']}):"]
     lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [head] + rows]
     for p in res["prompts"]:
         top = [r for r in res["flagged"] if r["prompt"] == p][:SHOWN]

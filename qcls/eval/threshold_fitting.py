@@ -63,9 +63,11 @@ def _round(v):
     return round(v, 4) if isinstance(v, float) and v != 1.0 else v
 
 
-def head_probs(head: Head, sets: dict, taps: list[Tap]) -> dict[str, tuple[np.ndarray, np.ndarray, list[str]]]:
+def head_probs(head: Head, sets: dict, taps: list[Tap],
+               splittings: int = 1) -> dict[str, tuple[np.ndarray, np.ndarray, list[str]]]:
     """Per prompt with a head: out-of-fold probabilities of its labelled queries (qcls/eval/head_fitting.py
-    StateSets), in the head's label order."""
+    StateSets), in the head's label order; with `splittings` > 1 averaged over that many stratified splittings
+    (seeds 0, 1, …; the first is the one that chose the L2 strength)."""
     out = {}
     for name, ss in sets.items():
         ph = head.prompts.get(name)
@@ -76,7 +78,9 @@ def head_probs(head: Head, sets: dict, taps: list[Tap]) -> dict[str, tuple[np.nd
             continue
         idx = [ss.labels.index(lab) for lab in ph.labels]  # the set's label order → the head's
         remap = np.array([ph.labels.index(lab) for lab in ss.labels])
-        out[name] = (out_of_fold(ph, states, taps, scores[:, idx], remap[gold]), remap[gold], list(ph.labels))
+        probs = np.mean([out_of_fold(ph, states, taps, scores[:, idx], remap[gold], seed)
+                         for seed in range(splittings)], axis=0)
+        out[name] = (probs, remap[gold], list(ph.labels))
     return out
 
 

@@ -1,5 +1,6 @@
-"""`qcls audit`: confident learning on out-of-fold probabilities (thresholds, flags, ranking, the estimate), the
-command's refusals before any model loads, and one run on a tiny random-weight model."""
+"""`qcls audit`: confident learning on out-of-fold probabilities (thresholds, each flagging rule, ranking, the
+estimate), the probabilities averaged over several CV splittings, the command's refusals before any model loads,
+and one run on a tiny random-weight model."""
 from __future__ import annotations
 
 import csv
@@ -8,7 +9,11 @@ import json
 import numpy as np
 import pytest
 
-from qcls.eval.audit import COLUMNS, confident_learning, main
+from qcls.eval import heads as H
+from qcls.eval.audit import COLUMNS, FILTERS, confident_learning, main
+from qcls.eval.head_fitting import StateSet
+from qcls.eval.threshold_fitting import head_probs, out_of_fold
+from qcls.heads.head import Head, Read, Tap
 from tests.eval.sweep_helpers import tiny, write_set
 
 # two labels; rows 2 and 6 carry the other label than their probabilities say; row 3 is under both thresholds
@@ -40,21 +45,50 @@ def test_a_label_more_probable_than_the_one_over_its_threshold_is_not_flagged():
     assert list(found.flagged) == [4] and list(found.suggested) == [0]
 
 
-def test_a_planted_wrong_label_is_found_and_a_clean_set_flags_few():
+@pytest.mark.parametrize("rule", FILTERS)
+def test_a_planted_wrong_label_is_found_and_a_clean_set_flags_few(rule):
     rng = np.random.default_rng(0)
     n, labels = 300, 5
     truth = np.arange(n) % labels
     logits = rng.normal(0, 1, (n, labels))
     logits[np.arange(n), truth] += 3.0  # a head right most of the time, never certain
     probs = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
-    clean = confident_learning(probs, truth)
+    clean = confident_learning(probs, truth, rule)
     assert len(clean.flagged) < 0.1 * n and clean.estimate < 0.1 * n
     given = truth.copy()
     planted = int(np.argmin(np.where(truth == 2, probs[:, 4], 1.0)))  # a 2 the head finds least likely a 4
     given[planted] = 4
-    found = confident_learning(probs, given)
+    found = confident_learning(probs, given, rule)
     assert planted in found.flagged and found.suggested[list(found.flagged).index(planted)] == 2
     assert found.flagged[0] == planted  # its given label is the least likely of all
+
+
+def test_the_rules_flag_the_rows_their_definitions_name():
+    """Three labels; given 0: rows 0-3. Row 2 is counted off the diagonal of the confident joint (p1 0.8 over
+    t1 0.75), row 3 is under every threshold but has the lowest p0; calibrated, cell (0, 1) holds 4 · 1/3 → 1 row."""
+    probs = np.array([[0.9, 0.05, 0.05], [0.8, 0.1, 0.1], [0.15, 0.8, 0.05], [0.05, 0.3, 0.65],
+                      [0.05, 0.9, 0.05], [0.3, 0.6, 0.1], [0.05, 0.05, 0.9], [0.1, 0.1, 0.8]])
+    given = np.array([0, 0, 0, 0, 1, 1, 2, 2])
+    got = {rule: confident_learning(probs, given, rule) for rule in FILTERS}
+    assert got["confident_joint"].joint.tolist() == [[2, 1, 0], [0, 1, 0], [0, 0, 1]]
+    assert all(f.estimate == pytest.approx(4 / 3) for f in got.values())
+    assert list(got["confident_joint"].flagged) == [2] and list(got["confident_joint"].suggested) == [1]
+    assert list(got["prune_by_noise_rate"].flagged) == [2]  # the largest margin p1 − p0 in cell (0, 1)
+    assert list(got["prune_by_class"].flagged) == [3] and list(got["prune_by_class"].suggested) == [2]  # lowest p0
+    assert len(got["both"].flagged) == 0
+
+
+def test_probabilities_averaged_over_splittings_are_the_mean_of_each_splittings():
+    rng = np.random.default_rng(0)
+    y = np.repeat(np.arange(3), 12)
+    states = (rng.normal(size=(36, 1, 5)) + y[:, None, None] * 0.7).astype(np.float32)
+    taps, read = [Tap(2, "position")], Read(2, "position")
+    ph = H.fit_prompt(states, taps, np.zeros((36, 3)), y, ["a", "b", "c"], [read], False)
+    sets = {"p": StateSet(["a", "b", "c"], states, np.zeros((36, 3)), y)}
+    each = [out_of_fold(ph, states, taps, np.zeros((36, 3)), y, seed) for seed in range(3)]
+    one, three = (head_probs(Head({"p": ph}, "head", {}), sets, taps, r)["p"][0] for r in (1, 3))
+    assert np.allclose(one, each[0]) and np.allclose(three, np.mean(each, axis=0))
+    assert not np.allclose(each[0], each[1])  # the splittings differ
 
 
 # ---- the command ----------------------------------------------------------------------------------------------
@@ -100,6 +134,13 @@ def test_an_output_nobody_named_is_not_overwritten(tmp_path, capsys, monkeypatch
     assert "no_such.csv: no such file" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["prompts=default"])  # no labelled file
+
+
+def test_fewer_than_one_splitting_is_refused(tmp_path, capsys):
+    labels = tmp_path / "labels.csv"
+    labels.write_text("query,category\nred dress,dress\n")
+    assert main([str(labels), "prompts=default", "--cv-splittings", "0", "--out", str(tmp_path / "a.csv")]) == 2
+    assert "--cv-splittings 0" in capsys.readouterr().err and not (tmp_path / "a.csv").exists()
 
 
 def test_audit_on_a_tiny_model_flags_the_planted_label(tiny_dirs, tmp_path, capsys, monkeypatch):
