@@ -24,6 +24,7 @@ torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 # qcls imports Triton: the flag is read when a kernel is defined.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    slow_marker.watch_interpreter()
 
 from qcls.config.compose import compose
 from qcls.progress import set_quiet

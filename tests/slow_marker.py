@@ -1,10 +1,12 @@
 """The `slow` marker means what it says, and the slow tests share workers as their resources require.
 
-`slow` = the test reads a demo model's weights, starts Ray, or starts a process that does (directly, or through a
-fixture that does). tests/slow_probe/sitecustomize.py records those events, in this process and in every Python
-process a test starts; a fixture that caused one is remembered, and a test that caused one or uses such a fixture
-without the marker fails with what it did. The edit loop `python -m pytest -q -m "not slow and not gpu"` therefore
-never loads a demo model or starts Ray.
+`slow` = the test reads a demo model's weights, starts Ray, or starts a process that does, or runs the
+tree-attention kernels in Triton's interpreter (on a CPU each launch runs every program in Python: those tests are
+most of the rest's time) — directly, or through a fixture that does. tests/slow_probe/sitecustomize.py records
+those events, in this process and in every Python process a test starts; a fixture that caused one is remembered,
+and a test that caused one or uses such a fixture without the marker fails with what it did. The edit loop
+`python -m pytest -q -m "not slow and not gpu"` therefore never loads a demo model, starts Ray or interprets the
+tree-attention kernels (the small elementwise kernels still run there in the interpreter).
 
 Groups for pytest-xdist (`--dist loadgroup`): every test that uses the session's Ray cluster runs in one worker
 (one cluster, one Serve); every test that uses a demo model in-process runs in one worker (each model loaded once);
@@ -35,6 +37,26 @@ def install() -> None:
     os.environ["QCLS_TEST_PROBE"] = PROBE
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROBE_DIR), os.environ.get("PYTHONPATH")]))
     probe.install(PROBE)
+
+
+# the tree-attention kernels: interpreted, the most expensive thing a CPU test does
+TREE_KERNELS = ("qcls.engine.tree_kernels", "qcls.engine.row_kernel")
+
+
+def watch_interpreter() -> None:
+    """Record each tree-attention kernel launch that Triton's interpreter runs (TRITON_INTERPRET=1, set by the
+    conftest on a machine without a GPU)."""
+    try:
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    run = interpreter.GridExecutor.__call__
+
+    def call(self, *args, **kwargs):
+        if getattr(self.fn, "__module__", "") in TREE_KERNELS:
+            probe._record(PROBE, "runs the tree-attention kernels in Triton's interpreter")
+        return run(self, *args, **kwargs)
+    interpreter.GridExecutor.__call__ = call
 
 
 def _drain() -> list[str]:

@@ -118,6 +118,7 @@ CASES = [  # heads, kv heads, head_dim, prompts, batch, strategy
 ]
 
 
+@pytest.mark.slow
 @needs_triton
 @pytest.mark.parametrize("case", CASES)
 def test_tree_attention_equals_dense_interpreted(case):
@@ -142,6 +143,7 @@ def test_tree_attention_equals_dense_interpreted(case):
                   INLINE.with_(row_early_loads=False, row_early_kv=True)])
 
 
+@pytest.mark.slow
 @needs_triton
 def test_wide_tiles_where_narrow_ones_crowd_the_sms_interpreted():
     """Tuning.wide_tile through the plan (tree_plan.widened): 8 prompts × 4 queries, rows longer than 16 tokens, SMs
@@ -170,6 +172,7 @@ SPLIT_CASES = [  # heads, kv heads, head_dim, batch, window, chunk, query blocks
 ]
 
 
+@pytest.mark.slow
 @needs_triton
 @pytest.mark.parametrize("case", SPLIT_CASES)
 def test_split_prefix_equals_unsplit_and_dense_interpreted(case):
@@ -209,6 +212,7 @@ def test_turing_shapes_fit_its_registers(monkeypatch):
     assert tuning_for(128, 4, torch.device("cpu")) == tuning_for(128, 4)  # elsewhere: the measured table
 
 
+@pytest.mark.slow
 @needs_triton
 def test_turing_shapes_compute_the_same_interpreted(monkeypatch):
     if torch.cuda.is_available():
@@ -296,6 +300,7 @@ FUSED_CASES = [  # heads, kv heads, head_dim, batch, window, q/k norm, Gemma3's 
 ]
 
 
+@pytest.mark.slow
 @needs_triton
 @pytest.mark.parametrize("case", FUSED_CASES)
 def test_fused_qkv_equals_qkv_kernel_then_dense_interpreted(case):

@@ -188,6 +188,7 @@ needs_triton = pytest.mark.skipif(__import__("qcls.engine.attention", fromlist=[
                                   reason="Triton is not installed: the tree-attention kernel cannot run")
 
 
+@pytest.mark.slow
 @needs_triton
 @pytest.mark.parametrize("family,strategy,fused", [("qwen3", "trie", False), ("llama", "exact", False),
                                                    ("qwen2", "mean_logprob", False), ("qwen3", "trie", True),
@@ -205,6 +206,7 @@ def test_tree_attention_engine(tiny_dirs, family, strategy, fused):
         assert_same(fast, ref, QUERIES[:b])
 
 
+@pytest.mark.slow
 @needs_triton
 def test_tree_attention_engine_split_prefixes(tiny_dirs, monkeypatch):
     """Prefixes split into chunks of 16 keys (partial softmax states merged per tile), chunk boundaries
@@ -226,6 +228,7 @@ def test_tree_attention_engine_split_prefixes(tiny_dirs, monkeypatch):
         assert_same(fast, ref, QUERIES[:b])
 
 
+@pytest.mark.slow
 @needs_triton
 def test_tree_attention_eight_prompts_real_qwen_tokenizer(tiny_dirs):
     zh = ["连衣裙", "牛仔裤", "衬衫", "风衣", "半身裙", "T恤", "卫衣", "针织衫", "其他", "无"]
@@ -249,6 +252,7 @@ def test_attention_tree_refused_where_it_cannot_run(tiny_dirs, monkeypatch):
         Classifier(cfg)
 
 
+@pytest.mark.slow
 @needs_triton
 @pytest.mark.parametrize("family", ["qwen3", "gemma3"])
 def test_tree_attention_fused_qkv_with_separate_projection_modules(tiny_dirs, family):

@@ -52,6 +52,7 @@ def test_batch_sizes_and_mixed_lengths(tiny_dirs):
         assert_same(fast, ref, queries)
 
 
+@pytest.mark.slow
 @needs_triton
 @pytest.mark.parametrize("strategy", ["trie"])
 def test_tree_attention_where_the_window_does_not_bind(tiny_dirs, strategy):
@@ -65,6 +66,7 @@ def test_tree_attention_where_the_window_does_not_bind(tiny_dirs, strategy):
         assert_same(fast, ref, QUERIES[:b])
 
 
+@pytest.mark.slow
 @needs_triton
 @pytest.mark.parametrize("strategy", ["trie", "mean_logprob"])
 def test_tree_attention_with_windows_shorter_than_the_prefix(tiny_dirs, strategy):
