@@ -21,8 +21,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.common import free, header, median, parser, pct, random_checkpoint, report, score_diff  # noqa: E402
+from bench.common import family, free, header, median, parser, pct, random_checkpoint, report, score_diff, scores
 
 DEFAULT = ["fp16", "fp16-offload", "bnb-int8", "bnb-int8:threshold=0", "bnb-nf4"]
 QUERIES = ["red summer dress for women", "boys winter hoodie", "cheap black jeans", "vintage trench coat",
@@ -68,10 +67,6 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
     return name, dict(kv.split("=", 1) for kv in rest.split(",") if kv)
 
 
-def scores_of(results) -> list[list[list[float]]]:
-    return [[[lab.score for lab in p.labels] for p in r.prompts] for r in results]
-
-
 def run_one(spec: str, model_dir: Path, args, ref) -> dict:
     from qcls.backends import memory, sources
     from qcls.classifier import Classifier
@@ -91,7 +86,7 @@ def run_one(spec: str, model_dir: Path, args, ref) -> dict:
             t0 = time.perf_counter()
             write_gptq_checkpoint(model_dir, path, bits, group, device="cuda" if torch.cuda.is_available() else "cpu")
             row["convert_s"] = round(time.perf_counter() - t0, 1)
-    over = [f"model={'qwen3_8b' if args.shape == 'qwen3_8b' else 'qwen3_4b'}", "model.source=local",
+    over = [f"model={family(args.shape)}", "model.source=local",
             f"model.path={path}", "prompts=ecommerce8", "scoring=trie", f"backend={name}"]
     over += [f"backend.options.{k}={v}" for k, v in opts.items()] + hydra
     if ref is not None and args.budget_gib:
@@ -116,7 +111,7 @@ def run_one(spec: str, model_dir: Path, args, ref) -> dict:
         bad = [r.error for r in res if r.error]
         if bad:
             raise RuntimeError(f"query errors: {bad[:2]}")
-        row["scores"] = scores_of(res)
+        row["scores"] = scores(res)
         row["tokens_b1"] = clf.classify(QUERIES[:1])[0].meta["tokens_per_forward"]
         for b in (1, 4):
             lat, fwd = [], []
@@ -128,10 +123,11 @@ def run_one(spec: str, model_dir: Path, args, ref) -> dict:
                 if k >= 3:
                     lat.append(dt)
                     fwd.append(out[0].timings_ms["forward"])
-            row[f"p50_b{b}"], row[f"p90_b{b}"], row[f"fwd_p50_b{b}"] = median(lat), pct(lat, 0.9), median(fwd)
+            row[f"p50_b{b}"], row[f"p90_b{b}"], row[f"fwd_p50_b{b}"] = median(lat), pct(lat, 90), median(fwd)
         row["measured_peak"] = memory.measured(clf.loaded.device)
         if ref is not None:
-            row["max_delta"], row["winner_agree"], _ = score_diff(row["scores"], ref)
+            d = score_diff(row["scores"], ref)
+            row["max_delta"], row["winner_agree"] = d["max_abs_diff"], d["winners_equal"]
         del clf, res
     except Exception as e:  # noqa: BLE001 — one backend failing must not stop the others
         row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:400]}"

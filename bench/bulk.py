@@ -5,24 +5,20 @@ with the real Qwen tokenizer, at engine.max_batch_size 4, 8 and 16.
 Per batch size, one Classifier, then the engine alone (the log's first --engine-queries distinct queries, two
 batches in flight) against `qcls bulk` single-process on the whole log with that Classifier (goal ≥ 0.9 ×
 engine), and a T4 projection. Ray Data over one or several actors: bench/bulk_ray.py.
-
-    QCLS_BENCH_COMMIT=<sha> PYTHONPATH=. python bench/bulk.py                     # GPU: appends to RESULTS.md
 """
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sys
 import time
 from collections import deque
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench import common as C  # noqa: E402
-from bench.querylog import log_in  # noqa: E402
-from qcls.bulk import runner  # noqa: E402
-from qcls.bulk.options import BulkOptions  # noqa: E402
-from qcls.scoring.tokenization import QueryError, encode_query  # noqa: E402
+from bench import common as C
+from bench.querylog import log_in
+from qcls.bulk import runner
+from qcls.bulk.options import BulkOptions
+from qcls.scoring.tokenization import QueryError, encode_query
 
 
 def engine_rate(clf, queries: list[str], n: int) -> tuple[float, float]:
@@ -67,12 +63,12 @@ def main() -> None:
     from qcls.progress import set_quiet
     set_quiet(True)
     loaded, rows = None, {}
-    signal.signal(signal.SIGTERM, _stop)  # `timeout` ends the run: report the batch sizes measured so far
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # `timeout`'s end, as Ctrl-C: report what was measured
     try:
         for b in args.batch_sizes:
             loaded = measure(b, log, work, overrides, queries, loaded, rows, args)
-    except Stopped:
-        args.stopped = f"stopped by SIGTERM (time limit) after batch sizes {sorted(rows)}"
+    except KeyboardInterrupt:
+        args.stopped = f"stopped by SIGTERM (time limit) or Ctrl-C after batch sizes {sorted(rows)}"
     if not rows:
         sys.exit("no batch size measured")
     best = max(rows, key=lambda b: rows[b]["file"]["distinct_per_s"])
@@ -82,14 +78,6 @@ def main() -> None:
 def random_overrides(model: str) -> list[str]:
     """The benches' Classifier: a random-weight checkpoint of a real shape (written once) × ecommerce8."""
     return C.checkpoint_overrides(model) + ["prompts=ecommerce8", "scoring=trie"]
-
-
-class Stopped(Exception):
-    pass
-
-
-def _stop(*_):
-    raise Stopped()
 
 
 def measure(b, log, work, overrides, queries, loaded, rows, args):
@@ -102,7 +90,7 @@ def measure(b, log, work, overrides, queries, loaded, rows, args):
     clf = Classifier(cfg, loaded=loaded)
     startup = time.perf_counter() - t1
     loaded = clf.loaded
-    lbytes, lparams = C.layer_bytes(loaded.model), C.layer_params(loaded.model)
+    lbytes, lparams = C.layer_sizes(loaded.model)
     eng_rate, tokens = engine_rate(clf, queries, args.engine_queries)
     summary = runner.run(opts, lambda _cfg, c=clf: c)
     mem = {k: round(v / 2**30, 2) for k, v in clf.measured_memory.items()}

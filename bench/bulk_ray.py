@@ -5,26 +5,22 @@ one GPU each: the log's distinct queries/s from the first actor ready and with t
 N × one actor), start-up, GPU utilisation and busy share per actor. One actor streams the rows; several get
 them sorted by query hash. --kill N runs N actors again and SIGKILLs one --kill-after-s after the pool is full:
 every input row must come out exactly once with the clean run's labels.
-
-    QCLS_BENCH_COMMIT=<sha> PYTHONPATH=. python bench/bulk_ray.py --actors 1 2 4 --kill 4   # GPU host
 """
 from __future__ import annotations
 
 import json
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench import common as C  # noqa: E402
-from bench.querylog import log_in  # noqa: E402
-from qcls.bulk import ray_runner  # noqa: E402
-from qcls.bulk.options import BulkOptions  # noqa: E402
-from qcls.predictions.schema import label_column, prob_column  # noqa: E402
+from bench import common as C
+from bench.querylog import log_in
+from qcls.bulk import ray_runner
+from qcls.bulk.options import BulkOptions
+from qcls.predictions.schema import label_column, prob_column
 
 
 def one_run(log: Path, work: Path, overrides: list[str], n: int, kill_after: float | None, batch: int) -> dict:

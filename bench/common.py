@@ -46,11 +46,6 @@ def joined_ray() -> bool:
     return bool(os.environ.get("RAY_ADDRESS"))
 
 
-def leave_serve(app_name: str) -> None:
-    from ray import serve
-    serve.delete(app_name) if joined_ray() else serve.shutdown()
-
-
 def model_config(name: str):
     """The transformers config of a shape in SHAPES or GEMMA3_SHAPES."""
     from transformers import Gemma3TextConfig, Qwen3Config
@@ -59,23 +54,19 @@ def model_config(name: str):
     return Qwen3Config(**SHAPES[name], rope_theta=1e6, rms_norm_eps=1e-6, max_position_embeddings=4096)
 
 
-def random_model(cfg, device: str, dtype: torch.dtype, seed: int = 0):
-    """A model of this config with N(0, 0.02) weights (norms at their identity: 1 for Qwen, 0 for Gemma's 1 + w):
-    latency does not depend on values, but zeros would flatter the hardware."""
+def random_model(shape, device: str, dtype: torch.dtype, seed: int = 0):
+    """A model of `shape` (a name in SHAPES or GEMMA3_SHAPES, or a transformers config) with N(0, 0.02) weights
+    (norms at their identity: 1 for Qwen, 0 for Gemma's 1 + w): latency does not depend on values, but zeros would
+    flatter the hardware."""
     from transformers import AutoModelForCausalLM
     torch.manual_seed(seed)
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+        model = AutoModelForCausalLM.from_config(model_config(shape) if isinstance(shape, str) else shape, dtype=dtype)
     with torch.no_grad():
         for n, p in model.named_parameters():
             if "norm" not in n:
                 p.normal_(0, 0.02)
     return model.eval()
-
-
-def random_qwen3(name: str, device: str, dtype: torch.dtype, seed: int = 0):
-    """A Qwen3 (or, for a GEMMA3_SHAPES name, Gemma3) model of real shape with random weights."""
-    return random_model(model_config(name), device, dtype, seed)
 
 
 def device_dtype() -> tuple[str, torch.dtype]:
@@ -97,14 +88,14 @@ def family(shape: str) -> str:
 
 
 def random_checkpoint(shape: str) -> Path:
-    """random_qwen3's weights and the real Qwen tokenizer as a local checkpoint (written once, then reused)."""
+    """random_model's weights and the real Qwen tokenizer as a local checkpoint (written once, then reused)."""
     out = Path(f"/tmp/qcls_random_{shape}")
     if (out / "qcls_bench.json").is_file():
         return out
     from qcls.testing.qwen_tokenizer import save_qwen_tokenizer
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     t0 = time.perf_counter()
-    model = random_qwen3(shape, dev, torch.float16)
+    model = random_model(shape, dev, torch.float16)
     model.save_pretrained(str(out))
     save_qwen_tokenizer(out)
     del model
@@ -143,18 +134,24 @@ def random_head_file(model, cfg, read, with_scores: bool, seed: int, scale: floa
     return path
 
 
-def score_diff(got, want) -> tuple[float, float, int]:
-    """(max |Δ score|, share of winners equal, prompts compared) of `got` against `want`, [query][prompt][label]."""
+def scores(results) -> list[list[list[float]]]:
+    """Classifier results' label scores, [query][prompt][label] (score_diff's input)."""
+    return [[[lab.score for lab in p.labels] for p in r.prompts] for r in results]
+
+
+def score_diff(got, want) -> dict:
+    """max |Δ score|, share of winners equal and prompts compared of `got` against `want`, [query][prompt][label]."""
     d, same = 0.0, []
     for gq, wq in zip(got, want):
         for gp, wp in zip(gq, wq):
             d = max(d, max(abs(a - b) for a, b in zip(gp, wp)))
             same.append(int(np.argmax(gp) == np.argmax(wp)))
-    return d, float(np.mean(same)) if same else 1.0, len(same)
+    return {"max_abs_diff": d, "winners_equal": float(np.mean(same)) if same else 1.0, "n": len(same)}
 
 
-def paired_samples(a, b, queries, iters: int) -> tuple[list[float], list[float]]:
-    """ms of each request of a and of b, timed in alternation (drift hits both alike) after 3 warm requests each."""
+def paired_p50(a, b, queries, iters: int, per_pair) -> tuple[float, float, float]:
+    """p50 of a and of b, their requests timed in alternation (drift hits both alike) after 3 warm requests each,
+    and the median over the pairs of per_pair(ms of a, ms of b)."""
     ta, tb = [], []
     for clf in (a, b):
         for _ in range(3):
@@ -166,12 +163,6 @@ def paired_samples(a, b, queries, iters: int) -> tuple[list[float], list[float]]
             clf.classify(queries)
             sync()
             out.append((time.perf_counter() - t0) * 1e3)
-    return ta, tb
-
-
-def paired_p50(a, b, queries, iters: int, per_pair) -> tuple[float, float, float]:
-    """p50 of a and of b (paired_samples), and the median over the pairs of per_pair(ms of a, ms of b)."""
-    ta, tb = paired_samples(a, b, queries, iters)
     return median(ta), median(tb), median([per_pair(x, y) for x, y in zip(ta, tb)])
 
 
@@ -183,12 +174,10 @@ def kernel_kind(name: str) -> str:
     return next((k for k, rx in KINDS if re.search(rx, name, re.I)), "elementwise/other")
 
 
-def layer_bytes(model) -> int:
-    return sum(p.numel() * p.element_size() for p in model.model.layers.parameters())
-
-
-def layer_params(model) -> int:
-    return sum(p.numel() for p in model.model.layers.parameters())
+def layer_sizes(model) -> tuple[int, int]:
+    """(bytes, parameters) of the decoder layers: what the T4 projection and the weight-read floor take."""
+    ps = list(model.model.layers.parameters())
+    return sum(p.numel() * p.element_size() for p in ps), sum(p.numel() for p in ps)
 
 
 def sync() -> None:
@@ -209,16 +198,6 @@ def timed(fn, iters: int, warm: int = 3) -> list[float]:
     return out
 
 
-def n_graphs(clf) -> int:
-    """CUDA graphs a Classifier's engine captured."""
-    return sum(len(bk.graphs) for bk in clf.engine.buckets.values() if bk.graphs)
-
-
-def bucket_forward(bucket):
-    """One forward of an engine bucket: its captured graph's replay, or the eager forward without graphs."""
-    return bucket.graphs[0].replay if bucket.graphs else bucket.forward
-
-
 def kernel_times(run, n: int = 20) -> list[tuple[str, float, float]]:
     """(kernel name, µs per call, launches per call) of the CUDA kernels `run` launches (torch profiler, n calls)."""
     from torch.profiler import ProfilerActivity, profile
@@ -234,9 +213,10 @@ def kernel_times(run, n: int = 20) -> list[tuple[str, float, float]]:
     return out
 
 
-def pct(xs: list[float], q: float) -> float:
+def pct(xs: list[float], p: float) -> float:
+    """The p-th percentile (nearest rank) of xs; nan for none."""
     xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+    return xs[min(len(xs) - 1, max(0, round(p / 100 * len(xs) + 0.5) - 1))] if xs else float("nan")
 
 
 median = statistics.median
@@ -248,14 +228,6 @@ def copy_bandwidth_gbs() -> float:
     y = torch.empty_like(x)
     ms = median(timed(lambda: y.copy_(x), 20))
     return 2 * (1 << 30) / (ms / 1e3) / 1e9
-
-
-def matmul_tflops(n: int = 8192) -> float:
-    """Dense fp16 n×n×n matrix products through cuBLAS, TFLOP/s: the rate no attention kernel's dots can pass."""
-    a = torch.randn(n, n, device="cuda", dtype=torch.float16)
-    b = torch.randn_like(a)
-    ms = median(timed(lambda: a @ b, 10))
-    return 2 * n ** 3 / (ms / 1e3) / 1e12
 
 
 def device_name() -> str:

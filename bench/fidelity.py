@@ -1,7 +1,5 @@
 """How close fp16 scores come to the float32 truth, the fast engine against plain transformers (GPU; not a test).
 
-    PYTHONPATH=. python bench/fidelity.py                      # random-weight Qwen3-4B on a GPU
-
 One random-weight model in float32 (the truth) and its float16 copy, the final norm scaled ×20 so that logits
 are as sharp as a trained model's, `prompts=ecommerce8` and the first N queries of the shipped dev split. Each
 part (strategies, heads) is appended to bench/RESULTS.md as soon as it is measured.
@@ -9,27 +7,23 @@ part (strategies, heads) is appended to bench/RESULTS.md as soon as it is measur
 from __future__ import annotations
 
 import copy
-import os
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench import common as C  # noqa: E402
-from qcls.classifier import Classifier  # noqa: E402
-from qcls.config.compose import compose  # noqa: E402
-from qcls.eval.dataset import load_eval_set  # noqa: E402
-from qcls.heads import weights_fingerprint as fp  # noqa: E402
-from qcls.heads.head import Read  # noqa: E402
-from qcls.testing.qwen_tokenizer import build_qwen_tokenizer  # noqa: E402
-from qcls.scoring.reference import label_logits, score_label  # noqa: E402
-from qcls.scoring.tokenization import encode_query  # noqa: E402
+from bench import common as C
+from qcls.classifier import Classifier
+from qcls.config.compose import compose
+from qcls.eval.calibrate import split_path
+from qcls.eval.dataset import load_eval_set
+from qcls.heads import weights_fingerprint as fp
+from qcls.heads.head import Read
+from qcls.testing.qwen_tokenizer import build_qwen_tokenizer
+from qcls.scoring.reference import label_logits, score_label
+from qcls.scoring.tokenization import encode_query
 
 STRATEGIES = ("trie", "exact", "mean_logprob")
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def overrides(model: str, extra=()) -> list[str]:
@@ -60,14 +54,9 @@ def fast_all(loaded, queries, model: str) -> dict[str, list]:
     out = {}
     for s in STRATEGIES:
         clf = Classifier(compose(overrides(model, [f"scoring={s}"])), loaded=loaded)
-        out[s] = [[[x.score for x in p.labels] for p in r.prompts] for r in clf.classify(queries)]
+        out[s] = C.scores(clf.classify(queries))
         del clf
     return out
-
-
-def compare(got, want) -> dict:
-    d, same, n = C.score_diff(got, want)
-    return {"max_abs_diff": d, "winners_equal": same, "n": n}
 
 
 def disagreements(fast, hf, truth) -> list[dict]:
@@ -130,13 +119,13 @@ def main() -> None:
     args = ap.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     t0 = time.perf_counter()
-    model32 = C.random_qwen3(args.model, dev, torch.float32, seed=0)
+    model32 = C.random_model(args.model, dev, torch.float32, seed=0)
     with torch.no_grad():
         model32.model.norm.weight.mul_(args.sharpen)
     model16 = copy.deepcopy(model32).half() if dev == "cuda" else copy.deepcopy(model32)
     tok = build_qwen_tokenizer()
     loaded16, loaded32 = C.loaded(model16, tok), C.loaded(model32, tok)
-    data = load_eval_set(ROOT / "qcls/data/eval/ecommerce_dev.jsonl", compose(overrides(args.model)).prompts, None)
+    data = load_eval_set(split_path("dev"), compose(overrides(args.model)).prompts, None)
     queries = data.queries[:args.queries]
     layouts = Classifier(compose(overrides(args.model)), loaded=loaded16).layouts
     ids = [encode_query(tok, q, 32) for q in queries]
@@ -154,9 +143,9 @@ def strategies(r, model32, model16, loaded16, layouts, ids, queries, args) -> No
     truth = reference_all(model32, layouts, ids)
     fast16 = fast_all(loaded16, queries, args.model)
     hf16 = reference_all(model16, layouts, ids)
-    for s in STRATEGIES:
-        flips = disagreements(fast16[s], hf16[s], truth[s])
-        r["strategies"][s] = {"fast_fp16": compare(fast16[s], truth[s]), "hf_fp16": compare(hf16[s], truth[s]),
+    for s, t in truth.items():
+        flips = disagreements(fast16[s], hf16[s], t)
+        r["strategies"][s] = {"fast_fp16": C.score_diff(fast16[s], t), "hf_fp16": C.score_diff(hf16[s], t),
                               "hf_winner_equal_but_fast_not": sum(f["fast_winner"] != f["fp32_winner"] for f in flips
                                                                   if f["hf_winner"] == f["fp32_winner"]),
                               "disagreements": flips}

@@ -1,10 +1,6 @@
 """Host stages of the request path (tokenize, prepare, score, postprocess): their p50 per batch size, the
 kernels of a forward, and a cProfile of `classify`. Random-weight Qwen3 shapes, real Qwen
 tokenizer, ecommerce8 (8 prompts, two with multi-token labels).
-
-    PYTHONPATH=. python bench/host.py --model qwen3_4b              # on a GPU machine
-    PYTHONPATH=. python bench/host.py --model tiny --iters 5        # CPU: a smoke run of the script
-
 On the CPU, `forward` and `score` are the tiny model's own compute (labelled as such). Appends a section to
 bench/RESULTS.md.
 """
@@ -12,18 +8,14 @@ from __future__ import annotations
 
 import cProfile
 import io
-import os
 import pstats
-import sys
 
 import torch
-import yaml
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench import common as C  # noqa: E402
-from bench.latency import QUERIES, make_cfg, prompt_sets  # noqa: E402
-from qcls.classifier import Classifier  # noqa: E402
-from qcls.scoring.tokenization import encode_query  # noqa: E402
+from bench import common as C
+from bench.latency import QUERIES, make_cfg, prompt_sets
+from qcls.classifier import Classifier
+from qcls.scoring.tokenization import encode_query
 
 HOST = ("tokenize", "prepare", "score", "postprocess")
 EIGHT = "8 prompts (2 Chinese multi-token)"
@@ -32,10 +24,8 @@ EIGHT = "8 prompts (2 Chinese multi-token)"
 def forget(clf: Classifier) -> None:
     """Drop what the request path keeps between requests (the query cache, the kept multi-query layouts;
     batch-1 layouts are built at start-up for good): the next request runs as a never-seen batch would."""
-    if hasattr(clf, "encoder"):
-        clf.encoder.cache.clear()
-    if hasattr(clf.engine, "packer"):
-        clf.engine.packer._recent.clear()
+    clf.encoder.cache.clear()
+    clf.engine.packer._recent.clear()
 
 
 def stage_p50(clf: Classifier, queries: list[str], iters: int, new: bool = False) -> dict[str, float]:
@@ -95,18 +85,13 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--profile-iters", type=int, default=200)
     ap.add_argument("--buckets", type=int, nargs="+", default=[4, 8, 12, 16, 24, 32, 48, 64])
-    ap.add_argument("--engine", nargs="*", default=[], metavar="KEY=VALUE",
-                    help="engine settings, e.g. fuse_qkv_attention=false fuse_tail=false (YAML values)")
     args = ap.parse_args()
-    engine = {k: yaml.safe_load(v) for k, v in (x.split("=", 1) for x in args.engine)}
     dev, dtype = C.device_dtype()
-    loaded = C.loaded(C.random_qwen3(args.model, dev, dtype))
-    clf = Classifier(make_cfg(prompt_sets()[EIGHT], "trie", args.buckets, engine=engine), loaded=loaded)
+    loaded = C.loaded(C.random_model(args.model, dev, dtype))
+    clf = Classifier(make_cfg(prompt_sets()[EIGHT], "trie", args.buckets), loaded=loaded)
     kind = "GPU" if dev == "cuda" else "CPU profile (the device is the host: forward/score are CPU compute)"
-    text = C.header(f"host stages: {args.model} random weights, ecommerce8 ({kind})"
-                    + (f", engine {' '.join(args.engine)}" if args.engine else ""),
-                    f"bench/host.py --model {args.model} --iters {args.iters} --profile-iters {args.profile_iters}"
-                    f"{' --engine ' + ' '.join(args.engine) if args.engine else ''}; "
+    text = C.header(f"host stages: {args.model} random weights, ecommerce8 ({kind})",
+                    f"bench/host.py --model {args.model} --iters {args.iters} --profile-iters {args.profile_iters}; "
                     f"graphs {clf.engine.graphs}; queries {QUERIES}")
     text += ("| batch | tokenize | prepare | forward | score | postprocess | host stages (tok+prep+score+post) |\n"
              "|---|---|---|---|---|---|---|\n")
@@ -121,8 +106,9 @@ def main() -> None:
             continue
         profs[b] = profile(clf, qs, args.profile_iters)
     allocs = torch.cuda.memory_stats()["allocation.all.allocated"] - allocs0 if dev == "cuda" else 0
+    graphs = sum(len(bk.graphs) for bk in clf.engine.buckets.values() if bk.graphs)
     text += (f"\nms p50 per stage (timings_ms of the results; never-seen: the query cache and the kept multi-query "
-             f"layouts emptied before each request). CUDA graphs: {C.n_graphs(clf)}; CUDA allocations during the "
+             f"layouts emptied before each request). CUDA graphs: {graphs}; CUDA allocations during the "
              f"timed and the profiled requests: {allocs}.\n")
     if dev == "cuda":
         text += kernel_tables(clf)

@@ -23,10 +23,10 @@ class KeepAliveClient:
         self._r, self._w = await asyncio.open_connection(self.host, self.port)
         self._w.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-    async def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, dict[bytes, bytes], bytes]:
+    async def post(self, path: str, body: bytes) -> tuple[int, dict[bytes, bytes], bytes]:
         if self._w is None:
             await self._connect()
-        head = (f"{method} {self.prefix}{path} HTTP/1.1\r\nHost: {self.host}\r\n"
+        head = (f"POST {self.prefix}{path} HTTP/1.1\r\nHost: {self.host}\r\n"
                 f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
         try:
             self._w.write(head + body)
@@ -56,9 +56,6 @@ class KeepAliveClient:
             if size == 0:
                 return b"".join(parts)
             parts.append(chunk[:-2])
-
-    async def post(self, path: str, body: bytes):
-        return await self.request("POST", path, body)
 
     def close(self) -> None:
         if self._w is not None:

@@ -1,7 +1,5 @@
 """Label-next against random picking, simulated on the shipped splits (docs/evaluation.md, "Choosing what to label").
 
-    python bench/label_next.py --plot docs/img/label_next_demo.png     # the default demo, 5 seeds (CPU, minutes)
-
 The dev split is the pool whose gold labels are revealed when a query is picked, the test split scores. Per seed:
 the same 20 random dev queries start both arms; each round adds 10 (random, or `qcls label-next`'s choice:
 qcls/eval/label_next.py with its defaults), up to 100, and refits. Each prompt's head is fitted as the sweep's
@@ -12,23 +10,21 @@ picking rarely has them before 100, and the curves would only say when both arms
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench import common as C  # noqa: E402
-from qcls.classifier import Classifier  # noqa: E402
-from qcls.config.compose import compose  # noqa: E402
-from qcls.eval import heads as H  # noqa: E402
-from qcls.eval import label_next as LN  # noqa: E402
-from qcls.eval.calibrate import split_path  # noqa: E402
-from qcls.eval.dataset import load_eval_set  # noqa: E402
-from qcls.eval.head_fitting import read_set  # noqa: E402
-from qcls.eval.metrics import softmax  # noqa: E402
-from qcls.heads.head import FINAL, Read  # noqa: E402
-from qcls.heads.startup import choose as choose_heads  # noqa: E402
+from bench import common as C
+from qcls.classifier import Classifier
+from qcls.config.compose import compose
+from qcls.eval import heads as H
+from qcls.eval import label_next as LN
+from qcls.eval.calibrate import split_path
+from qcls.eval.dataset import load_eval_set
+from qcls.eval.head_fitting import read_set
+from qcls.eval.metrics import softmax
+from qcls.heads.head import FINAL, Read
+from qcls.heads.startup import choose as choose_heads
 
 LLM_STATE = Read(FINAL, "position")  # a model without a shipped head (tiny): the final state
 

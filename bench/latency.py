@@ -1,26 +1,20 @@
 """Latency of the fast engine on random-weight Qwen3 and Gemma3 shapes (GPU; not a test).
 
-    PYTHONPATH=. python bench/latency.py --models qwen3_4b qwen3_8b      # on a GPU machine
-
 Real Qwen tokenizer; the prompt sets: 2 zero-shot (`prompts=default`), 8 e-commerce (`prompts=ecommerce8`, two
 with Chinese multi-token labels) and the same 8 with single-token labels. Appends a section to bench/RESULTS.md.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import operator
-import os
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench import common as C  # noqa: E402
-from qcls.classifier import Classifier  # noqa: E402
-from qcls.config.compose import compose, validate  # noqa: E402
-from qcls.testing.qwen_tokenizer import build_qwen_tokenizer  # noqa: E402
+from bench import common as C
+from qcls.classifier import Classifier
+from qcls.config.compose import compose, validate
+from qcls.testing.qwen_tokenizer import build_qwen_tokenizer
 
 QUERIES = ["women's summer floral midi dress", "mens slim fit jeans", "夏季女士碎花连衣裙", "boys hoodie size 140"]
 EN = {"category_zh": ["dress", "jeans", "shirt", "trench", "skirt", "tee", "hoodie", "knit", "other", "none"],
@@ -35,12 +29,10 @@ def prompt_sets() -> dict[str, list[dict]]:
     return {TWO: default, "8 prompts (2 Chinese multi-token)": eight, "8 prompts single-token": single}
 
 
-def make_cfg(prompts: list[dict], strategy: str, buckets: list[int], engine: dict | None = None):
-    """`engine`: more engine settings (e.g. {"fuse_tail": False})."""
+def make_cfg(prompts: list[dict], strategy: str, buckets: list[int]):
     return validate({"model": {"name": "random", "source": "local", "path": "/random-weights"}, "prompts": prompts,
                      "scoring": {"name": strategy}, "max_query_tokens": buckets[-1],
-                     "engine": {"query_buckets": buckets, "max_batch_size": 4, "warmup_requests": 2,
-                                **(engine or {})}})
+                     "engine": {"query_buckets": buckets, "max_batch_size": 4, "warmup_requests": 2}})
 
 
 def bench_engine(loaded, prompts, strategy, buckets, iters, reference: bool):
@@ -63,7 +55,7 @@ def bench_engine(loaded, prompts, strategy, buckets, iters, reference: bool):
             stages.setdefault(k, []).append(v)
     r4 = clf.classify(QUERIES[:4])[0]
     out = {"startup_s": round(startup, 2), "startup_phases": clf.startup_s, "first_ms": first_ms,
-           "b1_p50": C.median(b1), "b1_p90": C.pct(b1, 0.9), "b4_p50": C.median(b4), "b4_p90": C.pct(b4, 0.9),
+           "b1_p50": C.median(b1), "b1_p90": C.pct(b1, 90), "b4_p50": C.median(b4), "b4_p90": C.pct(b4, 90),
            "tokens_b1": first.meta["tokens_per_forward"], "tokens_b4": r4.meta["tokens_per_forward"],
            "stages": {k: round(C.median(v), 3) for k, v in stages.items()}, "graphs": clf.engine.graphs,
            "allocs_during_requests": allocs, "prefix_cache": clf.metadata()["prefix_cache"],
@@ -72,20 +64,14 @@ def bench_engine(loaded, prompts, strategy, buckets, iters, reference: bool):
         cfg = make_cfg(prompts, strategy, buckets)
         ref = Classifier(cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"kind": "reference"})}),
                          loaded=loaded)
-        worst, same, total = 0.0, 0, 0
-        for q in QUERIES[:2]:
-            a, b = clf.classify([q])[0], ref.classify([q])[0]
-            for pa, pb in zip(a.prompts, b.prompts):
-                worst = max(worst, max(abs(x.score - y.score) for x, y in zip(pa.labels, pb.labels)))
-                same += pa.label == pb.label
-                total += 1
-        out.update(ref_max_abs_diff=worst, ref_winners_same=f"{same}/{total}")
+        d = C.score_diff(*([C.scores(c.classify([q]))[0] for q in QUERIES[:2]] for c in (clf, ref)))
+        out.update(ref_max_abs_diff=d["max_abs_diff"], ref_winners_same=f"{d['winners_equal'] * d['n']:.0f}/{d['n']}")
         del ref
     return out, clf
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = C.parser(__doc__)
     ap.add_argument("--models", nargs="+", default=["qwen3_4b", "qwen3_8b"], choices=C.MODELS,
                     help="random-weight shapes; gemma3_* use the Qwen tokenizer (token counts, not the Gemma vocabulary)")
     ap.add_argument("--iters", type=int, default=50)
@@ -99,10 +85,10 @@ def main() -> None:
     raw = {}
     for name in args.models:
         t0 = time.perf_counter()
-        model = C.random_qwen3(name, dev, dtype)
+        model = C.random_model(name, dev, dtype)
         build_s = time.perf_counter() - t0
         loaded = C.loaded(model, tok)
-        lbytes, lparams = C.layer_bytes(model), C.layer_params(model)
+        lbytes, lparams = C.layer_sizes(model)
         floor = lbytes / (bw * 1e9) * 1e3 if dev == "cuda" else float("nan")
         res, kept = {}, {}
         for label, prompts in prompt_sets().items():
@@ -151,7 +137,7 @@ def report(name, res, pairs, lbytes, lparams, floor, bw, args) -> None:
                 if "ref_max_abs_diff" in r else "")
         text += (f"- {label}: stages ms (b1 median) {r['stages']}; start-up {r['startup_s']} s "
                  f"{r['startup_phases']}; prefix cache {r['prefix_cache']}{diff}\n")
-    C.report(text)
+    C.report(text, args.no_append)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,5 @@
-"""What the forward costs when it stops at a head's layer (docs/design.md §11).
-
-    python bench/layer_exit.py --models qwen3_4b gemma3_4b      # GPU: Qwen3-4B at 9/18/27/36, Gemma3-4B at 17/34
-    python bench/layer_exit.py --demo gemma3_demo smollm2_demo  # CPU: a demo with its head, the exit on against off
+"""What the forward costs when it stops at a head's layer (docs/design.md §11); `--demo MODEL …`: a demo model with
+its shipped head instead, the exit on against off (CPU).
 
 Per depth L: a random-weight model of real shape built with its first L layers only (what a backend loads for a head
 at layer L), the real Qwen tokenizer, prompts=ecommerce8 and a random head on the read position after layer L (L =
@@ -12,19 +10,15 @@ model and its start-up, and the T4 projection of the layers run.
 """
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench import common as C  # noqa: E402
-from qcls.backends import partial  # noqa: E402
-from qcls.backends.base import LoadedModel, module_bytes  # noqa: E402
-from qcls.classifier import Classifier  # noqa: E402
-from qcls.config.compose import compose  # noqa: E402
-from qcls.heads.head import FINAL, Read  # noqa: E402
-from qcls.testing.qwen_tokenizer import build_qwen_tokenizer  # noqa: E402
+from bench import common as C
+from qcls.backends import partial
+from qcls.backends.base import LoadedModel, module_bytes
+from qcls.classifier import Classifier
+from qcls.config.compose import compose
+from qcls.heads.head import FINAL, Read
+from qcls.testing.qwen_tokenizer import build_qwen_tokenizer
 
 QUERIES = ["mens slim fit jeans", "夏季女士碎花连衣裙", "boys hoodie with zip", "red knit maternity dress"]
 DEPTHS = {"qwen3_4b": [9, 18, 27, 36], "qwen3_8b": [10, 20, 36], "gemma3_4b": [17, 34], "tiny": [1, 2]}
@@ -81,7 +75,7 @@ def depths(name: str, ls: list[int], iters: int, tok, dev: str, dtype: torch.dty
         f = {b: p50(res[(L, b)], "forward") for b in (1, 4)}
         goal = {b: L / total * full[b] + SLACK_MS for b in (1, 4)} if full else None
         tokens = {b: res[(L, b)][0].meta["tokens_per_forward"] for b in (1, 4)}
-        lb, lp = C.layer_bytes(clf.loaded.model), C.layer_params(clf.loaded.model)
+        lb, lp = C.layer_sizes(clf.loaded.model)
         met = "—" if goal is None else "yes" if all(f[b] <= goal[b] for b in (1, 4)) else "**no**"
         rows.append(f"| {L} of {total} | {L / total:.2f} | {f[1]:.3f} / {f[4]:.3f} | "
                     + ("—" if goal is None else f"{goal[1]:.3f} / {goal[4]:.3f}") + f" | {met} | "

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
+from bench.common import pct
 from bench.http_client import HTTPError, KeepAliveClient
 
 QUERIES = ["red cotton hoodie for boys", "maxi dress", "slim jeans men", "boys tee", "pregnant woman knit", "男童卫衣",
@@ -39,10 +40,6 @@ class Level:
                 "engine": mean(2), "queue": mean(3),
                 "serving": statistics.fmean(r[0] - r[2] - r[3] for r in self.rows) if self.rows else float("nan"),
                 "client_cpu": self.cpu_s / self.wall_s if self.wall_s else float("nan")}
-
-
-def pct(xs: list[float], p: float) -> float:
-    return xs[min(len(xs) - 1, max(0, round(p / 100 * len(xs) + 0.5) - 1))] if xs else float("nan")
 
 
 async def closed_loop(path: str, conc: int, make_call, max_requests: int, max_s: float,

@@ -1,17 +1,13 @@
 """What a long prompt costs per request: the prefix-length benchmark (GPU; not a test).
 
-    python -m bench.prefix                                 # random-weight Qwen3-4B on a GPU
-
 The 8 e-commerce prompts with prefixes of 64, 256, 1k and 2k tokens and with a shared 1k-token block
 (bench/prefix_cases.py), each timed in alternation with the 64-token case at batch 1 and 4: the time a longer
-prefix adds (median per-pair difference) against the prefix-KV read floor; attention kernel time, KV memory,
+prefix adds (median per-pair difference) against the prefix-KV read floor; prefix attention FLOPs, KV memory,
 a T4 projection; then `ecommerce8_fewshot` against `ecommerce8`. Appends to bench/RESULTS.md; JSON to $OUT.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import re
 import time
 
 import torch
@@ -23,18 +19,7 @@ from qcls.classifier import Classifier
 from qcls.config.compose import compose
 from qcls.engine import tree_plan
 
-ATTENTION = r"prefix_kernel|row_kernel|fmha|attention|attn"
 T4_FMA = 8.1e12  # fp32 FMA FLOP/s of a T4 (Triton's tl.dot on sm_75: no tensor cores); same 50 % as the GEMMs
-
-
-def attention_ms(clf: Classifier, batch: list[str], n: int = 20) -> float:
-    """Device time of the attention kernels per forward of this batch's bucket (torch profiler)."""
-    if not torch.cuda.is_available():
-        return float("nan")
-    ids = [r.query_tokens for r in clf.classify(batch)]
-    bucket = clf.engine.bucket_for([[0] * k for k in ids])
-    us = sum(t for name, t, _ in C.kernel_times(C.bucket_forward(bucket), n) if re.search(ATTENTION, name, re.I))
-    return us / 1e3 if us else float("nan")  # nan: no kernel by these names (say so rather than 0)
 
 
 def case_numbers(clf: Classifier, model, bw: float) -> dict:
@@ -49,7 +34,6 @@ def case_numbers(clf: Classifier, model, bw: float) -> dict:
         total = sum(r.query_tokens for r in res)
         out[f"tokens_b{b}"] = res[0].meta["tokens_per_forward"]
         out[f"flops_b{b}"] = attention_flops([total + b * p.const_len for p in eng.prompts], prefix, layers, heads, d)
-        out[f"attention_ms_b{b}"] = attention_ms(clf, (QUERIES * b)[:b])
     return out
 
 
@@ -59,7 +43,7 @@ def t4_prefix_ms(bytes_: int, flops: int) -> tuple[float, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = C.parser(__doc__)
     ap.add_argument("--model", default="qwen3_4b", choices=sorted(C.SHAPES))
     ap.add_argument("--iters", type=int, default=150, help="pairs timed per case at batch 1 (batch 4: half)")
     ap.add_argument("--buckets", type=int, nargs="+", default=[8, 16, 24, 32],
@@ -67,11 +51,10 @@ def main() -> None:
     args = ap.parse_args()
     dev, dtype = C.device_dtype()
     bw = C.copy_bandwidth_gbs() * 1e9 if dev == "cuda" else float("nan")
-    mm = C.matmul_tflops() * 1e12 if dev == "cuda" else float("nan")
     t0 = time.perf_counter()
-    model = C.random_qwen3(args.model, dev, dtype)
+    model = C.random_model(args.model, dev, dtype)
     loaded = C.loaded(model)
-    lbytes, lparams = C.layer_bytes(model), C.layer_params(model)
+    lbytes, lparams = C.layer_sizes(model)
     zero = [p.model_dump() for p in compose(["prompts=ecommerce8"]).prompts]
     sets = prompt_sets(loaded.tokenizer, zero)
     clfs = {name: Classifier(make_cfg(ps, "trie", args.buckets), loaded=loaded) for name, ps in sets.items()}
@@ -88,59 +71,47 @@ def main() -> None:
     for b in (1, 4):
         iters = 2 * args.iters if b == 1 else args.iters
         fewshot[b] = C.paired_p50(a, b_, (QUERIES * b)[:b], iters, lambda x, y: y / x)
-    report(args, rows, fewshot, bw, mm, lbytes, lparams, build_s)
+    report(args, rows, fewshot, bw, lbytes, lparams, build_s)
 
 
-def report(args, rows, fewshot, bw, mm, lbytes, lparams, build_s) -> None:
+def report(args, rows, fewshot, bw, lbytes, lparams, build_s) -> None:
     tun = {d: dataclasses.asdict(t) for d, t in tree_plan.TUNING.items()}
     text = C.header(f"prefix length: what a long prompt costs ({args.model} random weights, 8 prompts, trie)",
                     f"bench/prefix.py --model {args.model} --iters {args.iters} --buckets "
-                    f"{' '.join(map(str, args.buckets))}; copy bandwidth {bw / 1e9:.0f} GB/s; fp16 matrix products "
-                    f"(cuBLAS, 8192³) {mm / 1e12:.0f} TFLOP/s; "
+                    f"{' '.join(map(str, args.buckets))}; copy bandwidth {bw / 1e9:.0f} GB/s; "
                     f"kernel shapes d=128: {tun.get(128)}; queries {QUERIES}; model + start-ups {build_s:.0f} s")
     text += ("| case | prefix tokens | prefix K/V read | floor ms | b1 p50 ms (64-token p50) | added b1 | added/floor b1 | "
-             "b4 p50 ms (64-token p50) | added b4 | added/floor b4 | attention ms/forward b1 / b4 | prefix attention "
-             "GFLOP b1 / b4 (TFLOP/s) | FLOP floor ms b1 / b4 | added / larger floor b1 / b4 | KV buffer GB | T4 projection "
-             "b1 / b4 (prefix read, FMA b1 / b4) |\n" + "|---" * 16 + "|\n")
-    worst = worst_both = 0.0
+             "b4 p50 ms (64-token p50) | added b4 | added/floor b4 | prefix attention GFLOP b1 / b4 | KV buffer GB | "
+             "T4 projection b1 / b4 (prefix read, FMA b1 / b4) |\n" + "|---" * 13 + "|\n")
+    worst = 0.0
     for name, r in rows.items():
-        cols, both = [], []
+        cols = []
         for b in (1, 4):
             if f"b{b}" in r:
                 base, mine, added = r[f"b{b}"]
                 worst = max(worst, added / r["floor_ms"])
-                larger = max(r["floor_ms"], r[f"flops_b{b}"] / mm * 1e3)
-                worst_both = max(worst_both, added / larger)
                 cols += [f"{mine:.2f} ({base:.2f})", f"{added:.3f}", f"{added / r['floor_ms']:.2f}"]
-                both.append(f"{added / larger:.2f}")
             else:
                 cols += ["", "", ""]
-                both.append("")
         read, fma1 = t4_prefix_ms(r["kv_read_bytes"], r["flops_b1"])
         _, fma4 = t4_prefix_ms(r["kv_read_bytes"], r["flops_b4"])
         t4 = [C.t4_projection(lbytes, lparams, r[f"tokens_b{b}"]) + max(read, fma) for b, fma in ((1, fma1), (4, fma4))]
         text += (f"| {name} | {max(r['prefix_tokens'])} × {len(r['prefix_tokens'])} ({r['pool_slots']} slots) | "
-                 f"{r['kv_read_bytes'] / 1e9:.3f} GB | {r['floor_ms']:.3f} | {cols[0]} | {cols[1]} | {cols[2]} | {cols[3]} | "
-                 f"{cols[4]} | {cols[5]} | {r['attention_ms_b1']:.3f} / {r['attention_ms_b4']:.3f} | "
-                 f"{r['flops_b1'] / 1e9:.0f} / {r['flops_b4'] / 1e9:.0f} ({r['flops_b1'] / r['attention_ms_b1'] / 1e9:.0f} / "
-                 f"{r['flops_b4'] / r['attention_ms_b4'] / 1e9:.0f}) | "
-                 f"{r['flops_b1'] / mm * 1e3:.3f} / {r['flops_b4'] / mm * 1e3:.3f} | {both[0]} / {both[1]} | "
-                 f"{r['kv_buffer_bytes'] / 1e9:.2f} | {t4[0]:.1f} / {t4[1]:.1f} ({read:.1f}, {fma1:.1f} / {fma4:.1f}) |\n")
+                 f"{r['kv_read_bytes'] / 1e9:.3f} GB | {r['floor_ms']:.3f} | {' | '.join(cols)} | "
+                 f"{r['flops_b1'] / 1e9:.0f} / {r['flops_b4'] / 1e9:.0f} | {r['kv_buffer_bytes'] / 1e9:.2f} | "
+                 f"{t4[0]:.1f} / {t4[1]:.1f} ({read:.1f}, {fma1:.1f} / {fma4:.1f}) |\n")
     text += (f"\nAdded = median per-pair difference from the 64-token case (timed in alternation); floor = prefix K/V "
              f"bytes one forward must read (every pool slot once: a shared block counts once) / copy bandwidth. Worst "
              f"added/floor {worst:.2f} (goal ≤ 1.5). T4 projection = bench/latency.py's (weights at 75 % of 320 GB/s, "
              f"GEMM FLOPs at 50 % of 65 TFLOP/s) + the larger of reading the prefix K/V at 75 % of 320 GB/s and the "
-             f"prefix attention's FLOPs at 50 % of the T4's 8.1 TFLOP/s fp32 FMA rate (a model, not a measurement). "
-             f"Prefix attention FLOPs = query tokens × query heads × prefix keys × 4 × head_dim × layers: batch 4 and "
-             f"the shared block are bound by them, not by the bytes, wherever they take longer than the floor at the "
-             f"GPU's fp16 tensor rate. FLOP floor = those FLOPs at the measured rate of dense fp16 matrix products: "
-             f"the added time can pass neither floor, so 'added / larger floor' is what a kernel can still gain (worst "
-             f"{worst_both:.2f}).\n\n"
+             f"prefix attention's FLOPs (query tokens × query heads × prefix keys × 4 × head_dim × layers) at 50 % of "
+             f"the T4's 8.1 TFLOP/s fp32 FMA rate (a model, not a measurement).\n\n"
              "`ecommerce8_fewshot` against `ecommerce8` (timed in alternation; p50 ms, median per-pair ratio; goal "
              "≤ 1.03):\n\n| batch | ecommerce8 | ecommerce8_fewshot | ratio |\n|---|---|---|---|\n")
     text += "".join(f"| {b} | {x:.3f} | {y:.3f} | {r:.4f} |\n" for b, (x, y, r) in fewshot.items())
-    C.report(text, not torch.cuda.is_available(), "prefix",  # on the CPU a smoke run: nothing to record
+    C.report(text, args.no_append or not torch.cuda.is_available(), "prefix",  # on the CPU a smoke run: no record
              {"rows": rows, "fewshot": fewshot, "copy_gbs": bw / 1e9, "tuning": tun})
+
 
 if __name__ == "__main__":
     main()

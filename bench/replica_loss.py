@@ -1,8 +1,5 @@
 """A replica lost under load: N ≥ 2 replicas, 8 × N closed-loop clients, one replica killed (kill -9)
 at full load, and what the clients saw until its replacement serves again.
-
-    python bench/replica_loss.py --random-qwen3 qwen3_4b serve.num_gpus=1 prompts=ecommerce8 serve.num_replicas=2
-
 The clients spread over the replicas' own ports as behind a load balancer with health checks (a refused
 connection was never sent: it goes at once to another port; the replacement joins once Serve lists it RUNNING;
 Serve's proxy and HAProxy on a lost replica: tests/deployments). Reported: every failed request and whether it
@@ -17,16 +14,12 @@ import signal
 import sys
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import orjson
 
-import orjson  # noqa: E402
-
-from bench import common as C, load  # noqa: E402
-from bench.http_client import HTTPError, KeepAliveClient  # noqa: E402
-from bench.paths import QUERIES  # noqa: E402
+from bench import common as C, load
+from bench.http_client import HTTPError, KeepAliveClient
+from bench.paths import QUERIES
 
 
 @dataclass
@@ -235,6 +228,7 @@ def main(argv=None) -> int:
     if a.replicas < 2 or cfg.serve.autoscaling or cfg.serve.ingress != "direct":
         ap.error("needs serve.num_replicas=N ≥ 2, no serve.autoscaling, serve.ingress=direct")
     import ray
+    from ray import serve
 
     from qcls.deployments.serve_cli import serve_main
     serve_main(overrides, blocking=False)
@@ -242,7 +236,7 @@ def main(argv=None) -> int:
     try:
         rows = asyncio.run(drive(a, cfg.serve.app_name, cfg.serve.route_prefix, out))
     finally:
-        C.leave_serve(cfg.serve.app_name)
+        serve.delete(cfg.serve.app_name) if C.joined_ray() else serve.shutdown()
         ray.shutdown()
     s = summarise(rows, out, a)
     header = {"device": load.describe_device(cfg), "overrides": " ".join(overrides), "config": load.config_line(cfg)}

@@ -2,9 +2,6 @@
 `serve.num_replicas=N`, 8 × N closed-loop clients spread over every replica's own port (direct ingress),
 then the same through Serve's proxy (HAProxy with `serve.ingress=haproxy`); one table and the goal "N replicas
 ≥ 0.9 × N × one replica's rate on its port", for the replica ports and for HAProxy.
-
-    python bench/replicas.py --random-qwen3 qwen3_4b serve.num_gpus=1 prompts=ecommerce8 --replicas 1,2,4
-
 A replica count needing more GPUs than there are is not run and says so. Appends to bench/RESULTS.md and
 writes replicas.json to $OUT when set."""
 from __future__ import annotations
@@ -15,10 +12,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench import common as C
 
-from bench import common as C  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 GOAL_SCALE = 0.9  # N replicas ≥ this × N × one replica's rate
 CLIENT_BOUND = 0.9  # bench CPU (cores) at which the one-process client may be the limit
@@ -28,7 +24,7 @@ def run_n(n: int, a) -> dict | None:
     """bench/load.py in a subprocess (Serve's flags are read when Ray starts: a fresh Ray per N)."""
     js = a.work / f"replicas{n}.json"
     js.unlink(missing_ok=True)
-    cmd = [sys.executable, str(ROOT / "bench" / "load.py"), *a.overrides, f"serve.num_replicas={n}",
+    cmd = [sys.executable, "-m", "bench.load", *a.overrides, f"serve.num_replicas={n}",
            "--paths", "http,proxy", "--concurrency", str(a.clients_per_replica * n), "--seconds", str(a.seconds),
            "--requests", str(a.requests), "--json", str(js), "--no-append", "--note", f"{n} replica(s)"]
     if a.random_qwen3:

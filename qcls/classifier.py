@@ -24,8 +24,8 @@ from qcls.heads.weights_fingerprint import num_layers
 from qcls.heads.head import Tap
 from qcls.progress import step, step_note, warn
 from qcls.results.cache import ResultCache
-from qcls.results.building import ResultBuilder, check_finite
-from qcls.results import STAGES, QueryResult
+from qcls.results.building import ResultBuilder, check_finite, fill_batch
+from qcls.results import QueryResult
 from qcls.scoring.reference import ReferenceEngine
 from qcls.scoring.strategies import get_strategy
 from qcls.scoring.tokenization import QueryEncoder, QueryError, encode_query
@@ -267,25 +267,11 @@ class Classifier:
         t0 = time.perf_counter()
         built = [self._build(s, c, p, cp) for s, c, p, cp in zip(raw, calibrated, raw_p, cal_p)]
         post = (time.perf_counter() - t0) * 1e3
-        # what every query of the batch shares, rounded once; each result gets its own dicts
-        shared = {k: round(stages[k], 4) for k in STAGES[1:-1]}
-        shared["postprocess"] = round(post, 4)
         meta = {"engine": self.cfg.engine.kind, "strategy": self.cfg.strategy, "tokens_per_forward": n_tokens,
                 "graphs": getattr(self.engine, "graphs", False), "calibration": self.head_path,
                 "heads": self.heads_meta, "layers": self._layers_meta, "notes": self.notes,
                 "fingerprint": self.fingerprint}
-        n_good, dw = len(batch.good), round(wait, 4)
-        for (i, _, tok_ms), prompts in zip(batch.good, built):
-            r = batch.results[i]
-            r.prompts, r.batch_size = prompts, n_good
-            tok = round(tok_ms, 4)
-            t = {"tokenize": tok, **shared}
-            t["total"] = round(sum(t.values()), 4)
-            if wait_is_queue:
-                t["device_wait"] = dw
-            r.timings_ms = t
-            r.meta = dict(meta)
-        return batch.results
+        return fill_batch(batch.results, batch.good, built, stages, post, meta, wait if wait_is_queue else None)
 
     def _tokenize(self, queries: list[str]) -> tuple[list[QueryResult], list[tuple[int, list[int], float]]]:
         results = [QueryResult(query=q) for q in queries]

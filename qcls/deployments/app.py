@@ -30,7 +30,8 @@ from qcls.deployments.http import build_http_app
 from qcls.deployments.ingress import replica_env_vars
 from qcls.deployments.metrics import ReplicaMetrics, memory_now
 from qcls.deployments.reload import Reloader, deployment_version, redacted
-from qcls.deployments.worker import EngineWorker, Pending, refused
+from qcls.deployments.query_errors import refused
+from qcls.deployments.worker import EngineWorker, Pending
 from qcls.errors import QclsError, format_error
 from qcls.predictions.log import PredictionLog
 from qcls.results import QueryResult

@@ -1,7 +1,8 @@
 """The engine side of a replica: one Classifier, the two threads that drive the device (one launches batches,
 one collects them, so that a batch is prepared while the one before it runs), per-query failure isolation
-and (health.py) the health checks; (sharing.py) the device turns of a reload's build. Free of Ray and HTTP, so
-it is the same object under a handle, a route or a unit test.
+(query_errors.py: the results of refused and failed queries) and (health.py) the health checks; (sharing.py) the
+device turns of a reload's build. Free of Ray and HTTP, so it is the same object under a handle, a route or a unit
+test.
 """
 from __future__ import annotations
 
@@ -16,18 +17,12 @@ from typing import Callable, Protocol
 
 from qcls.classifier import Classifier
 from qcls.deployments.health import HealthChecks
+from qcls.deployments.query_errors import failed, refusals
 from qcls.deployments.sharing import DeviceSharing
 from qcls.results import QueryResult
-from qcls.scoring.tokenization import QueryError
 
 log = logging.getLogger("qcls.serve")
 
-# QueryResult.meta["error_kind"]: "query" = the query itself was refused (a 4xx over HTTP);
-# "internal" = the engine raised while running it (a 5xx).
-QUERY_ERROR, INTERNAL_ERROR = "query", "internal"
-# Up to this many characters are tokenized on the event loop (well under a millisecond); a thread hop
-# would cost more than it saves.
-INLINE_CHARS = 4096
 # While one batch runs, the next is launched this long before the running one should end (at least
 # LEAD_MIN_S, else LEAD_SHARE of its device time): enough for the host to tokenize and queue it (and for a
 # busy event loop to hand the launcher the interpreter), so the device does not wait.
@@ -87,23 +82,9 @@ class EngineWorker(HealthChecks, DeviceSharing):
 
     # -- queries -----------------------------------------------------------------------------------------
 
-    def refusal(self, query: object) -> str | None:
-        """Why `query` cannot be classified, or None. Bad queries are refused before they take a batch slot."""
-        if not isinstance(query, str):
-            return f"a query must be a string, got {type(query).__name__}"
-        try:
-            self.clf.encoder(query)  # cached: the batch's own tokenize step finds it
-        except QueryError as e:
-            return str(e)
-        except Exception as e:  # e.g. a lone surrogate the tokenizer cannot take
-            return f"query cannot be tokenized ({type(e).__name__}: {e})"
-        return None
-
     async def refusals(self, queries: list) -> list[str | None]:
-        if sum(len(q) for q in queries if isinstance(q, str)) <= INLINE_CHARS:
-            return [self.refusal(q) for q in queries]
-        # Tokenizing up to a body limit of text takes a while: keep it off the event loop.
-        return await asyncio.to_thread(lambda: [self.refusal(q) for q in queries])
+        """Why each query cannot be classified (query_errors.refusal with the active Classifier), or None."""
+        return await refusals(self.clf.encoder, queries)
 
     def submit(self, items: list[Pending]) -> list[asyncio.Future]:
         """Queue queries for the device; each future resolves to its QueryResult.
@@ -309,16 +290,3 @@ class EngineWorker(HealthChecks, DeviceSharing):
             self._work.notify_all()
             self._ready.notify_all()
             self._turn.notify_all()
-
-
-def refused(query: str, why: str) -> QueryResult:
-    return QueryResult(query=query, error=why, meta={"error_kind": QUERY_ERROR})
-
-
-def failed(query: str, why: str) -> QueryResult:
-    return QueryResult(query=query, error=why, meta={"error_kind": INTERNAL_ERROR})
-
-
-def error_kind(r: QueryResult) -> str | None:
-    """None for a good result; Classifier's own refusals (empty, too long) count as query errors."""
-    return None if r.ok else r.meta.get("error_kind", QUERY_ERROR)

@@ -1,5 +1,6 @@
 """Results from a batch's scores (Classifier.finish): per prompt every label's score and probability, the winner,
-a head's beside the LLM's own, and abstention where a head file gives a threshold (docs/design.md §7, §9-11)."""
+a head's beside the LLM's own, and abstention where a head file gives a threshold (docs/design.md §7, §9-11); then
+each query's timings and meta (`fill_batch`)."""
 from __future__ import annotations
 
 import math
@@ -9,7 +10,7 @@ import torch
 from qcls.errors import ConfigError
 from qcls.heads import thresholds
 from qcls.heads.head import Head
-from qcls.results import LabelScore, PromptResult, QueryResult
+from qcls.results import STAGES, LabelScore, PromptResult, QueryResult
 
 
 class ResultBuilder:
@@ -49,6 +50,28 @@ class ResultBuilder:
         if self.abstains:
             thresholds.apply(out, self.limits)
         return out
+
+
+def fill_batch(results: list[QueryResult], good: list[tuple[int, list[int], float]], built: list[list[PromptResult]],
+               stages: dict[str, float], post_ms: float, meta: dict,
+               device_wait: float | None = None) -> list[QueryResult]:
+    """Each good query's result once its batch's forward is read (`good`: index into `results`, ids, tokenize ms;
+    `built`: its prompts): the batch size, `timings_ms` (its own tokenize, the stages the batch shares, the total;
+    `device_wait` where a server counts it as queue wait) and its own copy of `meta`."""
+    # what every query of the batch shares, rounded once; each result gets its own dicts
+    shared = {k: round(stages[k], 4) for k in STAGES[1:-1]}
+    shared["postprocess"] = round(post_ms, 4)
+    n_good = len(good)
+    for (i, _, tok_ms), prompts in zip(good, built):
+        r = results[i]
+        r.prompts, r.batch_size = prompts, n_good
+        t = {"tokenize": round(tok_ms, 4), **shared}
+        t["total"] = round(sum(t.values()), 4)
+        if device_wait is not None:
+            t["device_wait"] = round(device_wait, 4)
+        r.timings_ms = t
+        r.meta = dict(meta)
+    return results
 
 
 def check_finite(result: QueryResult, dtype: torch.dtype) -> None:

@@ -8,7 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from qcls.deployments.worker import INTERNAL_ERROR, EngineWorker, Pending, error_kind
+from qcls.deployments.query_errors import INTERNAL_ERROR, error_kind, refusal
+from qcls.deployments.worker import EngineWorker, Pending
 from qcls.scoring.tokenization import QueryEncoder
 from qcls.results import LabelScore, PromptResult, QueryResult
 from tests.deployments.helpers import HANG_GUARD_S, until_async
@@ -73,10 +74,11 @@ def run(coro):
 
 def test_refusals_name_the_problem():
     w = EngineWorker(FakeClassifier())
-    assert w.refusal("ok") is None
-    assert "empty query" in w.refusal("  ")
-    assert "max_query_tokens=8" in w.refusal("x" * 9)
-    assert "must be a string" in w.refusal(3)
+    assert refusal(w.clf.encoder, "ok") is None
+    assert "empty query" in refusal(w.clf.encoder, "  ")
+    assert "max_query_tokens=8" in refusal(w.clf.encoder, "x" * 9)
+    assert "must be a string" in refusal(w.clf.encoder, 3)
+    assert run(w.refusals(["ok", 3])) == [None, "a query must be a string, got int"]
 
 
 def test_poisoned_query_fails_alone_and_the_probe_clears_suspicion():
