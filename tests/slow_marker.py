@@ -71,8 +71,9 @@ def _drain() -> list[str]:
     return [ln for ln in data.decode(errors="replace").splitlines() if ln]
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_collection_modifyitems(items):
+    # before every other implementation: xdist's (in a worker) turns the groups into the tests' ids
     for item in items:
         names = set(item.fixturenames)
         if item.get_closest_marker("gpu"):
@@ -81,6 +82,7 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.xdist_group("ray"))
         elif names & DEMO_FIXTURES:
             item.add_marker(pytest.mark.xdist_group("demo"))
+    yield
 
 
 @pytest.hookimpl(hookwrapper=True)
