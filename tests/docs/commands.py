@@ -10,7 +10,9 @@ import io
 from qcls.config.compose import compose
 from qcls.config.overrides import split_args
 
-POSITIONALS = {"calibrate": 0, "label-next": 1, "audit": 1}  # not overrides (the pool, the labelled file)
+# what each command with its own parser takes besides overrides: (how many arguments, what they are)
+POSITIONALS = {"calibrate": (0, "no argument"), "label-next": (1, "one pool (a log folder or a query file)"),
+               "audit": (1, "one labelled file")}
 
 
 def _parse(parser, argv: list[str], known: bool):
@@ -76,9 +78,9 @@ def _check(argv: list[str]) -> None:
             return
         args = parsed[0]
         stray, overrides = split_args(args.items)
-        if len(stray) != POSITIONALS.get(argv[0], len(stray)):
-            raise ValueError(f"qcls {argv[0]} takes {POSITIONALS[argv[0]]} argument(s) besides key=value overrides, "
-                             f"not {stray}")
+        count, what = POSITIONALS.get(argv[0], (len(stray), ""))
+        if len(stray) != count:
+            raise ValueError(f"qcls {argv[0]} takes {what} besides key=value overrides, not {stray}")
         _compose(overrides, args)
         return
     parsed = _parse(cli.build_parser(), argv, known=True)
