@@ -98,7 +98,7 @@ LOG_ROW = json.dumps({"time": "t", "query": "red dress", "pred:category": "dress
      ["b.jsonl is not a prediction-log part", "move"]),
     ({"log/readme.txt": "x"}, ["log"], ["without prediction-log parts", "the folder the prediction log writes to"]),
     ({"p.txt": "red dress\n", "l.csv": "query,pred:category\nred dress,dress\n"}, ["p.txt", "--labelled", "l.csv"],
-     ["l.csv: row 2", "what qcls answered", "label-next"]),
+     ["l.csv: the header", "what qcls answered", "label-next"]),
     ({"p.txt": "red dress\n", "l.csv": "query,category\nred dress,gown\n"}, ["p.txt", "--labelled", "l.csv"],
      ["l.csv: row 2", "'gown'", "not one of its labels"]),
     ({"p.txt": "red dress\n", "l.csv": "query,category\nred dress,dress\nred dress,dress\n"},
