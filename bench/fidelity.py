@@ -20,7 +20,7 @@ from qcls.eval.dataset import load_eval_set
 from qcls.heads import weights_fingerprint as fp
 from qcls.heads.head import Read
 from qcls.testing.qwen_tokenizer import build_qwen_tokenizer
-from qcls.scoring.reference import label_logits, score_label
+from qcls.scoring.reference import reference_label_scores
 from qcls.scoring.tokenization import encode_query
 
 STRATEGIES = ("trie", "exact", "mean_logprob")
@@ -33,21 +33,8 @@ def overrides(model: str, extra=()) -> list[str]:
 
 def reference_all(model, layouts, ids_list) -> dict[str, list]:
     """Scores of every strategy from one set of plain forwards per (query, prompt, label): [query][prompt][label]."""
-    out = {s: [] for s in STRATEGIES}
-    for ids in ids_list:
-        for s in STRATEGIES:
-            out[s].append([])  # this query's prompts
-        for lay in layouts:
-            pt, trie = lay.tokens, lay.trie
-            base = list(pt.prefix_ids) + list(ids) + list(pt.suffix_ids)
-            for s in STRATEGIES:
-                out[s][-1].append([])  # this prompt's labels
-            for li, label in enumerate(pt.label_ids):
-                extra = [trie.end_id] if trie.nodes[trie.label_paths[li][-1]].children else []
-                logits = label_logits(model, base + list(label) + extra)
-                for s in STRATEGIES:
-                    out[s][-1][-1].append(score_label(s, logits, len(base), label, trie, li))
-    return out
+    per = [[reference_label_scores(model, lay.tokens, lay.trie, ids) for lay in layouts] for ids in ids_list]
+    return {s: [[p[s] for p in q] for q in per] for s in STRATEGIES}
 
 
 def fast_all(loaded, queries, model: str) -> dict[str, list]:

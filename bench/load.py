@@ -55,7 +55,7 @@ def measure(a, overrides: list[str]) -> tuple[list[dict], dict]:
     gc.freeze()  # the clients' garbage collector need not walk everything imported so far
     s = cfg.serve
     info["ray_env"] = {k: v for k, v in serve_env(s).items() if k.startswith("RAY_SERVE_") and "CALLBACK" not in k}
-    routed = f"http://127.0.0.1:{s.port}"
+    routed = f"http://127.0.0.1:{s.port}{s.route_prefix.rstrip('/')}"
     paths = []
     if "handle" in a.paths:
         paths.append(("handle", handle_caller(handle)))

@@ -97,7 +97,8 @@ async def drive(a, app: str, prefix: str, out: dict) -> list[Row]:
         await asyncio.sleep(a.warm_s + a.before_s)
         doomed_id = sorted(first)[0]
         doomed = first[doomed_id]
-        out["doomed"] = {"replica_id": doomed_id, "pid": doomed.pid, "url": f"http://127.0.0.1:{doomed.port}"}
+        url = f"http://127.0.0.1:{doomed.port}{pool.prefix}"  # as the clients name it
+        out["doomed"] = {"replica_id": doomed_id, "pid": doomed.pid, "url": url}
         os.kill(doomed.pid, signal.SIGKILL)
         out["killed"] = time.perf_counter()
         print(f"[loss] killed replica {doomed_id} (pid {doomed.pid}) at full load", flush=True)

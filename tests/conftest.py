@@ -71,6 +71,31 @@ def demo_weights_read_once():
     Classifier._load = read
 
 
+@pytest.fixture(scope="session", autouse=True)
+def reference_forwards_once():
+    """The reference's plain forwards are computed once per test process for each model object and input: the
+    tests of one model that compare strategies (each reference call scores every strategy from the same forwards)
+    read them again instead of repeating them. Keyed by the model object (a weak reference: a model built after
+    another's end may take its id) and every id the forwards see."""
+    import weakref
+
+    from qcls.scoring import reference
+    score = reference.reference_label_scores
+    memo: dict[tuple, tuple[weakref.ref, dict]] = {}
+
+    def once(model, pt, trie, query_ids):
+        key = (id(model), tuple(pt.prefix_ids), tuple(query_ids), tuple(pt.suffix_ids),
+               tuple(map(tuple, pt.label_ids)), trie.end_id)
+        hit = memo.get(key)
+        if hit is None or hit[0]() is not model:
+            hit = memo[key] = (weakref.ref(model), score(model, pt, trie, query_ids))
+        return hit[1]
+
+    reference.reference_label_scores = once
+    yield
+    reference.reference_label_scores = score
+
+
 @pytest.fixture(autouse=True)
 def _fresh_load_marker(request):
     global _fresh_load

@@ -12,15 +12,25 @@ import time
 
 import torch
 
+from qcls.config.schema import STRATEGIES
 from qcls.scoring.tokenization import PromptTokens
 from qcls.scoring.trie import LabelTrie
 
 
 @torch.inference_mode()
-def label_logits(model, ids: list[int]) -> torch.Tensor:
-    """Full-vocabulary logits [len(ids), vocab] in float32 from one plain forward."""
+def label_logits(model, ids: list[int], first: int = 0) -> torch.Tensor:
+    """Full-vocabulary logits [len(ids) - first, vocab] in float32 of positions `first`… from one plain forward
+    of all of `ids` (transformers' `logits_to_keep`: the LM head is applied only where a score reads it, which on
+    a 262k vocabulary is most of a forward)."""
     dev = next(model.parameters()).device
-    return model(input_ids=torch.tensor([ids], device=dev)).logits[0].float().cpu()
+    want = len(ids) - first
+    # at least ROWS_KEPT rows: a CPU GEMM of 2 or 3 rows takes another kernel than a tall one, and one position's
+    # logits would then differ in their last bits between labels of different lengths
+    keep = min(len(ids), max(want, ROWS_KEPT))
+    return model(input_ids=torch.tensor([ids], device=dev), logits_to_keep=keep).logits[0, -want:].float().cpu()
+
+
+ROWS_KEPT = 32
 
 
 def score_label(strategy: str, logits: torch.Tensor, base_len: int, label: tuple[int, ...],
@@ -47,12 +57,19 @@ def score_label(strategy: str, logits: torch.Tensor, base_len: int, label: tuple
 
 def reference_scores(model, pt: PromptTokens, trie: LabelTrie, query_ids: list[int], strategy: str) -> list[float]:
     """Scores of every label of one prompt for one query: one forward per label."""
+    return reference_label_scores(model, pt, trie, query_ids)[strategy]
+
+
+def reference_label_scores(model, pt: PromptTokens, trie: LabelTrie, query_ids: list[int]) -> dict[str, list[float]]:
+    """Every strategy's scores of every label of one prompt for one query, read off the same forwards (one per
+    label): {strategy: [score per label]}."""
     base = list(pt.prefix_ids) + list(query_ids) + list(pt.suffix_ids)
-    scores = []
+    scores: dict[str, list[float]] = {s: [] for s in STRATEGIES}
     for li, label in enumerate(pt.label_ids):
         extra = [trie.end_id] if trie.nodes[trie.label_paths[li][-1]].children else []
-        logits = label_logits(model, base + list(label) + extra)
-        scores.append(score_label(strategy, logits, len(base), label, trie, li))
+        logits = label_logits(model, base + list(label) + extra, first=len(base) - 1)
+        for s in STRATEGIES:  # row 0: the last base position
+            scores[s].append(score_label(s, logits, 1, label, trie, li))
     return scores
 
 

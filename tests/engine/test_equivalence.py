@@ -38,7 +38,8 @@ def pair(model_dir, prompts, strategy, **extra):
     return Classifier(fast_cfg, loaded=loaded), Classifier(ref_cfg, loaded=loaded)
 
 
-def assert_same(fast, ref, queries):
+def assert_same(fast, ref, queries, bound: float = TOL):
+    """|Δ score| within `bound` (scaled as `tol` scales TOL above 10), identical winners; returns the worst."""
     got, want = fast.classify(queries), ref.classify(queries)
     worst = 0.0
     for g, w in zip(got, want):
@@ -46,7 +47,7 @@ def assert_same(fast, ref, queries):
         for gp, wp in zip(g.prompts, w.prompts):
             d = max(abs(a.score - b.score) / tol(b.score) * TOL for a, b in zip(gp.labels, wp.labels))
             worst = max(worst, d)
-            assert d <= TOL, (g.query, gp.prompt, d)
+            assert d <= bound, (g.query, gp.prompt, d)
             assert gp.label == wp.label
     return worst
 

@@ -8,7 +8,14 @@ import random
 import pytest
 
 from tests.conftest import prompt
-from tests.engine.test_equivalence import MULTI, QUERIES, SHARED, SINGLE, STRATEGIES, ZH, assert_same, needs_triton, pair
+from tests.engine.test_equivalence import (MULTI, QUERIES, SHARED, SINGLE, STRATEGIES, TOL, ZH, assert_same, needs_triton,
+                                           pair)
+
+# Measured on gemma-3-270m, `exact` (full-vocabulary normaliser), '男童卫衣 加厚': the fast engine's scores sit
+# 0.9-1.1e-4 below a float64 reference, the same amount for every label of a prompt (its probabilities are
+# unchanged), while the float32 reference sits within 6e-6 of it; the engine's own log-sum-exp is exact to 2e-6 on
+# the state it reads, so the offset comes from the state. Bounded here at twice that, not hidden in the shared 1e-4.
+REAL_GEMMA3_EXACT = 2e-4
 
 LONG = "You classify e-commerce search queries for a large online fashion store. " * 4  # ≫ the 8-token window
 
@@ -136,7 +143,7 @@ def test_real_gemma3_270m_matches_the_reference(demo_cfg_overrides, prompts, str
     fast = Classifier(compose(over))
     ref = Classifier(compose(over + ["engine=reference"]), loaded=fast.loaded)
     assert fast.engine.dec.family.name == "gemma3_text" and fast.engine.dec.n_kv == 1
-    assert_same(fast, ref, queries)
+    assert_same(fast, ref, queries, bound=REAL_GEMMA3_EXACT if strategy == "exact" else TOL)
 
 
 def test_the_table_factor_is_the_modules_arithmetic():

@@ -215,6 +215,7 @@ def test_bad_override_anywhere_in_a_sweep_is_one_error_before_any_job(tmp_path, 
 
 
 @pytest.mark.slow
+@pytest.mark.fresh_load  # each job's own load is the subject (load_s)
 def test_one_multirun_compares_the_two_demo_models(demo_cfg_overrides, tmp_path):
     """`-m model=smollm2_demo,gemma3_demo`: each job loads its own model with its own default prompts (chat
     few-shot for the instruct SmolLM2, plain few-shot for the base Gemma3), scored on the same dev queries."""
