@@ -16,6 +16,8 @@ from qcls.config.schema import STRATEGIES
 from qcls.scoring.tokenization import PromptTokens
 from qcls.scoring.trie import LabelTrie
 
+ROWS_KEPT = 32  # the fewest positions given to the LM head (label_logits)
+
 
 @torch.inference_mode()
 def label_logits(model, ids: list[int], first: int = 0) -> torch.Tensor:
@@ -28,9 +30,6 @@ def label_logits(model, ids: list[int], first: int = 0) -> torch.Tensor:
     # logits would then differ in their last bits between labels of different lengths
     keep = min(len(ids), max(want, ROWS_KEPT))
     return model(input_ids=torch.tensor([ids], device=dev), logits_to_keep=keep).logits[0, -want:].float().cpu()
-
-
-ROWS_KEPT = 32
 
 
 def score_label(strategy: str, logits: torch.Tensor, base_len: int, label: tuple[int, ...],
