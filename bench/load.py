@@ -23,7 +23,8 @@ import sys
 from pathlib import Path
 
 from bench import common as C
-from bench.load_ops import Reloads, log_ab, log_goals, ops_stats, ops_table, reload_log_lines, reload_sets
+from bench.load_ops import (Reloads, log_ab, log_goals, ops_stats, ops_table, reload_goals, reload_log_lines,
+                            reload_sets)
 from bench.querylog import zipf_log
 from bench.paths import QUERIES, closed_loop, engine_levels, handle_caller, http_caller
 from qcls.testing.ports import free_port
@@ -161,7 +162,7 @@ def report(stats: list[dict], info: dict, header: dict, note: str) -> str:
             "tokens per forward (b1)": info.get("tokens_per_forward", "?"),
             "Ray Serve flags": (" ".join(f"{k}={v}" for k, v in info.get("ray_env", {}).items()) or "(none)")
             + "; the benchmark process (the handle caller) has them too"}
-    g = goals(stats) + log_goals(stats)
+    g = goals(stats) + log_goals(stats) + reload_goals(stats, info.get("reload_log", []))
     return "\n".join([f"## {when}: load bench (bench/load.py), {note}", "", *(f"- {k}: {v}" for k, v in head.items()),
                       "", table(stats), ops_table(stats),
                       *(["Replica log, reloads:", "", "```", *info["reload_log"], "```", ""]

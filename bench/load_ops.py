@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -86,7 +87,7 @@ def reload_log_lines() -> list[str]:
     time.sleep(2.0)  # the replaced configuration is dropped and its memory given back after the swap
     logs = Path(ray._private.worker._global_node.get_logs_dir_path()) / "serve"
     return [ln.strip() for f in sorted(logs.glob("replica_*.log")) for ln in f.read_text(errors="replace").splitlines()
-            if "reload:" in ln or "reload refused" in ln or "health probe:" in ln]
+            if "reload:" in ln or "reload refused" in ln or "health probe:" in ln or "device owner:" in ln]
 
 
 def reload_on(address: str, overrides: list[str]) -> None:
@@ -119,6 +120,25 @@ def ops_stats(lv, swaps: Reloads, zipf: bool) -> dict:
                               "mib": f"{before[-1]} → {max(mem)} → {after[0]}" if mem and before else "n/a",
                               "busy": f"{min(busy):.0f}–{max(busy):.0f}" if busy else "n/a"})
         out.update(swaps=swap_rows, p99_outside=C.pct(sorted(r[0] for i, r in enumerate(rows) if i not in inside), 99))
+    return out
+
+
+def reload_goals(stats: list[dict], log: list[str]) -> list[str]:
+    """A swap window a client barely notices (its p99 ≤ 2 × outside, or ≤ the build's longest step, one indivisible
+    piece of device work, + outside) and a card left as found (GPU MiB 0.5 s after the last swap within 32 MiB of
+    after the first)."""
+    out, steps = [], [re.search(r"longest step ([\d.]+) ms \((.*)\)", ln) for ln in log]
+    longest = max(((float(m.group(1)), m.group(2)) for m in steps if m), default=(float("nan"), "?"))
+    for s in (s for s in stats if s.get("swaps")):
+        worst, outside = max(w["p99"] for w in s["swaps"]), s["p99_outside"]
+        floor = longest[0] + outside
+        out.append(f"swap windows: worst p99 {worst:.2f} ms against {outside:.2f} ms outside (× {worst / outside:.2f}; "
+                   f"≤ 2: {'met' if worst <= 2 * outside else 'NOT met'}); the longest build step {longest[0]:.1f} ms "
+                   f"({longest[1]}) + outside = {floor:.2f} ms ({'met' if worst <= floor else 'NOT met'})")
+        after = [int(w["mib"].rsplit("→ ", 1)[1]) for w in s["swaps"] if w["mib"].rsplit("→ ", 1)[-1].isdigit()]
+        if len(after) >= 2:
+            out.append(f"GPU MiB 0.5 s after swap 1 → after swap {len(after)}: {after[0]} → {after[-1]} "
+                       f"({after[-1] - after[0]:+d}; within 32: {'met' if abs(after[-1] - after[0]) <= 32 else 'NOT met'})")
     return out
 
 

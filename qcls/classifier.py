@@ -3,11 +3,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any, Generator, Iterator
 
 import torch
 
-from qcls.results.answer_fingerprint import answer_fingerprint
 from qcls.backends import sources
 from qcls.backends.base import LoadedModel
 from qcls.backends.memory import measured
@@ -17,15 +16,15 @@ from qcls.config import QclsConfig
 from qcls.engine.engine import FastEngine
 from qcls.errors import ConfigError
 from qcls.engine.layout import PromptLayout
-from qcls.engine.turns import ALONE, DeviceTurns, holding
 from qcls.heads import startup as heads
 from qcls.heads.depth import Depth, plan_depth
 from qcls.heads.weights_fingerprint import num_layers
 from qcls.heads.head import Tap
 from qcls.progress import step, step_note, warn
-from qcls.results.cache import ResultCache
-from qcls.results.building import ResultBuilder, check_finite, fill_batch
 from qcls.results import QueryResult
+from qcls.results.answer_fingerprint import answer_fingerprint
+from qcls.results.building import ResultBuilder, check_finite, fill_batch
+from qcls.results.cache import ResultCache
 from qcls.scoring.reference import ReferenceEngine
 from qcls.scoring.strategies import get_strategy
 from qcls.scoring.tokenization import QueryEncoder, QueryError, encode_query
@@ -47,14 +46,24 @@ class Classifier:
     """Everything is loaded, captured and warmed here; `classify` only tokenizes, replays and reads."""
 
     def __init__(self, cfg: QclsConfig | None = None, overrides: list[str] | tuple[str, ...] = (),
-                 loaded: LoadedModel | None = None, taps: list[Tap] = (), turns: DeviceTurns = ALONE):
-        """`taps`: hidden states to keep from every forward besides those a head reads (`read_states`, for
-        fitting heads; fast engine only). `turns`: how this build shares the device with a configuration serving
-        beside it on the same weights (`loaded`): qcls/engine/turns.py."""
-        self.cfg = cfg if cfg is not None else compose(overrides)
-        cfg = self.cfg
-        self.startup_s: dict[str, float] = {}
-        self.taps = list(taps)
+                 loaded: LoadedModel | None = None, taps: list[Tap] = ()):
+        """`loaded`: weights already on the device (shared, as a reload shares its replica's); `taps`: hidden states
+        to keep from every forward besides those a head reads (`read_states`, for fitting heads; fast engine only)."""
+        for _ in self._steps(cfg if cfg is not None else compose(overrides), loaded, taps):
+            pass
+
+    @classmethod
+    def in_steps(cls, cfg: QclsConfig, loaded: LoadedModel | None = None,
+                 taps: list[Tap] = ()) -> Generator[str, None, "Classifier"]:
+        """The same build, one step per `next()` (the checks and prompts, a prefix fill, a bucket, a capture, a
+        warm-up request), each yielding what it did; returns the Classifier. A replica's device owner runs a
+        reload's build this way, one step between two batches of the configuration it serves."""
+        self = cls.__new__(cls)
+        yield from self._steps(cfg, loaded, taps)
+        return self
+
+    def _steps(self, cfg: QclsConfig, loaded: LoadedModel | None, taps: list[Tap]) -> Iterator[str]:
+        self.cfg, self.taps, self.startup_s = cfg, list(taps), {}
         t0 = time.perf_counter()
         # checked against the prompts before anything else loads: a file that does not fit fails in milliseconds
         self.heads = heads.choose(cfg)
@@ -79,8 +88,9 @@ class Classifier:
         if loaded is None:
             loaded = self._load(backend)
         self._check_head(heads.check_model_config, loaded.source_config)
-        with holding(turns):  # (a head's weight fingerprint copies weights off the device)
-            self._check_head(heads.check_model_weights, loaded.model)
+        yield "the configuration's checks and prompts"  # the device work starts: a head's weight fingerprint copies
+        self._check_head(heads.check_model_weights, loaded.model)  # weights off the device
+        yield "the head's weight check"
         step_note(self.heads.line())  # per prompt: a head or the LLM's own label scores
         loaded = self._settle_depth(loaded, backend, given)
         step_note(self.depth.line())
@@ -95,27 +105,29 @@ class Classifier:
         # what building a result reads per prompt, looked up once here rather than per prompt of every result
         self._build = ResultBuilder([(lay.tokens.name, lay.tokens.labels, lay.label_token_counts, h)
                                      for lay, h in zip(self.layouts, self._headed)], self.depth.scores, self.head).build
-        with holding(turns):
-            with step(f"building the {cfg.engine.kind} engine", self.startup_s, "engine"):
-                self.engine = self._build_engine(turns.give_way)
-            self.notes = cal_notes + list(loaded.notes) + list(getattr(self.engine, "notes", []))
-            if cfg.engine.kind == "fast" and loaded.device.type == "cuda" and not self.engine.graphs:
-                self.notes.append("CUDA graphs off: the forward runs eagerly (slower)")
-            for n in self.notes:
-                warn(n)
-            with step(f"warm-up ({cfg.engine.warmup_requests} requests per bucket)", self.startup_s, "warmup"):
-                self._warm_up(turns.give_way)
-            self.startup_s["total"] = round(time.perf_counter() - t0, 3)
-            self.measured_memory = measured(loaded.device)  # weights + KV pool + graph pools, and the peak
+        with step(f"building the {cfg.engine.kind} engine", self.startup_s, "engine"):
+            self.engine = self._make_engine()
+            yield "the engine's buffers"
+            if isinstance(self.engine, FastEngine):
+                yield from self.engine.build()
+        self.notes = cal_notes + list(loaded.notes) + list(getattr(self.engine, "notes", []))
+        if cfg.engine.kind == "fast" and loaded.device.type == "cuda" and not self.engine.graphs:
+            self.notes.append("CUDA graphs off: the forward runs eagerly (slower)")
+        for n in self.notes:
+            warn(n)
+        with step(f"warm-up ({cfg.engine.warmup_requests} requests per bucket)", self.startup_s, "warmup"):
+            yield from self._warm_up()
+        self.startup_s["total"] = round(time.perf_counter() - t0, 3)
+        self.measured_memory = measured(loaded.device)  # weights + KV pool + graph pools, and the peak
         if self.measured_memory:
             gib = {k: round(v / 2**30, 2) for k, v in self.measured_memory.items()}
             step_note(f"GPU memory after start-up (GiB): {gib}")
 
     def _plan_depth(self, model_config) -> Depth:
-        total = num_layers(model_config) if model_config is not None else 0
-        depth = plan_depth(total, self.head, self.prompt_names, enabled=self.cfg.engine.layer_exit,
-                           engine=self.cfg.engine.kind, taps=self.taps, default_head=self.heads.default)
-        return depth  # without a config (no head reads states) it is the whole depth, counted once loaded
+        """Without a config (no head reads states) it is the whole depth, counted once loaded."""
+        return plan_depth(num_layers(model_config) if model_config is not None else 0, self.head, self.prompt_names,
+                          enabled=self.cfg.engine.layer_exit, engine=self.cfg.engine.kind, taps=self.taps,
+                          default_head=self.heads.default)
 
     def _load(self, backend) -> LoadedModel:
         d = self.depth
@@ -158,7 +170,7 @@ class Classifier:
         strategy = get_strategy(self.cfg.strategy)
         return [PromptLayout.from_spec(self.tokenizer, spec, strategy, self.depth.scores) for spec in self.cfg.prompts]
 
-    def _build_engine(self, give_way: Callable[[], None]):
+    def _make_engine(self):
         cfg, ld = self.cfg, self.loaded
         prompt_heads = heads.prompt_heads(self.head, self.prompt_names)
         if cfg.engine.kind == "reference":
@@ -177,9 +189,9 @@ class Classifier:
                           attention=cfg.engine.attention, heads=prompt_heads, taps=self.taps,
                           qkv_heads=cfg.engine.qkv_heads_per_program, fuse_post_norms=cfg.engine.fuse_post_norms,
                           fuse_qkv_attention=cfg.engine.fuse_qkv_attention, fuse_tail=cfg.engine.fuse_tail,
-                          stop_after=self.depth.layers if self.depth.stops_early else None, give_way=give_way)
+                          stop_after=self.depth.layers if self.depth.stops_early else None)
 
-    def _warm_up(self, give_way: Callable[[], None]) -> None:
+    def _warm_up(self) -> Iterator[str]:
         """Every bucket, then the request path; records each batch size's device time (forward + score, ms) in
         `device_ms`, which a server uses to time the batch it queues behind a running one."""
         self.device_ms: dict[int, float] = {}
@@ -194,10 +206,9 @@ class Classifier:
         for b, total in keys:
             lengths = [total // b + (i < total % b) for i in range(b)]  # b queries with `total` tokens
             for _ in range(self.cfg.engine.warmup_requests):
-                give_way()
                 self.engine.run([(ids * total)[:n] for n in lengths])
+                yield f"bucket {b}×{total}: warm-up request"
         for b in range(1, self.cfg.engine.max_batch_size + 1):  # and the whole request path, results included,
-            give_way()
             first = self.start([WARMUP_QUERY] * b)  # two batches in flight, as a server runs them: every
             second = self.start([WARMUP_QUERY] * b)  # host slot and device event gets its first use here
             self.finish(first)
@@ -205,6 +216,7 @@ class Classifier:
             check_finite(done[0], self.loaded.dtype)
             t = done[0].timings_ms
             self.device_ms[b] = t["forward"] + t["score"]
+            yield f"the request path at {b} queries"
 
     @property
     def prompt_names(self) -> list[str]:
@@ -215,7 +227,7 @@ class Classifier:
         meta = {"model": cfg.model.name, "backend": ld.backend, "device": str(ld.device),
                 "dtype": str(ld.dtype).replace("torch.", ""), "engine": cfg.engine.kind, "strategy": cfg.strategy,
                 "prompts": self.prompt_names, "startup_s": self.startup_s, "memory": dict(ld.memory),
-                "calibration": self.head_path, "head": self._head_meta(), "heads": self.heads_meta,
+                "calibration": self.head_path, "head": self.head and self.head.summary(), "heads": self.heads_meta,
                 "layers": self.depth.as_dict(), "notes": self.notes, "fingerprint": self.fingerprint,
                 "result_cache": self.cache.stats()}
         if isinstance(self.engine, FastEngine):
@@ -290,12 +302,6 @@ class Classifier:
     def _launch(self, results: list[QueryResult], good: list[tuple[int, list[int], float]]) -> Batch:
         launched = self.engine.launch([ids for _, ids, _ in good]) if good else None
         return Batch(results, good, launched)
-
-    def _head_meta(self) -> dict[str, Any] | None:
-        if self.head is None:
-            return None
-        return {"method": self.head.method, "reads_states": self.head.reads_states,
-                "prompts": {n: (ph.read.as_dict() if ph.read else None) for n, ph in self.head.prompts.items()}}
 
     def read_states(self, queries: list[str]) -> tuple[list[QueryResult], list["torch.Tensor | None"]]:
         """Results and, per query, the hidden states of every tap [taps, prompts, H] (None for a refused

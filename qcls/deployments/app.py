@@ -63,7 +63,8 @@ class QclsDeployment:
         self._gather = cfg.serve.batch_wait_timeout_s > 0
         self._batched.set_max_batch_size(cfg.engine.max_batch_size)
         self._batched.set_batch_wait_timeout_s(cfg.serve.batch_wait_timeout_s)
-        self.reloader = Reloader(lambda: self.clf, self._swap, base or {}, self.metrics.reload_outcome, self.worker)
+        self.reloader = Reloader(lambda: self.clf, self._swap, base or {}, self.metrics.reload_outcome,
+                                 self.worker.run_steps)
 
     @property
     def cfg(self) -> QclsConfig:
@@ -138,6 +139,11 @@ class QclsDeployment:
     def reload_state(self) -> dict[str, Any]:
         """The active configuration's fingerprint and prompts, and how the last reload went (reload.py)."""
         return self.reloader.state.as_dict()
+
+    async def reload_outcome(self, request_id: str, timeout_s: float) -> dict[str, Any] | None:
+        """This replica's reload_state once it has built or refused the request `request_id`; None if not within
+        `timeout_s`."""
+        return await asyncio.to_thread(self.reloader.outcome, request_id, timeout_s)
 
     def active_config(self) -> dict[str, Any]:
         """The active configuration, as JSON (the API key as its hash): `qcls reload` compares against it."""

@@ -1,6 +1,8 @@
-"""A replica's health checks: when a real forward is worth running, when a stuck device step is evidence enough,
-and what gets logged before Serve replaces the replica (every thread's stack: the replaced process leaves nothing
-else to tell where its threads were stuck). A mixin of EngineWorker, whose threads mark their device steps."""
+"""A replica's health: a batch that makes the engine raise fails only the queries that raise (its queries are
+retried one by one) and makes the engine suspect; the health checks decide when a real forward is worth running,
+when a stuck device step is evidence enough, and what gets logged before Serve replaces the replica (every thread's
+stack: the replaced process leaves nothing else to tell where its threads were stuck). A mixin of EngineWorker,
+whose threads mark their device steps."""
 from __future__ import annotations
 
 import asyncio
@@ -11,14 +13,20 @@ import threading
 import time
 import traceback
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
-from qcls.classifier import WARMUP_QUERY
+from qcls.classifier import WARMUP_QUERY, Classifier
+from qcls.deployments.query_errors import failed
+from qcls.results import QueryResult
+
+if TYPE_CHECKING:
+    from qcls.deployments.worker import Pending
 
 log = logging.getLogger("qcls.serve")
 
 
 class HealthChecks:
-    """Needs `clf`, `_on_device` (run a function on the launcher thread between batches) and `_report` from the
+    """Needs `clf`, `observer` and `_on_device` (run a function on the launcher thread between batches) from the
     worker; `_init_health` sets the rest."""
 
     def _init_health(self, probe_idle_s: float, probe_timeout_s: float) -> None:
@@ -75,6 +83,55 @@ class HealthChecks:
         bad = [p.prompt for p in r.prompts if not all(math.isfinite(s.prob) for s in p.labels)]
         if bad:
             raise RuntimeError(f"non-finite scores for prompts {bad}")
+
+    def _start(self, queries: list[str], clf: Classifier):
+        """(clf, the started batch | the answers already known (engine unusable) | the exception starting
+        raised)."""
+        if self.broken:
+            return clf, [failed(q, f"engine unusable: {self.broken}") for q in queries]
+        try:
+            return clf, clf.start(queries)
+        except Exception as e:  # noqa: BLE001 - the queries are retried one by one in _finish
+            return clf, e
+
+    def _finish(self, items: list[Pending], batch, started: float) -> list[QueryResult]:
+        """Results of a started batch; a query that makes the engine raise fails alone. queue_wait = arrival at
+        the replica to the batch's launch, plus the time its forward waited for the device."""
+        queries = [it.query for it in items]
+        clf, batch = batch
+        if isinstance(batch, list):
+            results = batch
+        else:
+            try:
+                if isinstance(batch, BaseException):
+                    raise batch
+                results = clf.finish(batch, wait_is_queue=True)
+                self._ok()
+            except Exception as e:
+                log.exception("batch of %d failed; retrying its queries one by one", len(queries))
+                self.suspect = f"{type(e).__name__}: {e}"
+                self._report("batch")
+                results = self._one_by_one(queries, clf)
+        for it, r in zip(items, results):
+            waited = r.timings_ms.pop("device_wait", 0.0)
+            r.timings_ms["queue_wait"] = round((started - it.arrived) * 1e3 + waited, 4)
+        return results
+
+    def _one_by_one(self, queries: list[str], clf: Classifier) -> list[QueryResult]:
+        out = []
+        for q in queries:
+            try:
+                out.extend(clf.classify([q]))
+                self._ok()
+            except Exception as e:
+                log.exception("query failed on its own")
+                self._report("query")
+                out.append(failed(q, f"internal error while classifying this query ({type(e).__name__}: {e})"))
+        return out
+
+    def _report(self, kind: str) -> None:
+        if self.observer is not None:
+            self.observer.engine_error(kind)
 
     def _ok(self) -> None:
         self.last_ok = time.monotonic()

@@ -119,14 +119,11 @@ async def reload_to(svc: "QclsDeployment", cfg: QclsConfig) -> dict[str, Any]:
     """Hand `cfg` to the replica's Reloader (built beside the serving one, then swapped) and wait for its outcome."""
     rid = "playground-" + uuid.uuid4().hex[:12]
     svc.reloader.request({"config": cfg.model_dump(mode="json", exclude={"serve"}), "id": rid})
-    deadline = asyncio.get_running_loop().time() + RELOAD_GUARD_S
-    while True:
-        state = svc.reload_state()
-        if state["request_id"] == rid and state["status"] != "building":
-            return state
-        if asyncio.get_running_loop().time() > deadline:
-            return {**state, "status": "refused", "detail": f"the build did not finish within {RELOAD_GUARD_S:g} s"}
-        await asyncio.sleep(0.1)
+    state = await asyncio.to_thread(svc.reloader.outcome, rid, RELOAD_GUARD_S)
+    if state is None:
+        return {**svc.reload_state(), "status": "refused",
+                "detail": f"the build did not finish within {RELOAD_GUARD_S:g} s"}
+    return state
 
 
 def add_playground(app: FastAPI, svc: "QclsDeployment") -> None:

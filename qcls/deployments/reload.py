@@ -6,14 +6,14 @@ changes (`serve deploy` with an edited user_config, `qcls reload`). Two forms:
     {"overrides": ["prompts=ecommerce8_fewshot", "calibration=null"]}   # Hydra overrides on top of the app's own
     {"config": {...}, "id": "..."}                                      # a composed config (what `qcls reload` sends)
 
-The new configuration's Classifier is built beside the serving one on the same loaded weights (prompts, prefix
-cache, engine, graphs, warm-up), in a thread, because Serve blocks the replica while reconfigure() runs: the
-replica keeps answering on the old configuration meanwhile. Then the worker swaps between two batches (queries
-queued before the swap finish on the old one) and the result cache starts empty with the new fingerprint. A
-configuration that cannot be built (a typo, labels that cannot be told apart, a head for other prompts or that
-reads layers not loaded, no GPU memory left for the build) or that needs other weights or another deployment
-shape is refused: the old one keeps serving and `state()` (GET /v1/prompts, `qcls reload`) says why.
-"""
+The new configuration's Classifier is built beside the serving one on the same loaded weights (prompts, prefix cache,
+engine, graphs, warm-up): its configuration is composed in a thread, because Serve blocks the replica while
+reconfigure() runs, and its build's steps (Classifier.in_steps) run on the replica's device owner (worker.py), one
+between two batches: the replica keeps answering on the old configuration meanwhile. Then the worker swaps between two
+batches (queries queued before the swap finish on the old one) and the result cache starts empty with the new
+fingerprint. A configuration that cannot be built (a typo, labels that cannot be told apart, a head for other prompts or
+that reads layers not loaded, no GPU memory left for the build) or that needs other weights or another deployment shape
+is refused: the old one keeps serving and `state()` (GET /v1/prompts, `qcls reload`) says why."""
 from __future__ import annotations
 
 import gc
@@ -23,10 +23,9 @@ import threading
 import time
 import weakref
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Generator
 
 from qcls.config import QclsConfig
-from qcls.engine.turns import ALONE, DeviceTurns, holding
 from qcls.errors import QclsError
 
 if TYPE_CHECKING:
@@ -128,6 +127,21 @@ def refusal_text(e: BaseException) -> str:
     return " ".join(str(e).split("\n")) if isinstance(e, QclsError) else f"{type(e).__name__}: {e}"
 
 
+def run_here(steps: Generator) -> Any:
+    """Every step of a build at once, in this thread (a Reloader with no device owner beside it); its value."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as end:
+            return end.value
+
+
+def as_steps(fn: Callable, *args) -> Generator:
+    """`fn(*args)` as a build of one step, for a device owner's `run_steps`."""
+    return fn(*args)
+    yield  # (a generator)
+
+
 class Reloader:
     """Builds requested configurations beside the active Classifier and hands each finished one to `swap`.
 
@@ -135,13 +149,16 @@ class Reloader:
     that arrives during a build supersedes it (the older build is dropped when it ends)."""
 
     def __init__(self, active: Callable[[], "Classifier"], swap: Callable[["Classifier"], None], base: dict,
-                 on_outcome: Callable[[str], None] | None = None, turns: DeviceTurns = ALONE):
-        """`turns`: how a build shares the device with the serving configuration (the replica's worker)."""
-        self.active, self._swap, self.base, self.on_outcome, self.turns = active, swap, base, on_outcome, turns
+                 on_outcome: Callable[[str], None] | None = None, run_steps: Callable[[Generator], Any] = run_here):
+        """`run_steps`: runs a build's steps where the device is owned (the replica's worker: between its batches)
+        and returns the build's value."""
+        self.active, self._swap, self.base, self.on_outcome = active, swap, base, on_outcome
+        self.run_steps = run_steps
         clf = active()
         self.state = ReloadState("serving", clf.fingerprint, clf.prompt_names)
         self._generation = 0
         self._lock = threading.Lock()  # state and generation
+        self._settled = threading.Condition(self._lock)  # notified whenever a request is built or refused
         self._build_lock = threading.Lock()  # one build at a time: two would need twice the memory
         self._started = False
 
@@ -165,6 +182,15 @@ class Reloader:
         else:
             threading.Thread(target=self._build, args=(gen, user_config), name="qcls-reload", daemon=True).start()
 
+    def outcome(self, request_id: str, timeout_s: float) -> dict[str, Any] | None:
+        """The state once this replica has built or refused the request `request_id` (the one way to wait for a
+        reload: `qcls reload`, the playground's route, a handle's `reload_outcome`); None if not within
+        `timeout_s` (a request that has not reached this replica yet, or one a newer request superseded)."""
+        with self._settled:
+            done = self._settled.wait_for(
+                lambda: self.state.request_id == request_id and self.state.status != "building", timeout_s)
+            return self.state.as_dict() if done else None
+
     def _build(self, gen: int, user_config: dict | None) -> None:
         with self._build_lock:
             if gen != self._generation:
@@ -183,12 +209,11 @@ class Reloader:
                 from qcls.classifier import Classifier
                 log.warning("reload: building the new configuration beside the serving one (%d prompts: %s)",
                             len(cfg.prompts), ", ".join(p.name for p in cfg.prompts))
-                new, why = Classifier(cfg, loaded=old.loaded, turns=self.turns), None
+                new, why = self.run_steps(Classifier.in_steps(cfg, loaded=old.loaded)), None
             except BaseException as e:  # noqa: BLE001 - any failure is a refusal; the old one keeps serving
                 new, why = None, refusal_text(e)
             if new is None:  # (out of the except clause: its traceback no longer holds the failed build's tensors)
-                with holding(self.turns):
-                    _free_device_memory(old)
+                self.run_steps(as_steps(_free_device_memory, old))
                 return self._settle(gen, "refused", old, why)
             if gen != self._generation:
                 return
@@ -196,7 +221,7 @@ class Reloader:
             del old
             self._swap(new)
             self._settle(gen, "serving", new, None)
-            _free_when_replaced(replaced, new, self.turns)
+            _free_when_replaced(replaced, new, self.run_steps)
 
     def _settle(self, gen: int, status: str, clf: "Classifier", detail: str | None, changed: bool = True) -> None:
         with self._lock:
@@ -205,6 +230,7 @@ class Reloader:
             last = (f"{detail} (at {time.time():.0f})" if status == "refused"
                     else None if changed else self.state.last_refusal)
             self.state = ReloadState(status, clf.fingerprint, clf.prompt_names, self.state.request_id, detail, last)
+            self._settled.notify_all()
         if not changed:
             return
         if status == "refused":
@@ -219,8 +245,8 @@ class RefusedReload(QclsError):
     """A reload that a running deployment cannot apply."""
 
 
-def _free_when_replaced(replaced: "weakref.ref[Classifier]", new: "Classifier", turns: DeviceTurns,
-                        wait_s: float = 10.0) -> None:
+def _free_when_replaced(replaced: "weakref.ref[Classifier]", new: "Classifier",
+                        run_steps: Callable[[Generator], Any], wait_s: float = 10.0) -> None:
     """Once the queries queued on the replaced Classifier are answered, nothing holds it: give its memory (K/V
     buffers, prefix cache, graph pools) back to the device, so that the next build reuses it instead of adding
     to it (CUDA graph pools are only released by empty_cache, not handed to other allocations)."""
@@ -240,8 +266,7 @@ def _free_when_replaced(replaced: "weakref.ref[Classifier]", new: "Classifier", 
                     "device memory is given back when it is dropped, or reused by the next build", wait_s, by)
         return
     dropped_s = time.monotonic() - t0
-    with holding(turns):  # (empty_cache: a device-wide synchronization)
-        freed = _free_device_memory(new)
+    freed = run_steps(as_steps(_free_device_memory, new))  # (empty_cache: a device-wide synchronization)
     if freed is not None:  # (nothing cached to give back off CUDA)
         log.warning("reload: the replaced configuration was dropped %.2f s after the swap (%d garbage collections); "
                     "memory reserved by torch %.2f → %.2f GiB (allocated %.2f GiB)", dropped_s, collections, *freed)
@@ -262,8 +287,8 @@ def _collect_unfrozen(unfreeze: bool) -> None:
 def _free_device_memory(clf: "Classifier") -> tuple[float, float, float] | None:
     """Give the cached blocks of tensors that are garbage now back to the device: a failed build's (an
     out-of-memory build, above all) or a replaced configuration's. Returns the GiB torch's allocator reserved
-    before and after, and the GiB allocated (None off CUDA). Called in a device turn: empty_cache synchronizes
-    the whole device."""
+    before and after, and the GiB allocated (None off CUDA). Run by the device's owner: empty_cache synchronizes the
+    whole device."""
     device = getattr(clf.loaded, "device", None)
     if getattr(device, "type", None) != "cuda":
         return None

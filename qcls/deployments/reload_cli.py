@@ -85,13 +85,12 @@ def _deploy(serve, app, s, handle, request_id: str | None, wait_s: float) -> lis
     replicas = max(1, int(status.replica_states.get("RUNNING", 1)))
     seen: dict[str, dict] = {}
     deadline = time.monotonic() + wait_s
-    while len(seen) < replicas:
-        st = handle.reload_state.remote().result()
-        if st["request_id"] == request_id and st["status"] != "building":
+    while len(seen) < replicas:  # each call reaches one replica: until every one has answered
+        left = deadline - time.monotonic()
+        st = handle.reload_outcome.remote(request_id, max(0.0, min(left, 5.0))).result() if left > 0 else None
+        if st is not None:
             seen[st["replica"]] = st
         elif time.monotonic() > deadline:
             raise TimeoutError(f"{len(seen)} of {replicas} replica(s) finished the reload within {wait_s:g} s; "
                                "GET /v1/prompts shows each replica's state")
-        else:
-            time.sleep(0.1)
     return list(seen.values())

@@ -1,8 +1,9 @@
-"""The engine side of a replica: one Classifier, the two threads that drive the device (one launches batches,
-one collects them, so that a batch is prepared while the one before it runs), per-query failure isolation
-(query_errors.py: the results of refused and failed queries) and (health.py) the health checks; (sharing.py) the
-device turns of a reload's build. Free of Ray and HTTP, so it is the same object under a handle, a route or a unit
-test.
+"""The engine side of a replica and the one owner of its device: one Classifier, the two threads that drive the
+device (one launches batches, one collects them, so that a batch is prepared while the one before it runs), and
+every other piece of device work the replica does, run by the launcher between batches: health probes (health.py),
+a reload's build one step at a time (`run_steps`: Classifier.in_steps) and the release of a replaced
+configuration's memory. Per-query failure isolation: health.py. Free of Ray and HTTP, so it is the same
+object under a handle, a route or a unit test.
 """
 from __future__ import annotations
 
@@ -13,12 +14,11 @@ import time
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Any, Callable, Generator, Protocol
 
 from qcls.classifier import Classifier
 from qcls.deployments.health import HealthChecks
-from qcls.deployments.query_errors import failed, refusals
-from qcls.deployments.sharing import DeviceSharing
+from qcls.deployments.query_errors import refusals
 from qcls.results import QueryResult
 
 log = logging.getLogger("qcls.serve")
@@ -27,6 +27,12 @@ log = logging.getLogger("qcls.serve")
 # LEAD_MIN_S, else LEAD_SHARE of its device time): enough for the host to tokenize and queue it (and for a
 # busy event loop to hand the launcher the interpreter), so the device does not wait.
 LEAD_MIN_S, LEAD_SHARE = 1e-3, 0.25
+# A build's next step waits at most this long, after its last one, for the queries and jobs that waited meanwhile
+# (a health probe, above all) to be launched; then no batch is launched until it has run.
+GIVE_S = 0.05
+# Steps of a build shorter than this run back to back: a step this short costs the queries less than a drain of the
+# batches in flight would cost the build.
+SLICE_S = 0.02
 
 
 class Observer(Protocol):
@@ -48,7 +54,7 @@ class Pending:
     clf: Classifier | None = None
 
 
-class EngineWorker(HealthChecks, DeviceSharing):
+class EngineWorker(HealthChecks):
     def __init__(self, clf: Classifier, probe_idle_s: float = 60.0, probe_timeout_s: float = 20.0,
                  observer: Observer | None = None, depth: int = 2, fill_while_busy: bool = True):
         self.clf = clf
@@ -75,8 +81,11 @@ class EngineWorker(HealthChecks, DeviceSharing):
         self._jobs: deque[tuple[Callable, tuple, Future]] = deque()  # probes and run_batch calls, first
         self._launched: deque[tuple[list, object, float]] = deque()  # (chunk, started batch, launch time)
         self._inflight = 0  # batches launched and not yet answered, jobs included
+        # builds whose steps run here, one at a time, each step with nothing else on the device (run_steps)
+        self._builds: deque[tuple[Generator, Future, list]] = deque()
+        self._step_at = 0.0  # monotonic time by which the next build step runs even if queries wait
+        self.give_s, self.slice_s = GIVE_S, SLICE_S
         self._closed = False
-        self._init_sharing()  # a reload's build takes the device in turns with the batches (sharing.py)
         threading.Thread(target=self._launch_loop, name="qcls-launch", daemon=True).start()
         threading.Thread(target=self._collect_loop, name="qcls-collect", daemon=True).start()
 
@@ -101,23 +110,48 @@ class EngineWorker(HealthChecks, DeviceSharing):
             self._work.notify()
         return futures
 
+    def run_steps(self, steps: Generator) -> Any:
+        """Run `steps` (a reload's Classifier.in_steps, a release of memory: device work that must not run beside a
+        batch) on the launcher, one step at a time between batches: each step with no batch in flight and none
+        launched, and between two steps the queries and jobs that waited meanwhile. Blocks the calling thread until
+        the last step; returns the generator's value, or raises what a step raised."""
+        done: Future = Future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the replica is shutting down")
+            if not self._builds:
+                self._step_at = time.monotonic() + self.give_s
+            self._builds.append((steps, done, []))  # [] gathers (seconds, name) per step
+            self._work.notify()
+        return done.result()
+
     def _launch_loop(self) -> None:
         while True:
             with self._lock:
+                build = False
                 while not self._closed:
-                    free = self._inflight < self.depth and not self._held
+                    due = self._step_due()
+                    if due == 0.0:  # a build step: the batches in flight end first, nothing new is launched
+                        if self._inflight == 0:
+                            build = True
+                            break
+                        self._work.wait()
+                        continue
+                    free = self._inflight < self.depth
                     hold = self._hold_s() if free and self._waiting else None
                     if free and (self._jobs or (hold is not None and hold <= 0)):
                         break
-                    self._work.wait(hold)  # None: until notified (new queries, a free slot, close)
+                    waits = [t for t in (hold, due) if t is not None]
+                    self._work.wait(min(waits) if waits else None)  # None: until notified
                 if self._closed:
-                    return
-                job = self._jobs.popleft() if self._jobs else None
-                chunk = [] if job else self._take()
+                    return self._end_builds()
+                job = self._jobs.popleft() if self._jobs and not build else None
+                chunk = [] if job or build else self._take()
                 if job or chunk:
                     self._inflight += 1
-                    self._turn.notify_all()
-            if job is not None:
+            if build:
+                self._build_turn()
+            elif job is not None:
                 fn, args, done = job
                 if done.set_running_or_notify_cancel():
                     try:
@@ -138,6 +172,48 @@ class EngineWorker(HealthChecks, DeviceSharing):
                     self._launch_by = self._busy_until - max(LEAD_MIN_S, LEAD_SHARE * device_s)
             # an idle replica must not keep the last batch's Classifier alive: after a reload, the replaced one
             chunk = batch = job = None
+
+    def _step_due(self) -> float | None:
+        """Seconds until a build's next step runs: None without a build, 0.0 when due (nothing waits, or the
+        queries that waited had their GIVE_S)."""
+        if not self._builds:
+            return None
+        if not (self._waiting or self._jobs):
+            return 0.0
+        return max(0.0, self._step_at - time.monotonic())
+
+    def _build_turn(self) -> None:
+        """One turn of the first build: its next step, and more while the turn is shorter than SLICE_S."""
+        steps, done, took = self._builds[0]
+        turn, end = time.monotonic(), None
+        with self._device_step("launch"):
+            while end is None:
+                t0 = time.perf_counter()
+                try:
+                    name = next(steps)
+                except StopIteration as stop:
+                    end, name = (stop.value, None), "the last step"
+                except BaseException as e:  # noqa: BLE001 - handed to the caller of run_steps
+                    end, name = (None, e), "a failed step"
+                took.append((time.perf_counter() - t0, name))
+                if time.monotonic() - turn >= self.slice_s:
+                    break
+        with self._lock:
+            self._step_at = time.monotonic() + self.give_s
+            if end is not None:
+                self._builds.popleft()
+        if end is not None:
+            longest = max(took, key=lambda t: t[0])
+            log.warning("device owner: a build of %d steps, %.2f s on the device; its longest step %.1f ms (%s)",
+                        len(took), sum(t for t, _ in took), longest[0] * 1e3, longest[1])
+            done.set_exception(end[1]) if end[1] is not None else done.set_result(end[0])
+        steps = done = end = None  # (the built Classifier lives on in the caller, not in this frame)
+
+    def _end_builds(self) -> None:
+        while self._builds:
+            steps, done, _ = self._builds.popleft()
+            steps.close()
+            done.set_exception(RuntimeError("the replica is shutting down"))
 
     def _hold_s(self) -> float:
         """How much longer the waiting queries may gather before their batch is launched: none when the device
@@ -181,7 +257,6 @@ class EngineWorker(HealthChecks, DeviceSharing):
         with self._lock:
             self._inflight -= 1
             self._work.notify()
-            self._turn.notify_all()
 
     def _take(self) -> list:
         """The next batch: up to max_batch waiting queries of one Classifier (those queued before a reload
@@ -221,55 +296,10 @@ class EngineWorker(HealthChecks, DeviceSharing):
         clf = items[0].clf if items and items[0].clf is not None else self.clf
         return self._finish(items, self._start([it.query for it in items], clf), started)
 
-    def _start(self, queries: list[str], clf: Classifier):
-        """(clf, the started batch | the answers already known (engine unusable) | the exception starting
-        raised)."""
-        if self.broken:
-            return clf, [failed(q, f"engine unusable: {self.broken}") for q in queries]
-        try:
-            return clf, clf.start(queries)
-        except Exception as e:  # noqa: BLE001 - the queries are retried one by one in _finish
-            return clf, e
-
-    def _finish(self, items: list[Pending], batch, started: float) -> list[QueryResult]:
-        """Results of a started batch; a query that makes the engine raise fails alone. queue_wait = arrival at
-        the replica to the batch's launch, plus the time its forward waited for the device."""
-        queries = [it.query for it in items]
-        clf, batch = batch
-        if isinstance(batch, list):
-            results = batch
-        else:
-            try:
-                if isinstance(batch, BaseException):
-                    raise batch
-                results = clf.finish(batch, wait_is_queue=True)
-                self._ok()
-            except Exception as e:
-                log.exception("batch of %d failed; retrying its queries one by one", len(queries))
-                self.suspect = f"{type(e).__name__}: {e}"
-                self._report("batch")
-                results = self._one_by_one(queries, clf)
-        for it, r in zip(items, results):
-            waited = r.timings_ms.pop("device_wait", 0.0)
-            r.timings_ms["queue_wait"] = round((started - it.arrived) * 1e3 + waited, 4)
-        return results
-
     async def run_batch(self, items: list[Pending]) -> list[QueryResult]:
         """classify_batch on the launcher thread (a job between batches), awaited (tests, and callers that
         batch themselves)."""
         return await self._on_device(self.classify_batch, items)
-
-    def _one_by_one(self, queries: list[str], clf: Classifier) -> list[QueryResult]:
-        out = []
-        for q in queries:
-            try:
-                out.extend(clf.classify([q]))
-                self._ok()
-            except Exception as e:
-                log.exception("query failed on its own")
-                self._report("query")
-                out.append(failed(q, f"internal error while classifying this query ({type(e).__name__}: {e})"))
-        return out
 
     async def _on_device(self, fn, *args):
         done: Future = Future()
@@ -278,10 +308,6 @@ class EngineWorker(HealthChecks, DeviceSharing):
             self._work.notify()
         return await asyncio.wrap_future(done)
 
-    def _report(self, kind: str) -> None:
-        if self.observer is not None:
-            self.observer.engine_error(kind)
-
     def close(self) -> None:
         """Stop the device threads once the batches in flight are answered (Serve calls this once the
         replica drained)."""
@@ -289,4 +315,3 @@ class EngineWorker(HealthChecks, DeviceSharing):
             self._closed = True
             self._work.notify_all()
             self._ready.notify_all()
-            self._turn.notify_all()

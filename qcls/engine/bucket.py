@@ -3,7 +3,7 @@ shape, the computation over them (decoder forward, then the tail), and its captu
 builds every bucket at start-up; a request packs into one and replays its graphs."""
 from __future__ import annotations
 
-from typing import Callable
+from typing import Iterator
 
 import torch
 
@@ -77,23 +77,25 @@ class Bucket:
         if self.embed_fn is not None:
             self.embed_fn(self.host[slot][:self.n_tokens], self.embeds)
 
-    def capture(self, pool, stream: torch.cuda.Stream, give_way: Callable[[], None]) -> None:
-        """Warm up, then capture the forward and the tail, on `stream` (the engine's: cuBLAS keeps a workspace
-        per stream, allocated by the warm-up, never inside a capture). `give_way` between the three steps lets
-        queries served beside a build run (turns.py). Not torch.cuda.graph: it synchronizes the whole device and
-        empties both memory caches before every capture, which beside live forwards can deadlock (turns.py)."""
+    def capture(self, pool, stream: torch.cuda.Stream) -> Iterator[str]:
+        """Warm up, then capture the forward and the tail, on `stream` (engine.capture_stream: cuBLAS keeps a
+        workspace per stream, allocated by the warm-up, never inside a capture): three steps, one per `next()`,
+        each yielding what it did and ending with nothing of the build left running. Not torch.cuda.graph: it
+        synchronizes the whole device and empties both memory caches before every capture, which beside another
+        engine's live forwards can deadlock (measured on H200s: the capture's device synchronize against a serving
+        collector's event wait)."""
         current = torch.cuda.current_stream(self.dec.device)
         stream.wait_stream(current)
-        with torch.cuda.stream(stream):
+        with torch.inference_mode(), torch.cuda.stream(stream):
             for _ in range(2):
                 self.forward()
                 self.score()
-        stream.synchronize()  # the build's kernels end before it gives way (this stream only, not the device)
+        stream.synchronize()  # the build's kernels end with the step (this stream only, not the device)
+        yield "warm-up before capture"
         graphs = []
-        for step in (self.forward, self.score):
-            give_way()
+        for name, step in (("forward", self.forward), ("tail", self.score)):
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.stream(stream):
+            with torch.inference_mode(), torch.cuda.stream(stream):
                 # thread_local: a capture's errors are this thread's own; other threads' calls are not checked
                 graph.capture_begin(pool=pool, capture_error_mode="thread_local")
                 try:
@@ -106,8 +108,10 @@ class Bucket:
                     raise
                 graph.capture_end()
             graphs.append(graph)
-        current.wait_stream(stream)
-        self.graphs = (graphs[0], graphs[1])
+            if len(graphs) == 2:
+                current.wait_stream(stream)
+                self.graphs = (graphs[0], graphs[1])
+            yield f"{name} graph captured"
 
 
 def token_buckets(query_buckets: list[int], b: int) -> list[int]:

@@ -1,17 +1,17 @@
 """The fast engine: every prompt of up to `max_batch_size` queries in one packed forward.
 
-Start-up (constructor): plan and fill the prefix KV pool, build every (batch size, total query tokens) bucket
-with its static buffers, and on a GPU capture one CUDA graph per bucket for the forward and one for the
-tail. Request path (`run` = `launch` + `collect`): pack the batch into the bucket's descriptor buffer, queue
-the replays and the copy back, then wait and read the scores. A server launches the next batch before
-collecting the current one, so its host work overlaps the device's.
-"""
+Start-up: the constructor plans the prefix KV pool and allocates the decoder's buffers; `build()` then runs the device
+work one step per `next()` (fill each prompt's prefix blocks, build every (batch size, total query tokens) bucket with
+its static buffers, and on a GPU capture one CUDA graph per bucket for the forward and one for the tail), so that
+whoever owns the device decides what runs between two steps. Request path (`run` = `launch` + `collect`): pack the batch
+into the bucket's descriptor buffer, queue the replays and the copy back, then wait and read the scores. A server
+launches the next batch before collecting the current one, so its host work overlaps the device's."""
 from __future__ import annotations
 
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Iterator
 
 import torch
 
@@ -23,7 +23,6 @@ from qcls.engine.prefix_cache import plan_prefixes
 from qcls.engine.probs import split_blocks
 from qcls.engine.tail import Tail
 from qcls.engine.taps import TapPlan, root_reads
-from qcls.engine.turns import ALONE
 from qcls.heads.head import FINAL, PromptHead, Tap
 
 
@@ -52,19 +51,30 @@ class EngineStats:
     kv_buffer_bytes: int
 
 
+_capture_streams: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def capture_stream(device: torch.device) -> torch.cuda.Stream:
+    """The stream every engine of this process captures its graphs on: cuBLAS keeps a workspace per stream for
+    the life of the process, so a stream per build would leave one more workspace behind with every reload."""
+    if device not in _capture_streams:
+        _capture_streams[device] = torch.cuda.Stream(device)
+    return _capture_streams[device]
+
+
 class FastEngine:
     def __init__(self, model, prompts: list[PromptLayout], head_rows: torch.Tensor, head_tokens: list[int],
                  full_head: torch.Tensor | None, *, max_batch: int, query_buckets: list[int], block_size: int,
                  vocab_chunk: int, use_graphs: bool, embed_fn=None, attention: str = "auto",
                  heads: list[PromptHead | None] | None = None, taps: list[Tap] = (), qkv_heads: int = 0,
                  fuse_post_norms: bool = True, fuse_qkv_attention: bool = True, fuse_tail: bool = True,
-                 stop_after: int | None = None, give_way: Callable[[], None] = ALONE.give_way):
+                 stop_after: int | None = None):
         """`heads`: per prompt its head (a calibration or a learned head) or None, built into the tail's
         tables; `taps`: hidden states to keep from every forward besides those the heads read (`states`,
         for fitting heads); `qkv_heads`, `fuse_post_norms`, `fuse_qkv_attention`, `fuse_tail`: engine.qkv_heads_per_program,
         engine.fuse_post_norms, engine.fuse_qkv_attention, engine.fuse_tail; `stop_after`: the forward runs this
-        many layers and ends with the heads' read (no final norm, no label scores: qcls/heads/depth.py); `give_way`:
-        called between the build's device steps (a prompt's prefix fill, a bucket, a capture: turns.py)."""
+        many layers and ends with the heads' read (no final norm, no label scores: qcls/heads/depth.py). Usable once
+        `build()` has run to its end."""
         self.prompts = prompts
         self.embed_fn = embed_fn
         self.pool = plan_prefixes([p.tokens.prefix_ids for p in prompts], block_size)
@@ -83,22 +93,8 @@ class FastEngine:
         wanted = [t for h in (heads or []) if h is not None and h.read is not None for t in h.read.taps]
         self.taps = list(dict.fromkeys(wanted + list(taps)))
         self._check_taps()
-        hidden = self.dec.norm.weight.shape[0]
-        with torch.inference_mode():
-            self._fill_prefix_pool(give_way)
-            tails = {b: Tail([p.plan for p in prompts], b, head_rows, head_tokens, full_head, vocab_chunk, self.device,
-                             heads, self.taps, hidden, fuse_tail) for b in range(1, max_batch + 1)}
-            plans = {b: TapPlan(self.taps, b, root_reads([len(p.plan.read_nodes) for p in prompts], b), hidden,
-                                self.device) if self.taps else None for b in range(1, max_batch + 1)}
-            self.buckets: dict[tuple[int, int], Bucket] = {}
-            for b in range(1, max_batch + 1):
-                for lt in token_buckets(self.query_buckets, b):
-                    give_way()
-                    self.buckets[b, lt] = Bucket(b, lt, self.packer, self.dec, tails[b], self.pool_len, embed_fn,
-                                                 self.attention == "tree", plans[b])
-        for lq in range(1, self.query_buckets[-1] + 1):  # a lone query's descriptors: copied, never built
-            bk = self.bucket_for([[0] * lq])
-            self.packer.warm([lq], bk.n_tokens, bk.tile)
+        self._tail_args = (head_rows, head_tokens, full_head, vocab_chunk, heads, fuse_tail)
+        self.buckets: dict[tuple[int, int], Bucket] = {}
         self.graphs = use_graphs and self.device.type == "cuda"
         self._free = list(range(SLOTS))
         self._launching = threading.Lock()
@@ -108,12 +104,34 @@ class FastEngine:
         # default stream in any thread that sets none; qcls sets none): the events name it rather than look it
         # up three times a request (a Python lookup of ~10 µs each on an H100 host).
         self._stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
+
+    def build(self) -> Iterator[str]:
+        """The start-up's device work, one step per `next()`, each yielding what it did: each prompt's prefix fill,
+        each bucket, and on a GPU each bucket's capture (its warm-up, then each of its two graphs). No step leaves
+        work on the device or a context open for the next, so the owner of the device may run batches of another
+        engine in between."""
+        yield from self._fill_prefix_pool()
+        head_rows, head_tokens, full_head, vocab_chunk, heads, fuse_tail = self._tail_args
+        hidden = self.dec.norm.weight.shape[0]
+        with torch.inference_mode():
+            tails = {b: Tail([p.plan for p in self.prompts], b, head_rows, head_tokens, full_head, vocab_chunk,
+                             self.device, heads, self.taps, hidden, fuse_tail) for b in range(1, self.max_batch + 1)}
+            plans = {b: TapPlan(self.taps, b, root_reads([len(p.plan.read_nodes) for p in self.prompts], b), hidden,
+                                self.device) if self.taps else None for b in range(1, self.max_batch + 1)}
+        for b in range(1, self.max_batch + 1):
+            for lt in token_buckets(self.query_buckets, b):
+                with torch.inference_mode():
+                    self.buckets[b, lt] = Bucket(b, lt, self.packer, self.dec, tails[b], self.pool_len, self.embed_fn,
+                                                 self.attention == "tree", plans[b])
+                yield f"bucket {b}×{lt}: buffers and plan"
+        for lq in range(1, self.query_buckets[-1] + 1):  # a lone query's descriptors: copied, never built
+            bk = self.bucket_for([[0] * lq])
+            self.packer.warm([lq], bk.n_tokens, bk.tile)
         if self.graphs:
-            pool, stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream(self.device)
-            with torch.inference_mode():
-                for key in sorted(self.buckets, key=lambda k: -self.buckets[k].n_tokens):
-                    give_way()
-                    self.buckets[key].capture(pool, stream, give_way)
+            pool, stream = torch.cuda.graph_pool_handle(), capture_stream(self.device)
+            for key in sorted(self.buckets, key=lambda k: -self.buckets[k].n_tokens):
+                for done in self.buckets[key].capture(pool, stream):
+                    yield f"bucket {key[0]}×{key[1]}: {done}"
 
     def _pick_attention(self, wanted: str) -> tuple[str, list[str]]:
         """'auto' takes the tree kernel wherever it runs (a CUDA device with Triton); on a GPU without it,
@@ -151,7 +169,7 @@ class FastEngine:
             raise ValueError(f"hidden-state taps {bad}: this model has {n} layers, a head reads the residual stream "
                              f"after 1…{n - 1} layers or the final norm's output ({FINAL})")
 
-    def _fill_prefix_pool(self, give_way: Callable[[], None]) -> None:
+    def _fill_prefix_pool(self) -> Iterator[str]:
         """Run each prompt's not-yet-cached prefix blocks through the decoder, writing their K/V into the
         pool slots; earlier blocks (possibly another prompt's) are read where they lie."""
         dev, key_len = self.device, self.pool_len
@@ -173,8 +191,9 @@ class FastEngine:
                 self.embed_fn(ids.cpu(), embeds)
             attend = DenseAttention(lambda w: allowed & (pos[:, None] - key_pos[None, :] < w) if w > 0 else allowed,
                                     key_len)
-            self.dec.forward(ids, pos, write, attend, torch.tensor([0], device=dev), embeds)
-            give_way()
+            with torch.inference_mode():
+                self.dec.forward(ids, pos, write, attend, torch.tensor([0], device=dev), embeds)
+            yield f"prompt {self.prompts[p].tokens.name!r}: prefix fill ({len(ids)} tokens)"
 
     def bucket_for(self, batch: list[list[int]]) -> Bucket:
         longest, total = max(len(ids) for ids in batch), sum(len(ids) for ids in batch)

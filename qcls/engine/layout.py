@@ -21,8 +21,8 @@ starts, how long it is, which prompt's prefix it sees). Which keys a token sees:
     and, in a layer with a sliding window w > 0, only keys with pos(token) - pos(key) < w, where a pool
     slot's position is its index in its prompt's prefix (the same for every prompt sharing the slot)
 
-The tree-attention kernels apply this rule per tile (qcls/engine/attention.py); `build_mask` turns it
-into the dense [N, keys] mask of the SDPA path.
+The tree-attention kernels apply this rule per tile (qcls/engine/attention.py); `build_mask` writes it out
+as the dense [N, keys] mask of the SDPA path.
 """
 from __future__ import annotations
 

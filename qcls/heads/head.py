@@ -169,6 +169,11 @@ class Head:
     def reads_scores(self) -> bool:
         return any(ph.score_weights is not None for ph in self.prompts.values())
 
+    def summary(self) -> dict[str, Any]:
+        """What a Classifier's metadata says of it: the method and what each prompt's head reads."""
+        return {"method": self.method, "reads_states": self.reads_states,
+                "prompts": {n: (ph.read.as_dict() if ph.read else None) for n, ph in self.prompts.items()}}
+
     def save(self, path) -> None:
         """Write the head file (and its weights beside it): qcls/heads/files.py."""
         from qcls.heads.files import save

@@ -1,6 +1,6 @@
 """Scoring strategies (docs/design.md §3) as tensor plans.
 
-A strategy turns a prompt's trie into a `ScorePlan`: which trie nodes need a hidden state (`read_nodes`,
+A strategy makes a `ScorePlan` of a prompt's trie: which trie nodes need a hidden state (`read_nodes`,
 root first), the (node, token) *entries* whose logits are read, how entries are normalised, and a matrix
 `weights` [labels, entries] so that
 

@@ -7,8 +7,7 @@ import threading
 import pytest
 
 from qcls.config.compose import ConfigError, compose
-from qcls.deployments.reload import Reloader, changed_keys, deployment_version, redacted, target_config
-from tests.engine.test_turns import Recording
+from qcls.deployments.reload import Reloader, changed_keys, deployment_version, redacted, run_here, target_config
 
 
 def test_what_a_reload_cannot_change():
@@ -51,14 +50,36 @@ def test_a_user_config_is_overrides_on_the_apps_own_or_a_whole_config():
         target_config({"overrides": ["prompts=no_such_set"]}, base, current)
 
 
+class Owner:
+    """The replica's device owner as a Reloader sees it (EngineWorker.run_steps): records what it runs."""
+
+    def __init__(self):
+        self.log: list[str] = []
+        self.running = False
+
+    def run_steps(self, steps):
+        self.log.append("steps")
+        self.running = True
+        try:
+            return run_here(steps)
+        finally:
+            self.running = False
+
+
 class FakeClassifier:
     built: list = []
     fail: Exception | None = None
     gate = threading.Event()
+    owner: Owner | None = None
 
-    def __init__(self, cfg, loaded=None, turns=None):
+    @classmethod
+    def in_steps(cls, cfg, loaded=None):
+        yield
+        return cls(cfg, loaded)
+
+    def __init__(self, cfg, loaded=None):
         FakeClassifier.gate.wait(30)
-        self.turns = turns
+        self.by_owner = FakeClassifier.owner is not None and FakeClassifier.owner.running
         if FakeClassifier.fail is not None:
             raise FakeClassifier.fail
         self.cfg, self.loaded = cfg, loaded
@@ -74,17 +95,17 @@ def _reloader(monkeypatch, cfg):
     import qcls.classifier
     from qcls.deployments import reload
     monkeypatch.setattr(qcls.classifier, "Classifier", FakeClassifier)
-    turns = Recording()  # the replica worker's device turns (sharing.py)
+    owner = Owner()
     # (an earlier test's swap may still be waiting for its replaced Classifier: its "free" is not this test's)
     monkeypatch.setattr(reload, "_free_device_memory",
-                        lambda clf: clf in FakeClassifier.built and turns.log.append("free"))
-    FakeClassifier.built, FakeClassifier.fail = [], None
+                        lambda clf: clf in FakeClassifier.built and owner.log.append(f"free by owner {owner.running}"))
+    FakeClassifier.built, FakeClassifier.fail, FakeClassifier.owner = [], None, owner
     FakeClassifier.gate.set()
     active = [FakeClassifier(cfg, loaded="weights")]
     outcomes = []
     r = Reloader(lambda: active[0], lambda clf: active.__setitem__(0, clf), {"overrides": []}, outcomes.append,
-                 turns)
-    return r, active, outcomes
+                 owner.run_steps)
+    return r, active, outcomes, owner
 
 
 def _wait(r, status="building"):
@@ -96,7 +117,7 @@ def _wait(r, status="building"):
 
 
 def test_a_reload_builds_beside_the_serving_one_on_its_weights_then_swaps(monkeypatch):
-    r, active, outcomes = _reloader(monkeypatch, compose([]))
+    r, active, outcomes, owner = _reloader(monkeypatch, compose([]))
     old = active[0]
     r.request(None)  # Serve's call at start-up: the app's own config, nothing to build
     assert active[0] is old and r.state.status == "serving" and outcomes == []
@@ -105,17 +126,20 @@ def test_a_reload_builds_beside_the_serving_one_on_its_weights_then_swaps(monkey
     r.request({"config": {**fewshot, "prompts": [{**p, "name": p["name"] + "_v2"} for p in fewshot["prompts"]]},
                "id": "r1"})
     assert r.state.status == "building" and r.state.request_id == "r1" and active[0] is old
+    assert r.outcome("r1", 0.05) is None  # still building
     FakeClassifier.gate.set()
-    st = _wait(r)
+    st = r.outcome("r1", 30)  # what `qcls reload`, the playground and a handle wait with
+    assert st == r.state.as_dict() and r.outcome("another", 0.05) is None
+    st = r.state
     assert st.status == "serving" and st.prompts == ["category_v2", "audience_v2"] and st.request_id == "r1"
     assert active[0] is not old and active[0].loaded == "weights" and outcomes == ["serving"]
-    assert active[0].turns is r.turns  # built in turns with the serving batches
+    assert active[0].by_owner and not old.by_owner  # built by the device's owner, step by step
 
 
 def test_once_live_the_first_reload_of_a_replica_deployed_without_user_config_builds_in_a_thread(monkeypatch):
     """Without a user_config Serve calls no reconfigure() at start-up: the first one comes under traffic, and
     building it inside reconfigure() would hold Serve's call (the replica shows as updating) for the whole build."""
-    r, active, outcomes = _reloader(monkeypatch, compose([]))
+    r, active, outcomes, owner = _reloader(monkeypatch, compose([]))
     old = active[0]
     r.live()  # Serve's first health check
     FakeClassifier.gate.clear()  # the build waits: request() must return meanwhile
@@ -126,7 +150,7 @@ def test_once_live_the_first_reload_of_a_replica_deployed_without_user_config_bu
 
 
 def test_a_bad_or_weight_changing_reload_is_refused_and_the_old_one_keeps_serving(monkeypatch):
-    r, active, outcomes = _reloader(monkeypatch, compose([]))
+    r, active, outcomes, owner = _reloader(monkeypatch, compose([]))
     r.request(None)
     old = active[0]
     r.request({"overrides": ["model=smollm2_demo"], "id": "w"})
@@ -137,7 +161,8 @@ def test_a_bad_or_weight_changing_reload_is_refused_and_the_old_one_keeps_servin
     st = _wait(r)
     assert st.status == "refused" and "layer 20" in st.detail and "load more layers" in st.detail
     assert active[0] is old and outcomes == ["refused", "refused"]
-    assert r.turns.log == ["hold", "free", "release"] * 2, r.turns.log  # a failed build's memory: freed in a turn
+    # a failed build's memory is freed by the device's owner (empty_cache synchronizes the device)
+    assert owner.log == ["steps", "free by owner True", "steps", "steps", "free by owner True"], owner.log
     r.request({"overrides": [], "id": "back"})  # a roll-back to what serves: nothing built, the refusal still shown
     st = _wait(r)
     assert st.status == "serving" and st.request_id == "back" and "layer 20" in st.last_refusal
@@ -165,7 +190,7 @@ def test_a_swapped_out_classifier_is_freed_once_its_queries_are_answered(tiny_di
         worker.swap(clf)
         active[0] = clf
 
-    r = Reloader(lambda: active[0], swap, {"overrides": []})
+    r = Reloader(lambda: active[0], swap, {"overrides": []}, run_steps=worker.run_steps)  # as a replica builds
     dump = cfg.model_dump(mode="json", exclude={"serve"})
     r.request({"config": dump})  # Serve's call at start-up: what serves already
     gone = weakref.ref(first)
@@ -208,11 +233,12 @@ def test_the_swap_logs_when_the_replaced_configuration_is_dropped_and_what_its_m
 
     old = Old()
     replaced = weakref.ref(old)
-    turns = Recording()
-    monkeypatch.setattr(reload, "_free_device_memory", lambda clf: turns.log.append("free") or (12.5, 9.75, 9.5))
+    owner = Owner()
+    monkeypatch.setattr(reload, "_free_device_memory",
+                        lambda clf: owner.log.append(f"free by owner {owner.running}") or (12.5, 9.75, 9.5))
     del old
     with caplog.at_level(logging.WARNING, logger=reload.log.name):
-        reload._free_when_replaced(replaced, new=None, turns=turns)
-    assert turns.log == ["hold", "free", "release"]  # empty_cache synchronizes the device: not beside a batch
+        reload._free_when_replaced(replaced, new=None, run_steps=owner.run_steps)
+    assert owner.log == ["steps", "free by owner True"]  # empty_cache synchronizes the device: not beside a batch
     assert "memory reserved by torch 12.50 → 9.75 GiB (allocated 9.50 GiB)" in caplog.text
     assert "(0 garbage collections)" in caplog.text
