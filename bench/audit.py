@@ -7,7 +7,7 @@ compared), reported on the test split (qcls audit's default).
 
 States are read once per --cache (the tiny model: position after layer 1). Per seed and prompt the head is refitted
 on the changed labels at its read (L2 strength by the same cross-validation) and audited on its out-of-fold
-probabilities (qcls/eval/audit.py); a draw leaving a label fewer examples than the folds is drawn again."""
+probabilities (qcls/fitting/audit.py); a draw leaving a label fewer examples than the folds is drawn again."""
 from __future__ import annotations
 
 import pickle
@@ -20,12 +20,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import common as C  # noqa: E402
 from qcls.config.compose import compose  # noqa: E402
-from qcls.eval import audit as A  # noqa: E402
-from qcls.eval import heads as H  # noqa: E402
-from qcls.eval.calibrate import split_path  # noqa: E402
+from qcls.fitting import audit as A  # noqa: E402
+from qcls.fitting import heads as H  # noqa: E402
+from qcls.fitting.calibrate import split_path  # noqa: E402
 from qcls.eval.dataset import load_eval_set  # noqa: E402
-from qcls.eval.head_fitting import StateSet, read_set  # noqa: E402
-from qcls.eval.threshold_fitting import head_probs  # noqa: E402
+from qcls.fitting.head_fitting import StateSet, read_set  # noqa: E402
+from qcls.fitting.threshold_fitting import head_probs  # noqa: E402
 from qcls.heads.head import Head, Read  # noqa: E402
 
 GOAL = 0.6
@@ -47,7 +47,7 @@ def setup(tiny: bool) -> tuple[list[str], dict[str, Read], str]:
 
 
 def states(over: list[str], reads: dict[str, Read], taps, split: str, cache: str | None, model: str) -> dict:
-    """Per prompt the split's states at the reads (qcls/eval/head_fitting.py StateSets), read once per cache."""
+    """Per prompt the split's states at the reads (qcls/fitting/head_fitting.py StateSets), read once per cache."""
     key = f"{model}_{split}_" + "_".join(f"{r.kind}{r.layer}" for r in reads.values())
     path = Path(cache) / f"audit_states_{key}.pkl" if cache else None
     if path and path.is_file():
@@ -119,7 +119,7 @@ def main() -> None:
                      f"{model}, {args.split} split ({role}); per prompt {args.share:.0%} of the labels changed at "
                      f"random to another label, {args.seeds} seeds; heads refitted at the shipped reads ({shown}), "
                      f"{args.cv_folds}-fold out-of-fold probabilities averaged over the CV splittings; rules: "
-                     "qcls/eval/audit.py")
+                     "qcls/fitting/audit.py")
             + "| rule | CV splittings | prompt | rows | changed | flagged (mean) | precision, mean (min–max) "
             f"| recall, mean (min–max) | both ≥ {GOAL} | estimated wrong (mean) | as given: flagged / estimated |\n"
             + "|---" * 11 + "|\n" + "\n".join(lines) + "\n")

@@ -15,7 +15,7 @@ import torch
 from bench import common as C
 from qcls.classifier import Classifier
 from qcls.config.compose import compose
-from qcls.eval.calibrate import split_path
+from qcls.fitting.calibrate import split_path
 from qcls.eval.dataset import load_eval_set
 from qcls.heads import weights_fingerprint as fp
 from qcls.heads.head import Read

@@ -2,8 +2,8 @@
 
 The dev split is the pool whose gold labels are revealed when a query is picked, the test split scores. Per seed:
 the same 20 random dev queries start both arms; each round adds 10 (random, or `qcls label-next`'s choice:
-qcls/eval/label_next.py with its defaults), up to 100, and refits. Each prompt's head is fitted as the sweep's
-learning curve fits it (qcls/eval/heads.py: learning_curve): the layer, read and L2 strength of the model's
+qcls/fitting/label_next.py with its defaults), up to 100, and refits. Each prompt's head is fitted as the sweep's
+learning curve fits it (qcls/fitting/heads.py: learning_curve): the layer, read and L2 strength of the model's
 shipped head (chosen by `qcls calibrate --method head` on the whole dev split), a label not yet labelled never
 predicted. (Calibrate itself refuses fewer than 3 queries of a label: with 6 `girl` queries among 151, random
 picking rarely has them before 100, and the curves would only say when both arms reach 3.) States are read once.
@@ -17,11 +17,11 @@ import numpy as np
 from bench import common as C
 from qcls.classifier import Classifier
 from qcls.config.compose import compose
-from qcls.eval import heads as H
-from qcls.eval import label_next as LN
-from qcls.eval.calibrate import split_path
+from qcls.fitting import heads as H
+from qcls.fitting import label_next as LN
+from qcls.fitting.calibrate import split_path
 from qcls.eval.dataset import load_eval_set
-from qcls.eval.head_fitting import read_set
+from qcls.fitting.head_fitting import read_set
 from qcls.eval.metrics import softmax
 from qcls.heads.head import FINAL, Read
 from qcls.heads.startup import choose as choose_heads

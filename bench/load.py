@@ -50,7 +50,7 @@ def measure(a, overrides: list[str]) -> tuple[list[dict], dict]:
     from ray import serve
 
     from qcls.deployments.ingress import direct_urls, serve_env
-    from qcls.deployments.serve_cli import serve_main
+    from qcls.cli.serve import serve_main
     handle = serve_main(overrides, blocking=False)
     gc.collect()
     gc.freeze()  # the clients' garbage collector need not walk everything imported so far

@@ -93,7 +93,7 @@ def reload_log_lines() -> list[str]:
 def reload_on(address: str, overrides: list[str]) -> None:
     """`qcls reload OVERRIDES` on this benchmark's cluster (RAY_ADDRESS: another may run on the machine)."""
     os.environ["RAY_ADDRESS"] = address
-    from qcls.deployments.reload_cli import reload_main
+    from qcls.cli.reload import reload_main
     sys.exit(reload_main(overrides))
 
 

@@ -231,7 +231,7 @@ def main(argv=None) -> int:
     import ray
     from ray import serve
 
-    from qcls.deployments.serve_cli import serve_main
+    from qcls.cli.serve import serve_main
     serve_main(overrides, blocking=False)
     out: dict = {}
     try:

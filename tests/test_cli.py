@@ -94,8 +94,9 @@ def test_hydra_apps_get_their_own_command_line(cmd, monkeypatch, capsys):
     import importlib
 
     from qcls.cli import main
+    from qcls.cli.commands import ROUTED
     from qcls.errors import ConfigError
-    mod = importlib.import_module(f"qcls.eval.{cmd}")
+    mod = importlib.import_module(ROUTED[cmd])
     seen = []
     monkeypatch.setattr(mod, "main", lambda argv: seen.append(argv) or 0)
     assert main([cmd, "-m", "scoring=trie,exact", "--help", "--", "x=1"]) == 0
@@ -110,7 +111,7 @@ def test_hydra_apps_get_their_own_command_line(cmd, monkeypatch, capsys):
 
 
 def test_the_table_shows_what_answers_each_prompt_and_a_heads_probabilities():
-    from qcls.cli import format_result
+    from qcls.cli.commands import format_result
     from qcls.results import LabelScore, PromptResult, QueryResult
     labels = [LabelScore("dress", 2.0, 0.40, 1, 0.70, 0.5), LabelScore("jeans", 1.0, 0.55, 1, 0.20, 1.2),
               LabelScore("tee", 0.0, 0.05, 1, 0.10, -1.0)]

@@ -51,7 +51,7 @@ class QclsDeployment:
             self.predictions = PredictionLog(log, observer=self.metrics.prediction_log_rows) if log.folder else None
             self.faults = fault_injection(cfg)
             self.clf = Classifier(cfg)
-        except QclsError as e:  # the clean message in the replica log; `qcls serve` shows it too (serve_cli.py)
+        except QclsError as e:  # the clean message in the replica log; `qcls serve` shows it too (qcls/cli/serve.py)
             print(format_error(e, "qcls replica"), file=sys.stderr, flush=True)
             raise
         self.worker = EngineWorker(self.clf, probe_idle_s=cfg.serve.health_probe_idle_s,

@@ -5,7 +5,7 @@ The TF-IDF features are sklearn's TfidfVectorizer(analyzer="char_wb", ngram_rang
 n-grams of each whitespace-separated word padded with one space (so Chinese queries without spaces give
 their character n-grams), lowercased, tf → 1 + ln(tf), idf = ln((1 + n) / (1 + df)) + 1, each row scaled to
 unit L2 norm. The vocabulary and idf come from the fitting queries. The L2 strength C is chosen exactly as a
-learned head's (qcls/eval/heads.py: the same grid, the same stratified folds and seed, the lowest held-out
+learned head's (qcls/fitting/heads.py: the same grid, the same stratified folds and seed, the lowest held-out
 log-loss), on the raw TF-IDF values (no standardisation: a sparse matrix).
 
 With a scored split (a sweep job with eval.fit_on) the model is refitted on the whole fitting split and scored
@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from qcls.eval import heads as H
+from qcls.fitting import heads as H
 from qcls.eval import metrics
 from qcls.eval.dataset import EvalSet
 

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from qcls.eval import metrics
-from qcls.eval.calibration import fit
+from qcls.fitting.calibration import fit
 from qcls.heads.head import Head
 from qcls.eval.scores import PromptScores
 

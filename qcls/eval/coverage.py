@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from qcls.eval import baseline
-from qcls.eval import heads as H
+from qcls.fitting import heads as H
 from qcls.heads import thresholds as T
 
 LEVELS = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5)  # coverages the report's table shows the precision at

@@ -97,7 +97,7 @@ def evaluate(spec: EvalSpec, cfg: QclsConfig, out_dir: Path) -> tuple[dict[str, 
     base_fit = fit_data or _head_split(clf, data, cfg, spec)
     body["baseline"] = baseline.block(cfg.prompts, data, base_fit, spec.head.cv_folds)
     if fit_data is not None and spec.fit_method == "head":
-        from qcls.eval.head_fitting import sweep_block
+        from qcls.fitting.head_fitting import sweep_block
         body["calibration"], cal_probs = sweep_block(spec, cfg, loaded, per, fit_data, data, out_dir)
     else:
         body["calibration"], cal_probs = _calibration(spec, cfg, clf, per, fit_data, data, out_dir)
@@ -144,9 +144,9 @@ def _calibration(spec, cfg, clf, per, fit_data: EvalSet | None, data: EvalSet, o
 
 def _forward(calibration: dict | None, head, per: dict, loaded) -> dict[str, Any]:
     """What the forward costs with the heads behind the calibrated columns (a head fitted in the job, or the
-    loaded file's): per prompt the layer read and layers run / N (qcls/eval/head_depth.py)."""
-    from qcls.eval.head_depth import forward_costs
-    from qcls.eval.head_fitting import serving_reads
+    loaded file's): per prompt the layer read and layers run / N (qcls/fitting/head_depth.py)."""
+    from qcls.fitting.head_depth import forward_costs
+    from qcls.fitting.head_fitting import serving_reads
     from qcls.heads.weights_fingerprint import num_layers
     if calibration and calibration.get("forward"):
         return calibration["forward"]

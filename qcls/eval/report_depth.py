@@ -1,6 +1,6 @@
 """The report's "Accuracy against forward cost" section and plot: per prompt, every job's accuracy (with its head
 or calibration where it has one, else the raw scores) against the share of the forward its answer needs
-(layers run / N, qcls/eval/head_depth.py), the Pareto front marked, beside the TF-IDF baseline (which runs no
+(layers run / N, qcls/fitting/head_depth.py), the Pareto front marked, beside the TF-IDF baseline (which runs no
 LLM at all). A sweep over `eval.head.layer` or `eval.head.max_layer` draws the trade-off."""
 from __future__ import annotations
 

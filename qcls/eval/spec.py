@@ -18,7 +18,7 @@ class HeadSpec(BaseModel):
 
     layer: int | Literal["final", "auto"] = "auto"  # the residual stream after N layers, the final norm, or auto
     read: Literal["position", "query_mean", "both", "auto"] = "auto"
-    # how `auto` chooses the depth for the prompt set (qcls/eval/head_depth.py): one-se = the shallowest exit
+    # how `auto` chooses the depth for the prompt set (qcls/fitting/head_depth.py): one-se = the shallowest exit
     # within one standard error of every prompt's best; best = each prompt's most accurate read, whatever it costs
     layer_rule: Literal["one-se", "best"] = "one-se"
     max_layer: int | None = Field(default=None, ge=1)  # no read after this many layers (nor final unless ≥ N)
@@ -38,7 +38,7 @@ class EvalSpec(BaseModel):
     limit: int | None = Field(default=None, ge=1)  # at most this many queries of each split (eval and fit_on)
     # a second split to fit calibration on inside the job (the "with calibration" columns); null = none
     fit_on: str | None = None
-    fit_method: str = "temperature_bias"  # temperature_bias | temperature | bias | head (qcls/eval/calibration.py, heads.py)
+    fit_method: str = "temperature_bias"  # temperature_bias | temperature | bias | head (qcls/fitting/calibration.py, heads.py)
     head: HeadSpec = HeadSpec()  # with fit_method=head
     batch1_queries: int = Field(default=32, ge=0)  # queries also timed alone (batch 1)
     # winner agreement with scoring=exact; trie / first_token jobs need an extra exact pass for it
@@ -68,7 +68,7 @@ def split_config(cfg: DictConfig | dict[str, Any]) -> tuple[EvalSpec, QclsConfig
     except ValidationError as e:
         lines = [f"  eval.{'.'.join(str(p) for p in err['loc']) or ''}: {err['msg']}" for err in e.errors()]
         raise ConfigError("invalid eval config:\n" + "\n".join(lines)) from None
-    from qcls.eval.calibration import FIT_METHODS
+    from qcls.fitting.calibration import FIT_METHODS
     if spec.fit_method not in (*FIT_METHODS, "head"):
         raise ConfigError(f"eval.fit_method={spec.fit_method!r}: use one of {[*FIT_METHODS, 'head']}")
     return spec, validate(data)

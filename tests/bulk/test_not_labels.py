@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from qcls.bulk.outputs import Columns, Format, output_format
-from qcls.eval.calibrate import main as calibrate_main
+from qcls.fitting.calibrate import main as calibrate_main
 
 PROMPTS = [("category", ["dress", "jeans", "shirt"]), ("audience", ["boy", "girl", "man"])]
 

@@ -21,7 +21,7 @@ def test_batch_size_default_follows_the_device_and_never_overrides_a_choice(monk
 def test_ray_flags_reach_the_options(monkeypatch):
     """--ray, --actors, --address and --no-shuffle as the Ray runner gets them (several actors sort the rows by
     query hash unless --no-shuffle; the runner decides from shuffle=None)."""
-    from qcls import cli
+    from qcls.cli import commands as cli
     from qcls.bulk import ray_runner
     got = []
     monkeypatch.setattr(ray_runner, "run", lambda opts: got.append(opts) or {"rows": 0, "errors": {}})

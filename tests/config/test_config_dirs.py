@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from qcls.cli import take_config_dirs, version_text
+from qcls.cli.commands import take_config_dirs, version_text
 from qcls.config.compose import compose, compose_raw
 from qcls.errors import ConfigError
 from qcls.config.paths import CONF_DIR, PACKAGE_DIR, group_options, shown

@@ -101,7 +101,7 @@ def test_cache_and_reload_counters_are_exported(ops, metrics_port):
 
 
 def test_a_reload_under_load_changes_the_prompt_set_without_a_failed_request(ops):
-    from qcls.deployments.reload_cli import reload_main
+    from qcls.cli.reload import reload_main
 
     before = httpx.get(ops["url"] + "/v1/prompts", headers=AUTH, timeout=HANG_GUARD_S).json()
     rows: list[tuple[int | str, list[str], str | None]] = []
@@ -143,7 +143,7 @@ def test_a_reload_under_load_changes_the_prompt_set_without_a_failed_request(ops
 
 def test_invalid_reloads_are_refused_and_the_old_configuration_keeps_serving(ops):
     from qcls.deployments.reload import RefusedReload
-    from qcls.deployments.reload_cli import reload_main
+    from qcls.cli.reload import reload_main
 
     serving = classify(ops["url"], "blue jeans")["fingerprint"]
     with pytest.raises(ConfigError, match="prompts"):  # a typo: refused here, nothing is sent

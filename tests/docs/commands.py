@@ -43,7 +43,7 @@ def check_qcls(argv: list[str]) -> None:
     the CLI puts them: through QCLS_CONFIG_DIR."""
     import os
 
-    from qcls import cli
+    from qcls.cli import commands as cli
     from qcls.config.paths import ENV_CONFIG_DIR
     dirs, argv = cli.take_config_dirs(list(argv))
     if not dirs:
@@ -60,7 +60,7 @@ def check_qcls(argv: list[str]) -> None:
 
 
 def _check(argv: list[str]) -> None:
-    from qcls import cli
+    from qcls.cli import commands as cli
     literal = argv[argv.index("--") + 1:] if "--" in argv else []
     argv = [a for a in (argv[:argv.index("--")] if "--" in argv else argv) if a != "--debug"]
     if not argv or argv[0] in ("-h", "--help", "--version"):

@@ -11,7 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from qcls.backends.registry import get_backend
 from qcls.classifier import Classifier
 from qcls.engine.tail import Tail
-from qcls.eval.calibration import contextual
+from qcls.fitting.calibration import contextual
 from qcls.heads import files
 from qcls.heads.head import Head, PromptHead
 from qcls.scoring.strategies import get_strategy

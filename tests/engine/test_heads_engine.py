@@ -13,8 +13,8 @@ import pytest
 
 from qcls.backends.registry import get_backend
 from qcls.classifier import Classifier
-from qcls.eval import head_fitting
-from qcls.eval import heads as H
+from qcls.fitting import head_fitting
+from qcls.fitting import heads as H
 from qcls.eval.dataset import load_eval_set
 from qcls.heads import files
 from qcls.heads.head import Read

@@ -12,7 +12,7 @@ import pytest
 from qcls.config import PromptSpec
 from qcls.eval import baseline, report
 from qcls.eval.dataset import EvalSet, Example
-from qcls.eval.heads import CS
+from qcls.fitting.heads import CS
 from tests.conftest import prompt
 
 

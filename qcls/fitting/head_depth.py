@@ -1,7 +1,7 @@
 """How deep the forward runs for a prompt set whose answers come from heads (docs/design.md §10): the forward
 can stop after the deepest layer any prompt's head reads, so the reads are chosen for the set as a whole.
 
-Each prompt brings its candidate reads, cross-validated on the fitting split (qcls/eval/heads.py `cv_reads`).
+Each prompt brings its candidate reads, cross-validated on the fitting split (qcls/fitting/heads.py `cv_reads`).
 An *exit* is a depth the forward stops at: after L decoder layers (cost L / N of the forward), or `final`
 (all N layers and the final norm, cost 1.0). At an exit every prompt may use any of its reads at or below it,
 and takes the one with the lowest cross-validated log-loss there. The rules:

@@ -40,8 +40,8 @@ collisions) prints one `qcls: error:` paragraph with the way out and exits 2; `q
 QCLS_DEBUG=1) adds the traceback. `qcls check` shows label token costs and every backend's memory fit."""
 
 # commands that parse their own command line (sweep is a Hydra app)
-ROUTED = {"sweep": "qcls.eval.sweep", "calibrate": "qcls.eval.calibrate", "label-next": "qcls.eval.label_next_cli",
-          "audit": "qcls.eval.audit"}
+ROUTED = {"sweep": "qcls.eval.sweep", "calibrate": "qcls.fitting.calibrate", "label-next": "qcls.cli.label_next",
+          "audit": "qcls.fitting.audit"}
 ROUTED_HELP = {"label-next": "the queries of a log or file most worth labelling next for a head, as a CSV to fill in",
                "audit": "the labels of a labelled file that a held-out head finds unlikely, most doubtful first"}
 
@@ -108,13 +108,13 @@ def cmd_repl(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     _, overrides = split_args(args.items)
-    from qcls.deployments.serve_cli import serve_main
+    from qcls.cli.serve import serve_main
     return serve_main(overrides) or 0
 
 
 def cmd_reload(args: argparse.Namespace) -> int:
     _, overrides = split_args(args.items)
-    from qcls.deployments.reload_cli import reload_main
+    from qcls.cli.reload import reload_main
     return reload_main(overrides)
 
 

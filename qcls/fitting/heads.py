@@ -14,7 +14,7 @@ from typing import Sequence
 import numpy as np
 
 from qcls.errors import ConfigError, missing_package
-from qcls.eval.head_depth import ReadCV, most_accurate
+from qcls.fitting.head_depth import ReadCV, most_accurate
 from qcls.heads.head import PromptHead, Read, Tap
 
 CS = tuple(float(c) for c in np.logspace(-3, 2, 11))  # L2 strengths tried: C = 1/λ, half a decade apart
@@ -104,7 +104,7 @@ def cross_validate(x: np.ndarray, y: np.ndarray, n_labels: int, Cs: Sequence[flo
                    seed: int = 0, standardise: bool = True) -> dict[float, dict[str, float]]:
     """Per C: mean held-out log-loss, accuracy and macro-F1 (of the pooled held-out winners) over stratified
     folds of (x, y), and each fold's mean log-loss (`fold_log_loss`: the one-SE rule's standard error,
-    qcls/eval/head_depth.py). Each fold walks the Cs from the strongest penalty up, starting every fit from the
+    qcls/fitting/head_depth.py). Each fold walks the Cs from the strongest penalty up, starting every fit from the
     previous solution (the same optimum, far fewer iterations). `standardise=False` fits on x as it is (a sparse TF-IDF
     matrix: qcls/eval/baseline.py)."""
     from qcls.eval.metrics import macro_f1
@@ -146,7 +146,7 @@ def cv_reads(states: np.ndarray, taps: list[Tap], scores: np.ndarray, gold: np.n
              reads: Sequence[Read], with_scores: bool, *, Cs: Sequence[float] = CS, folds: int = FOLDS,
              seed: int = 0) -> list[ReadCV]:
     """Every candidate read of one prompt cross-validated on (states, gold), each at its best C: the table the
-    depth rule chooses from (qcls/eval/head_depth.py). `states` [n, taps, H], `scores` [n, L] raw, `gold` [n]."""
+    depth rule chooses from (qcls/fitting/head_depth.py). `states` [n, taps, H], `scores` [n, L] raw, `gold` [n]."""
     out = []
     for read in reads:
         cv = cross_validate(features(states, taps, read, scores if with_scores else None), gold, n_labels, Cs,
@@ -177,7 +177,7 @@ def fit_prompt(states: np.ndarray, taps: list[Tap], scores: np.ndarray, gold: np
                reads: Sequence[Read], with_scores: bool, *, Cs: Sequence[float] = CS, folds: int = FOLDS,
                seed: int = 0) -> PromptHead:
     """The head of one prompt alone: the candidate read with the lowest held-out log-loss, whatever its depth
-    (a prompt set chooses its reads together: qcls/eval/head_fitting.py)."""
+    (a prompt set chooses its reads together: qcls/fitting/head_fitting.py)."""
     tried = cv_reads(states, taps, scores, gold, len(labels), reads, with_scores, Cs=Cs, folds=folds, seed=seed)
     return fit_read(states, taps, scores, gold, labels, most_accurate(tried), tried, with_scores, folds)
 

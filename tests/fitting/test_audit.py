@@ -9,10 +9,10 @@ import json
 import numpy as np
 import pytest
 
-from qcls.eval import heads as H
-from qcls.eval.audit import COLUMNS, FILTERS, confident_learning, main
-from qcls.eval.head_fitting import StateSet
-from qcls.eval.threshold_fitting import head_probs, out_of_fold
+from qcls.fitting import heads as H
+from qcls.fitting.audit import COLUMNS, FILTERS, confident_learning, main
+from qcls.fitting.head_fitting import StateSet
+from qcls.fitting.threshold_fitting import head_probs, out_of_fold
 from qcls.heads.head import Head, Read, Tap
 from tests.eval.sweep_helpers import tiny, write_set
 
@@ -102,7 +102,7 @@ def test_a_predictions_file_is_refused_with_the_way_out(tmp_path, capsys, monkey
         assert main([str(path), "prompts=default"]) == 2
         err = capsys.readouterr().err
         assert str(path) in err and "predictions file" in err and "qcls label-next" in err
-    from qcls.eval.calibrate import main as calibrate_main  # the reader's refusal holds for calibrate too
+    from qcls.fitting.calibrate import main as calibrate_main  # the reader's refusal holds for calibrate too
     assert calibrate_main(["--eval", str(table), "prompts=default"]) == 2
     assert "predictions file" in capsys.readouterr().err
     assert not (tmp_path / "audit.csv").exists()

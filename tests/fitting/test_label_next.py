@@ -11,7 +11,7 @@ import pytest
 from transformers import AutoModelForCausalLM
 
 from qcls.cli import main
-from qcls.eval.label_next import Candidates, choose, margins, unit_states
+from qcls.fitting.label_next import Candidates, choose, margins, unit_states
 from qcls.eval.metrics import softmax
 from tests.eval.sweep_helpers import tiny, write_set
 
@@ -146,7 +146,7 @@ def category_head(tiny_dirs, tmp_path_factory):
 
 def test_label_next_on_a_tiny_model(tiny_dirs, category_head, tmp_path, monkeypatch, capsys):
     from qcls.config.compose import compose
-    from qcls.eval.label_next_cli import _read, classifier
+    from qcls.cli.label_next import _read, classifier
     over = [*tiny(tiny_dirs["qwen3"]), f"calibration={category_head}"]
     clf = classifier(compose(over))
     got = _read(clf, ["red dress", "boys hoodie"])  # the head's probabilities; the LLM's where there is none

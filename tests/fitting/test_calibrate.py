@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from qcls.eval import models
-from qcls.eval.calibrate import main
+from qcls.fitting.calibrate import main
 from qcls.heads.files import load as load_head
 from qcls.eval.metrics import softmax
 from qcls.eval.sweep import main as sweep_main

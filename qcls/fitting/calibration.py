@@ -1,5 +1,5 @@
 """Fitting per-prompt temperature/bias calibrations (docs/design.md §9): affine heads on the raw scores alone
-(qcls/heads/head.py; learned heads on hidden states are fitted in qcls/eval/heads.py).
+(qcls/heads/head.py; learned heads on hidden states are fitted in qcls/fitting/heads.py).
 
 `fit` minimises the NLL of the gold labels on dev scores; `contextual` measures the bias on content-free
 queries (Zhao et al., 2021). Both give a `Head` whose YAML file the `calibration` config option loads.

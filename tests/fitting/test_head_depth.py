@@ -1,4 +1,4 @@
-"""Choosing the heads' depth for a prompt set (qcls/eval/head_depth.py) on a hand-made table of per-fold
+"""Choosing the heads' depth for a prompt set (qcls/fitting/head_depth.py) on a hand-made table of per-fold
 cross-validated log-losses whose means, standard errors and choices are worked out by hand below."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 
 from qcls.errors import ConfigError
-from qcls.eval import head_depth as D
+from qcls.fitting import head_depth as D
 from qcls.heads.head import Read
 
 N = 12  # layers of the imaginary model

@@ -1,4 +1,4 @@
-"""Fitting heads (qcls/eval/heads.py): the folded affine map equals scikit-learn's own pipeline, the
+"""Fitting heads (qcls/fitting/heads.py): the folded affine map equals scikit-learn's own pipeline, the
 cross-validation picks the strength by held-out log-loss, refusals of splits a head cannot be fitted on, and
 the learning curve's numbers recomputed by hand on a toy set."""
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qcls.eval import heads as H
-from qcls.eval.head_fitting import StateSet, curve
+from qcls.fitting import heads as H
+from qcls.fitting.head_fitting import StateSet, curve
 from qcls.heads.head import Head, PromptHead, Read, Tap
 
 

@@ -33,7 +33,7 @@ class FittedSplit:
     """A head fitted on a labelled split, with what it was fitted from (per prompt the states, raw scores and
     gold labels of the split's rows; the taps the states are)."""
     head: Head
-    sets: dict  # prompt → qcls/eval/head_fitting.py StateSet
+    sets: dict  # prompt → qcls/fitting/head_fitting.py StateSet
     taps: list[Tap]
     notes: list[str]
 
@@ -44,8 +44,8 @@ def fit(args: argparse.Namespace, cfg, data) -> FittedSplit:
     from qcls.backends import sources
     from qcls.backends.registry import get_backend
     from qcls.classifier import Classifier
-    from qcls.eval import head_depth, head_fitting
-    from qcls.eval import heads as H
+    from qcls.fitting import head_depth, head_fitting
+    from qcls.fitting import heads as H
     from qcls.heads.weights_fingerprint import num_layers
 
     if args.cv_folds < 2:

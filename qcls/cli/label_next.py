@@ -1,5 +1,5 @@
 """`qcls label-next`: the queries of a pool most worth labelling next for the head being improved, written as a
-labelled-set CSV to fill in (the rule: qcls/eval/label_next.py; the pool: qcls/predictions/pool.py)."""
+labelled-set CSV to fill in (the rule: qcls/fitting/label_next.py; the pool: qcls/predictions/pool.py)."""
 from __future__ import annotations
 
 import argparse
@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from qcls.config.compose import ConfigError
-from qcls.eval.label_next import COVERAGE, SIMILARITY
+from qcls.fitting.label_next import COVERAGE, SIMILARITY
 
 DEFAULT_OUT = "label_next.csv"
 EPILOG = """examples:
@@ -90,7 +90,7 @@ def check_options(args: argparse.Namespace, cfg) -> Path:
 def run(args: argparse.Namespace, overrides: list[str], pool_arg: str) -> dict[str, Any]:
     from qcls.config.compose import compose
     from qcls.eval.dataset import load_eval_set
-    from qcls.eval.label_next import Candidates, choose
+    from qcls.fitting.label_next import Candidates, choose
     from qcls.predictions.pool import normalised, read_pool
 
     cfg = compose(overrides)
@@ -148,8 +148,8 @@ def _reads_state(head, prompt: str) -> bool:
 def _read(clf, queries: list[str]) -> dict[str, Any]:
     """One pass of the model over `queries` (the engine's batched forwards, as a head is fitted: read_states):
     per prompt the probabilities qcls answers with, who gives them, and the unit states (label_next.unit_states)."""
-    from qcls.eval import heads as H
-    from qcls.eval.label_next import unit_states
+    from qcls.fitting import heads as H
+    from qcls.fitting.label_next import unit_states
     from qcls.heads.head import FINAL, Read
     results, states = clf.read_states(queries)
     ok = [r.ok for r in results]

@@ -1,5 +1,5 @@
 """From a labelled split to a saved head: read the states with qcls's own engine (the numerics of serving,
-batched), fit each prompt's head (qcls/eval/heads.py), and pin the result to the model, prompts and split.
+batched), fit each prompt's head (qcls/fitting/heads.py), and pin the result to the model, prompts and split.
 Used by `qcls calibrate --method head` and by sweep jobs with eval.fit_method=head."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Sequence
 
 import numpy as np
 
-from qcls.eval import head_depth
-from qcls.eval import heads as H
+from qcls.fitting import head_depth
+from qcls.fitting import heads as H
 from qcls.eval.dataset import EvalSet
 from qcls.eval.scores import EvalRunError
 from qcls.heads import weights_fingerprint as fp
@@ -65,7 +65,7 @@ def check_fit_split(data: EvalSet, prompts, folds: int) -> list[str]:
 def fit(clf, sets: dict[str, StateSet], taps: list[Tap], reads: Sequence[Read], with_scores: bool, folds: int,
         fitted_on: str, seed: int = 0, rule: str = "one-se", max_layer: int | None = None) -> Head:
     """Every prompt's head (prompts without labelled queries get none), its read chosen for the prompt set as a
-    whole by `rule` (qcls/eval/head_depth.py; recorded in `meta.depth`), and the metadata that pins the file."""
+    whole by `rule` (qcls/fitting/head_depth.py; recorded in `meta.depth`), and the metadata that pins the file."""
     cfg = clf.cfg
     fitted_on = _shown(fitted_on)
     specs = {p.name: p for p in cfg.prompts}

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from qcls.eval.calibration import contextual, fit
+from qcls.fitting.calibration import contextual, fit
 from qcls.heads import files
 from qcls.heads.head import PromptHead
 from qcls.scoring.tokenization import encode_query

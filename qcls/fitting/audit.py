@@ -1,10 +1,10 @@
 """`qcls audit`: the labels of a labelled file that a held-out head finds unlikely, ranked, with the label it
 suggests (docs/evaluation.md, "Finding wrong labels").
 
-The head is the one `qcls calibrate --method head` fits, with the same options (qcls/eval/head_options.py); each
+The head is the one `qcls calibrate --method head` fits, with the same options (qcls/fitting/head_options.py); each
 row's probabilities are out of fold: from that head's read and L2 strength refitted without the row's fold,
 averaged over --cv-splittings stratified splittings (the first is the one that chose the strength;
-qcls/eval/threshold_fitting.py `head_probs`). On them, per prompt, confident learning (Northcutt, Jiang & Chuang,
+qcls/fitting/threshold_fitting.py `head_probs`). On them, per prompt, confident learning (Northcutt, Jiang & Chuang,
 2021):
 
 - label j's threshold t_j = the mean out-of-fold probability of j over the rows given j;
@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from qcls.config.compose import ConfigError
-from qcls.eval import head_options
+from qcls.fitting import head_options
 
 COLUMNS = ("query", "prompt", "given", "suggested", "given_prob", "suggested_prob", "rank")
 DEFAULT_OUT = "audit.csv"
@@ -143,7 +143,7 @@ def out_path(args: argparse.Namespace, labelled: Path) -> Path:
 
 def labelled_path(value: str) -> Path:
     """dev / test (the eval group's splits) → the file it names; else the file, relative to the current directory."""
-    from qcls.eval.calibrate import split_path
+    from qcls.fitting.calibrate import split_path
     from qcls.eval.dataset import DatasetError
     from qcls.config.paths import candidates, find_file, group_options
     if value in group_options("eval"):
@@ -158,7 +158,7 @@ def labelled_path(value: str) -> Path:
 def run(args: argparse.Namespace, labelled: str, overrides: list[str]) -> dict:
     from qcls.config.compose import compose
     from qcls.eval.dataset import load_eval_set
-    from qcls.eval.threshold_fitting import head_probs
+    from qcls.fitting.threshold_fitting import head_probs
 
     if args.cv_splittings < 1:
         raise ValueError(f"--cv-splittings {args.cv_splittings}: give 1 or more splittings to average over")

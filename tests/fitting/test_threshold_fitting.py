@@ -1,4 +1,4 @@
-"""Fitting abstention thresholds (qcls/eval/threshold_fitting.py): out-of-fold probabilities from the folds that
+"""Fitting abstention thresholds (qcls/fitting/threshold_fitting.py): out-of-fold probabilities from the folds that
 chose the head's C, and `qcls calibrate --target-coverage / --target-precision / --thresholds-for` writing them
 into the head file."""
 from __future__ import annotations
@@ -8,14 +8,14 @@ import json
 import numpy as np
 import pytest
 
-from qcls.eval import heads as H
+from qcls.fitting import heads as H
 from qcls.eval import models
 from qcls.eval.sweep import main as sweep_main
-from qcls.eval.calibrate import main
-from qcls.eval.threshold_fitting import out_of_fold
+from qcls.fitting.calibrate import main
+from qcls.fitting.threshold_fitting import out_of_fold
 from qcls.heads.files import load as load_head
 from qcls.heads.head import PromptHead, Read, Tap
-from tests.eval.test_calibrate import head_set, tiny
+from tests.fitting.test_calibrate import head_set, tiny
 
 
 def test_out_of_fold_uses_the_folds_that_chose_C():

@@ -1,6 +1,6 @@
 """Fitting abstention thresholds for a head on its fitting split (`qcls calibrate --target-precision` /
 `--target-coverage`): per prompt the head's out-of-fold probabilities (its read and L2 strength refitted in the
-same stratified folds that chose that strength: qcls/eval/heads.py `cross_validate`), then the threshold rule
+same stratified folds that chose that strength: qcls/fitting/heads.py `cross_validate`), then the threshold rule
 of qcls/heads/thresholds.py, written into the prompt's entry of the head file."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from qcls.eval import heads as H
+from qcls.fitting import heads as H
 from qcls.heads import thresholds as T
 from qcls.heads.head import Head, PromptHead, Tap
 
@@ -65,7 +65,7 @@ def _round(v):
 
 def head_probs(head: Head, sets: dict, taps: list[Tap],
                splittings: int = 1) -> dict[str, tuple[np.ndarray, np.ndarray, list[str]]]:
-    """Per prompt with a head: out-of-fold probabilities of its labelled queries (qcls/eval/head_fitting.py
+    """Per prompt with a head: out-of-fold probabilities of its labelled queries (qcls/fitting/head_fitting.py
     StateSets), in the head's label order; with `splittings` > 1 averaged over that many stratified splittings
     (seeds 0, 1, …; the first is the one that chose the L2 strength)."""
     out = {}
@@ -109,7 +109,7 @@ def for_file(args, cfg, data, targets) -> dict[str, Any]:
     from pathlib import Path
 
     from qcls.classifier import Classifier
-    from qcls.eval.head_fitting import read_set
+    from qcls.fitting.head_fitting import read_set
     from qcls.heads import files
     from qcls.heads.files import template_sha256
     from qcls.heads.startup import resolve_path

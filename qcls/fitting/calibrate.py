@@ -1,5 +1,5 @@
 """`qcls calibrate`: fit a per-prompt calibration or learned head on a labelled split and write the file that
-the `calibration` config option loads (docs/design.md §9–10; qcls/eval/calibration.py and qcls/eval/heads.py do
+the `calibration` config option loads (docs/design.md §9–10; qcls/fitting/calibration.py and qcls/fitting/heads.py do
 the math)."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from qcls.config.compose import ConfigError
-from qcls.eval import head_options
+from qcls.fitting import head_options
 
 EPILOG = """examples:
   qcls calibrate                                   # the demo model, prompts=default, scoring=trie, dev split
@@ -119,17 +119,17 @@ def run(args: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
     from qcls.classifier import Classifier
     from qcls.config.compose import compose
     from qcls.eval import baseline, calibrated_metrics
-    from qcls.eval.calibration import contextual
+    from qcls.fitting.calibration import contextual
     from qcls.eval.dataset import load_eval_set
     from qcls.eval.scores import by_prompt, classify_set
     from qcls.config.paths import shown
 
     cfg = compose(overrides)
     data = load_eval_set(split_path(args.eval), cfg.prompts, args.limit)  # refused before the model loads
-    from qcls.eval.threshold_fitting import targets as threshold_targets
+    from qcls.fitting.threshold_fitting import targets as threshold_targets
     targets = threshold_targets(args, cfg)
     if args.thresholds_for:
-        from qcls.eval.threshold_fitting import for_file
+        from qcls.fitting.threshold_fitting import for_file
         return for_file(args, cfg, data, targets)
     out = Path(args.out) if args.out else default_out(cfg, args.method)
     if args.method == "head":
@@ -146,7 +146,8 @@ def run(args: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
         cal = calibrated_metrics.fit_on_split(per, args.method, meta)
     fits = None
     if targets:  # a calibration has a temperature and a bias per label: its in-sample probabilities
-        from qcls.eval import metrics, threshold_fitting
+        from qcls.eval import metrics
+        from qcls.fitting import threshold_fitting
         probs = {p: (metrics.softmax(calibrated_metrics.apply(cal, p, ps.labelled()[0])), ps.labelled()[1],
                      ps.labels) for p, ps in per.items() if len(ps.labelled()[1])}
         fits = threshold_fitting.fit(cal, probs, *targets, args.fallback, "in-sample (calibration)")
@@ -166,7 +167,8 @@ def run(args: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
 
 
 def fit_head(args: argparse.Namespace, cfg, data, out: Path, targets=None) -> dict[str, Any]:
-    from qcls.eval import calibrated_metrics, head_fitting
+    from qcls.eval import calibrated_metrics
+    from qcls.fitting import head_fitting
     from qcls.eval.scores import PromptScores
     from qcls.heads import files
 
@@ -175,7 +177,7 @@ def fit_head(args: argparse.Namespace, cfg, data, out: Path, targets=None) -> di
     depth = head.meta["depth"]
     fits = None
     if targets:
-        from qcls.eval import threshold_fitting
+        from qcls.fitting import threshold_fitting
         fits = threshold_fitting.fit(head, threshold_fitting.head_probs(head, sets, taps), *targets, args.fallback,
                                      "out-of-fold")
     if args.append and out.is_file():
@@ -206,7 +208,7 @@ def fit_head(args: argparse.Namespace, cfg, data, out: Path, targets=None) -> di
 
 
 def _threshold_lines(res: dict[str, Any]) -> list[str]:
-    from qcls.eval.threshold_fitting import lines
+    from qcls.fitting.threshold_fitting import lines
     return lines(res)
 
 
@@ -244,8 +246,8 @@ def _baseline_lines(res: dict[str, Any], llm: dict[str, float] | None = None, na
 
 def _head_table(res: dict[str, Any]) -> str:
     """Per prompt the read chosen, the L2 strength and the cross-validated accuracy (held out within the split),
-    beside the raw scores' accuracy on the split; then the depth table (qcls/eval/head_depth.py)."""
-    from qcls.eval import head_depth
+    beside the raw scores' accuracy on the split; then the depth table (qcls/fitting/head_depth.py)."""
+    from qcls.fitting import head_depth
     head = ("prompt", "n", "read", "C", "accuracy: raw scores", "head (cross-validated)")
     rows = []
     for p, h in res["heads"].items():

@@ -1,0 +1,7 @@
+"""What is fitted on labelled queries, chosen on a fitting split and reported on another (docs/evaluation.md):
+`calibrate` (`qcls calibrate`: the file the `calibration` option loads), `calibration` (per-prompt temperature and
+bias), `heads` (learned heads: logistic regression on a hidden state, its strength by cross-validation),
+`head_depth` (which layer a head reads, and so how deep the forward runs), `head_fitting` (from a labelled split to a
+saved head), `head_options` (their command-line options), `threshold_fitting` (abstention thresholds), `audit`
+(`qcls audit`: labels a held-out head finds unlikely) and `label_next` (which queries to label next). Sweeps,
+metrics and reports: qcls/eval/."""
