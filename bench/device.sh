@@ -99,9 +99,13 @@ mode_serving() {  # bench/load.py: engine, handle, HTTP (with a base: HTTP at 8 
     fi
 }
 
-mode_ops() {  # bench/load.py: 3 reloads under HTTP load (8 clients, 60 s); a Zipf stream, cache on then off; the
-    # prediction log off and on, alternated 3 times (every row and every label kept)
-    step "$(size 120 300)" ops-reload python bench/load.py "${APP[@]}" --reloads "$(size 1 3)" --seconds "$(size 10 60)"
+mode_reloads() {  # bench/load.py: 10 reloads under HTTP load (8 clients, 200 s): the swap windows, memory after each
+    step "$(size 120 440)" ops-reload python bench/load.py "${APP[@]}" --reloads "$(size 1 10)" --seconds "$(size 10 200)"
+}
+
+mode_ops() {  # the reloads; a Zipf stream, cache on then off; the prediction log off and on, alternated 3 times
+    # (every row and every label kept)
+    mode_reloads
     if [ -z "$QUICK" ]; then
         step 200 ops-zipf python bench/load.py "${APP[@]}" --zipf --seconds 15
         step 360 ops-log python bench/load.py "${APP[@]}" --prediction-log-ab 3 --seconds 20

@@ -127,7 +127,7 @@ def reload_goals(stats: list[dict], log: list[str]) -> list[str]:
     """A swap window a client barely notices (its p99 ≤ 2 × outside, or ≤ the build's longest step, one indivisible
     piece of device work, + outside) and a card left as found (GPU MiB 0.5 s after the last swap within 32 MiB of
     after the first)."""
-    out, steps = [], [re.search(r"longest step ([\d.]+) ms \((.*)\)", ln) for ln in log]
+    out, steps = [], [re.search(r"longest step ([\d.]+) ms \((.*?)\); then", ln) for ln in log]
     longest = max(((float(m.group(1)), m.group(2)) for m in steps if m), default=(float("nan"), "?"))
     for s in (s for s in stats if s.get("swaps")):
         worst, outside = max(w["p99"] for w in s["swaps"]), s["p99_outside"]

@@ -203,9 +203,10 @@ class EngineWorker(HealthChecks):
             if end is not None:
                 self._builds.popleft()
         if end is not None:
-            longest = max(took, key=lambda t: t[0])
-            log.warning("device owner: a build of %d steps, %.2f s on the device; its longest step %.1f ms (%s)",
-                        len(took), sum(t for t, _ in took), longest[0] * 1e3, longest[1])
+            top = sorted(took, key=lambda t: -t[0])[:3]
+            log.warning("device owner: a build of %d steps, %.2f s on the device; its longest step %.1f ms (%s); "
+                        "then %s", len(took), sum(t for t, _ in took), top[0][0] * 1e3, top[0][1],
+                        ", ".join(f"{t * 1e3:.1f} ms ({name})" for t, name in top[1:]) or "none")
             done.set_exception(end[1]) if end[1] is not None else done.set_result(end[0])
         steps = done = end = None  # (the built Classifier lives on in the caller, not in this frame)
 
