@@ -17,7 +17,7 @@ from qcls.engine.engine import FastEngine
 from qcls.errors import ConfigError
 from qcls.engine.layout import PromptLayout
 from qcls.heads import startup as heads
-from qcls.heads.depth import Depth, plan_depth
+from qcls.heads.depth import BEYOND_WAY_OUT, Depth, plan_depth
 from qcls.heads.weights_fingerprint import num_layers
 from qcls.heads.head import Tap
 from qcls.progress import step, step_note, warn
@@ -25,9 +25,10 @@ from qcls.results import QueryResult
 from qcls.results.answer_fingerprint import answer_fingerprint
 from qcls.results.building import ResultBuilder, check_finite, fill_batch
 from qcls.results.cache import ResultCache
+from qcls.results.requests import Request, refused
 from qcls.scoring.reference import ReferenceEngine
 from qcls.scoring.strategies import get_strategy
-from qcls.scoring.tokenization import QueryEncoder, QueryError, encode_query
+from qcls.scoring.tokenization import QueryEncoder, encode_query, tokenized
 
 WARMUP_QUERY = "warm up query"
 
@@ -139,13 +140,9 @@ class Classifier:
         """The depth again with the model in hand (a default head dropped by the weights check needs every layer);
         weights given by the caller (`loaded`) with fewer layers than this configuration reads are refused."""
         depth = self._plan_depth(loaded.source_config)
-        if (depth.layers if given else depth.loads) > loaded.layers:
-            if given:
-                raise ConfigError(f"this configuration reads {depth.layers} of the model's {depth.total} decoder "
-                                  f"layers ({depth.reason}), but only the first {loaded.layers} are loaded",
-                                  "start a new deployment (or Classifier) for it: the weights it needs were not "
-                                  "loaded; to change prompts and heads freely on a running server, start it with "
-                                  "engine.layer_exit=false or with the model's default head (every layer loaded)")
+        if given and (why := depth.beyond(loaded.layers)):
+            raise ConfigError(why, BEYOND_WAY_OUT)
+        if not given and depth.loads > loaded.layers:
             warn(f"loading {self.cfg.model.name} again with {depth.loads} layers: {depth.reason}")
             self.depth = depth
             loaded = self._load(backend)
@@ -241,15 +238,18 @@ class Classifier:
         """Classify queries under every prompt; a bad query gets an error result and the rest proceed. With
         cache=True a query this Classifier has answered before is answered from `self.cache` (no forward; its
         meta["cache"] says "hit") and the new answers are kept there (engine.result_cache_entries of them)."""
-        hits = self.cache.lookup(self.fingerprint, queries) if cache else [None] * len(queries)
-        results, good = self._tokenize([q for q, h in zip(queries, hits) if h is None])
+        req = self.open(queries, cache)
+        results, good = self._tokenize(req.todo)
         step_ = self.cfg.engine.max_batch_size
         for c in range(0, len(good), step_):
             self.finish(self._launch(results, good[c:c + step_]))
-        if cache:
-            self.cache.remember(self.fingerprint, results)
-        fresh = iter(results)
-        return [h if h is not None else next(fresh) for h in hits]
+        return req.close(results)
+
+    def open(self, queries: list, cache: bool = False) -> Request:
+        """The request path's first step (results/requests.py), for `classify` and a server alike: the queries
+        refused and those answered from the cache (cache=True) are answered; `todo` is left for forwards
+        (`start`/`finish`), whose answers `Request.close` puts in place."""
+        return Request.open(queries, self.encoder, self.cache if cache else None, self.fingerprint)
 
     def start(self, queries: list[str]) -> Batch:
         """The first half of `classify` for at most engine.max_batch_size queries: tokenize and queue their
@@ -290,10 +290,9 @@ class Classifier:
         good: list[tuple[int, list[int], float]] = []
         for i, q in enumerate(queries):
             t0 = time.perf_counter()
-            try:
-                ids = self.encoder(q)
-            except QueryError as e:
-                results[i].error = str(e)
+            ids, why = tokenized(self.encoder, q)
+            if why is not None:
+                results[i] = refused(q, why)
                 continue
             results[i].query_tokens = len(ids)
             good.append((i, ids, (time.perf_counter() - t0) * 1e3))

@@ -26,6 +26,7 @@ from qcls.bulk.outputs import Columns, Result
 from qcls.bulk.progress import Tally
 from qcls.bulk.readers import Row
 from qcls.results import QueryResult
+from qcls.results.requests import finish_batch, start_batch
 
 log = logging.getLogger("qcls.bulk")
 
@@ -83,7 +84,7 @@ class Feed:
             self._collect()
         while len(self.inflight) < 2 and (len(self.todo) >= self.step or (self.flushing and self.todo)):
             chunk = [self.todo.popleft() for _ in range(min(self.step, len(self.todo)))]
-            self.inflight.append((chunk, _start(self.clf, chunk)))
+            self.inflight.append((chunk, start_batch(self.clf, chunk)))
 
     def wait(self) -> None:
         """Collect the oldest batch in flight, waiting for the device if it is not done; queue what fits."""
@@ -93,7 +94,7 @@ class Feed:
 
     def _collect(self) -> None:
         chunk, batch = self.inflight.popleft()
-        for q, r in zip(chunk, _finish(self.clf, chunk, batch)):
+        for q, r in zip(chunk, finish_batch(self.clf, chunk, batch)):
             self.results[q] = r
         self.answered += len(chunk)
 
@@ -179,32 +180,5 @@ def count(tally: Tally, result: Result | None, error: str | None, prompts: list[
         tally.count_result(prompts, result[0])
 
 
-def _start(clf, chunk: list[str]):
-    try:
-        return clf.start(chunk)
-    except Exception as e:  # noqa: BLE001 - retried one by one in _finish
-        return e
-
-
 def _done(clf, batch) -> bool:
     return isinstance(batch, BaseException) or clf.done(batch)  # a start that raised left nothing on the device
-
-
-def _finish(clf, chunk: list[str], batch) -> list[QueryResult]:
-    """A batch whose forward raises is retried query by query, and a query that still raises gets an
-    `internal error` result: the run goes on."""
-    try:
-        if isinstance(batch, BaseException):
-            raise batch
-        return clf.finish(batch)
-    except Exception:  # noqa: BLE001 - one query must not stop a file
-        log.exception("a batch of %d failed; classifying its queries one by one", len(chunk))
-        return [_one(clf, q) for q in chunk]
-
-
-def _one(clf, q: str) -> QueryResult:
-    try:
-        return clf.classify([q])[0]
-    except Exception as e:  # noqa: BLE001
-        log.exception("query failed on its own")
-        return QueryResult(query=q, error=f"internal error while classifying this query ({type(e).__name__}: {e})")

@@ -30,7 +30,6 @@ from qcls.deployments.http import build_http_app
 from qcls.deployments.ingress import replica_env_vars
 from qcls.deployments.metrics import ReplicaMetrics, memory_now
 from qcls.deployments.reload import Reloader, deployment_version, redacted
-from qcls.deployments.query_errors import refused
 from qcls.deployments.worker import EngineWorker, Pending
 from qcls.errors import QclsError, format_error
 from qcls.predictions.log import PredictionLog
@@ -103,32 +102,30 @@ class QclsDeployment:
             self.metrics.refused_query("max_queries_per_request")
             raise ValueError(f"{len(queries)} queries, over max_queries_per_request="
                              f"{self.cfg.max_queries_per_request}: split them over several calls")
-        refusals = await self.worker.refusals(list(queries))
-        # one configuration answers the whole request, even if a reload swaps the active one meanwhile
+        # one configuration answers the whole request, even if a reload swaps the active one meanwhile; its request
+        # path refuses the bad queries (before they take a batch slot) and answers the cached ones
         clf = self.clf
-        hits = iter(clf.cache.lookup(clf.fingerprint, [q for q, why in zip(queries, refusals) if why is None]))
-        hits = [next(hits) if why is None else None for why in refusals]
-        good = [Pending(q, arrived, clf) for q, why, hit in zip(queries, refusals, hits)
-                if why is None and hit is None]
+        if sum(len(q) for q in queries if isinstance(q, str)) <= INLINE_CHARS:
+            req = clf.open(list(queries), cache=True)
+        else:  # tokenizing up to a body limit of text takes a while: off the event loop
+            req = await asyncio.to_thread(clf.open, list(queries), True)
+        good = [Pending(q, arrived, clf) for q in req.todo]
         if self._gather:
             futures = await asyncio.gather(*(self._batched(it) for it in good))
         else:
             futures = self.worker.submit(good)
-        answers = iter([await futures[0]] if len(futures) == 1 else await asyncio.gather(*futures))
-        out = []
-        for q, why, hit in zip(queries, refusals, hits):
-            if why is None:
-                out.append(next(answers) if hit is None else hit)
-                if hit is not None:
-                    out[-1].timings_ms["queue_wait"] = 0.0
-                out[-1].timings_ms["in_replica"] = round((time.perf_counter() - arrived) * 1e3, 4)
-            else:
-                self.metrics.refused_query(why)
-                out.append(refused(q, why))
-        if clf.cache.size:
-            n_hits = sum(h is not None for h in hits)
-            evicted = clf.cache.remember(clf.fingerprint, (r for r, h in zip(out, hits) if h is None))
-            self.metrics.cache_use(n_hits, len(good), evicted, len(clf.cache) if clf is self.clf else None)
+        answers = [await futures[0]] if len(futures) == 1 else list(await asyncio.gather(*futures))
+        known = [(r is not None, r is not None and r.error is not None) for r in req.results]  # (answered, refused)
+        out = req.close(answers)
+        for r, (answered, refused) in zip(out, known):
+            if refused:
+                self.metrics.refused_query(r.error)
+                continue
+            if answered:  # from the cache
+                r.timings_ms["queue_wait"] = 0.0
+            r.timings_ms["in_replica"] = round((time.perf_counter() - arrived) * 1e3, 4)
+        if req.cache is not None:
+            self.metrics.cache_use(req.hits, len(good), req.evicted, len(clf.cache) if clf is self.clf else None)
         if self.predictions is not None:  # the answers, their cache hits and latencies are all known here
             self.predictions.add(out)
         return out
@@ -187,6 +184,9 @@ class QclsDeployment:
         return os.getpid()
 
 
+# Up to this many characters are tokenized on the event loop (well under a millisecond); a thread hop would cost
+# more than it saves.
+INLINE_CHARS = 4096
 # Serve's handle calls cloudpickle their arguments and results by default; qcls's are plain lists, strings
 # and dataclasses (qcls.results), which the standard pickle writes at a fraction of the cost (bench/RESULTS.md)
 HANDLE_SERIALIZATION = {"request_serialization": "pickle", "response_serialization": "pickle"}

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from qcls.classifier import WARMUP_QUERY, Classifier
-from qcls.deployments.query_errors import failed
+from qcls.results.requests import failed, finish_batch, start_batch
 from qcls.results import QueryResult
 
 if TYPE_CHECKING:
@@ -89,45 +89,28 @@ class HealthChecks:
         raised)."""
         if self.broken:
             return clf, [failed(q, f"engine unusable: {self.broken}") for q in queries]
-        try:
-            return clf, clf.start(queries)
-        except Exception as e:  # noqa: BLE001 - the queries are retried one by one in _finish
-            return clf, e
+        return clf, start_batch(clf, queries)
 
     def _finish(self, items: list[Pending], batch, started: float) -> list[QueryResult]:
-        """Results of a started batch; a query that makes the engine raise fails alone. queue_wait = arrival at
-        the replica to the batch's launch, plus the time its forward waited for the device."""
-        queries = [it.query for it in items]
+        """Results of a started batch; a query that makes the engine raise fails alone, and the engine is suspect
+        until a probe answers. queue_wait = arrival at the replica to the batch's launch, plus the time its forward
+        waited for the device."""
         clf, batch = batch
         if isinstance(batch, list):
             results = batch
         else:
-            try:
-                if isinstance(batch, BaseException):
-                    raise batch
-                results = clf.finish(batch, wait_is_queue=True)
+            results = finish_batch(clf, [it.query for it in items], batch, self._failed, wait_is_queue=True)
+            if any(r.ok for r in results):
                 self._ok()
-            except Exception as e:
-                log.exception("batch of %d failed; retrying its queries one by one", len(queries))
-                self.suspect = f"{type(e).__name__}: {e}"
-                self._report("batch")
-                results = self._one_by_one(queries, clf)
         for it, r in zip(items, results):
             waited = r.timings_ms.pop("device_wait", 0.0)
             r.timings_ms["queue_wait"] = round((started - it.arrived) * 1e3 + waited, 4)
         return results
 
-    def _one_by_one(self, queries: list[str], clf: Classifier) -> list[QueryResult]:
-        out = []
-        for q in queries:
-            try:
-                out.extend(clf.classify([q]))
-                self._ok()
-            except Exception as e:
-                log.exception("query failed on its own")
-                self._report("query")
-                out.append(failed(q, f"internal error while classifying this query ({type(e).__name__}: {e})"))
-        return out
+    def _failed(self, kind: str, e: Exception) -> None:
+        if kind == "batch":
+            self.suspect = f"{type(e).__name__}: {e}"
+        self._report(kind)
 
     def _report(self, kind: str) -> None:
         if self.observer is not None:

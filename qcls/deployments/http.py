@@ -28,7 +28,7 @@ from qcls.deployments.playground import add_playground
 from qcls.deployments.schemas import (ClassifyRequest, ClassifyResponse, CompactClassifyResponse, ErrorResponse,
                                       HealthResponse, PromptInfo, PromptsResponse, QueryOut, ReloadInfo,
                                       is_json_error, validation_messages)
-from qcls.deployments.query_errors import QUERY_ERROR, error_kind
+from qcls.results.requests import QUERY_ERROR, error_kind
 from qcls.results import QueryResult
 
 if TYPE_CHECKING:

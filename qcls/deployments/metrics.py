@@ -38,7 +38,7 @@ TOKEN_BOUNDARIES = [16, 32, 64, 128, 192, 256, 384, 512, 768, 1024, 2048, 4096]
 
 
 def refusal_reason(message: str) -> str:
-    """A short label for a refusal message (query_errors.refusal, the HTTP layer's errors)."""
+    """A short label for a refusal message (scoring.tokenization.refusal, the HTTP layer's errors)."""
     for words, reason in (("empty query", "empty"), ("max_query_tokens", "too_long"),
                           ("must be a string", "not_a_string"), ("cannot be tokenized", "untokenizable"),
                           ("max_queries_per_request", "too_many_queries"), ("max_body_bytes", "body_too_large")):

@@ -95,24 +95,19 @@ def validate_prompts(svc: "QclsDeployment", raw: list[dict[str, Any]]) -> tuple[
 
 
 def depth_problem(clf, new: QclsConfig) -> str | None:
-    """Why `new` cannot run on the layers this replica loaded (a head's layer: a prompt without a head needs them
-    all), or None. A reload would refuse it after building; said here, before."""
+    """Why `new` cannot run on the layers this replica loaded (heads.depth: Depth.beyond), or None. A reload would
+    refuse it after building; said here, before."""
     from qcls.errors import QclsError
     from qcls.heads import startup
-    from qcls.heads.depth import plan_depth
+    from qcls.heads.depth import BEYOND_WAY_OUT, plan_depth
 
     try:
         head = startup.choose(new).head
     except QclsError as e:
         return " ".join(str(e).split("\n"))
-    depth = plan_depth(clf.depth.total, head, [p.name for p in new.prompts], enabled=new.engine.layer_exit,
-                       engine=new.engine.kind)
-    if depth.layers <= clf.loaded.layers:
-        return None
-    return (f"these prompts need {depth.layers} of the model's {depth.total} decoder layers ({depth.reason}), but "
-            f"this replica loaded the first {clf.loaded.layers} only (the layer of the head file it was started with: "
-            "docs/design.md §11); deploy it anew without naming that file (the model's default head loads every "
-            "layer) or with engine.layer_exit=false, or fit a head for these prompts")
+    why = plan_depth(clf.depth.total, head, [p.name for p in new.prompts], enabled=new.engine.layer_exit,
+                     engine=new.engine.kind).beyond(clf.loaded.layers)
+    return why and f"{why}; {BEYOND_WAY_OUT}"
 
 
 async def reload_to(svc: "QclsDeployment", cfg: QclsConfig) -> dict[str, Any]:

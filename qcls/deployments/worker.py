@@ -2,7 +2,7 @@
 device (one launches batches, one collects them, so that a batch is prepared while the one before it runs), and
 every other piece of device work the replica does, run by the launcher between batches: health probes (health.py),
 a reload's build one step at a time (`run_steps`: Classifier.in_steps) and the release of a replaced
-configuration's memory. Per-query failure isolation: health.py. Free of Ray and HTTP, so it is the same
+configuration's memory. Per-query failure isolation: health.py; which queries reach it: Classifier.open. Free of Ray and HTTP, so it is the same
 object under a handle, a route or a unit test.
 """
 from __future__ import annotations
@@ -18,7 +18,6 @@ from typing import Any, Callable, Generator, Protocol
 
 from qcls.classifier import Classifier
 from qcls.deployments.health import HealthChecks
-from qcls.deployments.query_errors import refusals
 from qcls.results import QueryResult
 
 log = logging.getLogger("qcls.serve")
@@ -90,10 +89,6 @@ class EngineWorker(HealthChecks):
         threading.Thread(target=self._collect_loop, name="qcls-collect", daemon=True).start()
 
     # -- queries -----------------------------------------------------------------------------------------
-
-    async def refusals(self, queries: list) -> list[str | None]:
-        """Why each query cannot be classified (query_errors.refusal with the active Classifier), or None."""
-        return await refusals(self.clf.encoder, queries)
 
     def submit(self, items: list[Pending]) -> list[asyncio.Future]:
         """Queue queries for the device; each future resolves to its QueryResult.

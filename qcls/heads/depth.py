@@ -17,6 +17,11 @@ from dataclasses import dataclass
 from qcls.heads.head import FINAL, Head, Tap
 
 
+BEYOND_WAY_OUT = ("start a new deployment (or Classifier) for it: the weights it needs were not loaded; to change "
+                  "prompts and heads freely on a running server, start it with engine.layer_exit=false or with the "
+                  "model's default head (every layer loaded), or fit a head for these prompts")
+
+
 @dataclass(frozen=True)
 class Depth:
     layers: int  # decoder layers the forward runs (and the backend loads)
@@ -50,6 +55,15 @@ class Depth:
             return s + "; only those layers are loaded, no label scores"
         return s + (f"; no label scores; all {self.total} layers loaded, since the head is the model's default "
                     f"(name its file, calibration=PATH, to load only {self.layers})")
+
+    def beyond(self, loaded: int) -> str | None:
+        """Why this depth cannot run on weights of which only the first `loaded` decoder layers are loaded (a
+        replica started with a named head file, asked for prompts that need more), or None; `BEYOND_WAY_OUT` says
+        what to do instead."""
+        if self.layers <= loaded:
+            return None
+        return (f"this configuration reads {self.layers} of the model's {self.total} decoder layers ({self.reason}), "
+                f"but only the first {loaded} are loaded (those of the head file it was started with)")
 
     def as_dict(self) -> dict:
         return {"layers": self.layers, "of": self.total, "loaded": self.loads, "label_scores": self.scores,

@@ -132,3 +132,21 @@ class QueryEncoder:
                 self.cache.pop(next(iter(self.cache)))  # oldest first (dicts keep insertion order)
             self.cache[query] = tuple(ids)
         return ids
+
+
+def tokenized(encoder: QueryEncoder, query: object) -> tuple[list[int] | None, str | None]:
+    """(its ids, None), or (None, why `query` cannot be classified): the one rule, for every caller (a refused query
+    gets an error result and the others proceed; a server refuses it before it takes a batch slot)."""
+    if not isinstance(query, str):
+        return None, f"a query must be a string, got {type(query).__name__}"
+    try:
+        return encoder(query), None
+    except QueryError as e:
+        return None, str(e)
+    except Exception as e:  # e.g. a lone surrogate the tokenizer cannot take
+        return None, f"query cannot be tokenized ({type(e).__name__}: {e})"
+
+
+def refusal(encoder: QueryEncoder, query: object) -> str | None:
+    """Why `query` cannot be classified, or None (`tokenized`; the ids are cached for the batch's own tokenize)."""
+    return tokenized(encoder, query)[1]

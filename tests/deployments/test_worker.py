@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from qcls.deployments.query_errors import INTERNAL_ERROR, error_kind, refusal
+from qcls.results.requests import INTERNAL_ERROR, Request, error_kind
 from qcls.deployments.worker import EngineWorker, Pending
 from qcls.scoring.tokenization import QueryEncoder
 from qcls.results import LabelScore, PromptResult, QueryResult
@@ -64,21 +64,16 @@ class FakeClassifier:
     def classify(self, queries):
         return self.finish(self.start(queries))
 
+    def open(self, queries, cache=False):  # as Classifier.open
+        return Request.open(queries, self.encoder, getattr(self, "cache", None) if cache else None,
+                            getattr(self, "fingerprint", ""))
+
     def started(self, *queries: str) -> bool:
         return ("start", queries) in self.log
 
 
 def run(coro):
     return asyncio.run(coro)
-
-
-def test_refusals_name_the_problem():
-    w = EngineWorker(FakeClassifier())
-    assert refusal(w.clf.encoder, "ok") is None
-    assert "empty query" in refusal(w.clf.encoder, "  ")
-    assert "max_query_tokens=8" in refusal(w.clf.encoder, "x" * 9)
-    assert "must be a string" in refusal(w.clf.encoder, 3)
-    assert run(w.refusals(["ok", 3])) == [None, "a query must be a string, got int"]
 
 
 def test_poisoned_query_fails_alone_and_the_probe_clears_suspicion():
