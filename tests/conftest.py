@@ -25,6 +25,8 @@ torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
     slow_marker.watch_interpreter()
+    from tests.interpreter import skip_repatching
+    skip_repatching()
 
 from qcls.config.compose import compose
 from qcls.progress import set_quiet
