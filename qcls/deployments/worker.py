@@ -29,9 +29,9 @@ LEAD_MIN_S, LEAD_SHARE = 1e-3, 0.25
 # A build's next step waits at most this long, after its last one, for the queries and jobs that waited meanwhile
 # (a health probe, above all) to be launched; then no batch is launched until it has run.
 GIVE_S = 0.05
-# Steps of a build shorter than this run back to back: a step this short costs the queries less than a drain of the
-# batches in flight would cost the build.
-SLICE_S = 0.02
+# Steps of a build run back to back while their turn is shorter than this: a step this short costs the queries less
+# than a drain of the batches in flight would cost the build; longer turns would add to a query's wait.
+SLICE_S = 0.005
 
 
 class Observer(Protocol):

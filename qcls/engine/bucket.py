@@ -79,19 +79,19 @@ class Bucket:
 
     def capture(self, pool, stream: torch.cuda.Stream) -> Iterator[str]:
         """Warm up, then capture the forward and the tail, on `stream` (engine.capture_stream: cuBLAS keeps a
-        workspace per stream, allocated by the warm-up, never inside a capture): three steps, one per `next()`,
+        workspace per stream, allocated by the warm-up, never inside a capture): four steps, one per `next()`,
         each yielding what it did and ending with nothing of the build left running. Not torch.cuda.graph: it
         synchronizes the whole device and empties both memory caches before every capture, which beside another
         engine's live forwards can deadlock (measured on H200s: the capture's device synchronize against a serving
         collector's event wait)."""
         current = torch.cuda.current_stream(self.dec.device)
         stream.wait_stream(current)
-        with torch.inference_mode(), torch.cuda.stream(stream):
-            for _ in range(2):
+        for k in (1, 2):  # two warm-up runs, a step each (an eager forward is most of a step's time)
+            with torch.inference_mode(), torch.cuda.stream(stream):
                 self.forward()
                 self.score()
-        stream.synchronize()  # the build's kernels end with the step (this stream only, not the device)
-        yield "warm-up before capture"
+            stream.synchronize()  # the build's kernels end with the step (this stream only, not the device)
+            yield f"warm-up {k} of 2 before capture"
         graphs = []
         for name, step in (("forward", self.forward), ("tail", self.score)):
             graph = torch.cuda.CUDAGraph()
