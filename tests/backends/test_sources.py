@@ -17,6 +17,28 @@ def test_local_dir_resolves_and_loads(tiny_dirs):
     assert src.path == tiny_dirs["qwen2"] and sources.load_config(src).model_type == "qwen2"
 
 
+def test_a_local_tokenizer_is_read_once_then_from_the_cache_folder(tiny_dirs, tmp_path, monkeypatch):
+    import os
+    import shutil
+    monkeypatch.setenv("QCLS_CACHE_DIR", str(tmp_path / "cache"))
+    folder = shutil.copytree(tiny_dirs["qwen3"], tmp_path / "model")
+    src = sources.Source(str(folder))
+    first = sources.load_tokenizer(src)
+    [stored] = (tmp_path / "cache" / "tokenizers").iterdir()
+    again = sources.load_tokenizer(src)
+    assert again is not first and type(again) is type(first)
+    for text in ["mens slim fit jeans", "男士牛仔裤 <|im_end|>", " spaces\u00a0and 🙂"]:
+        assert again.encode(text, add_special_tokens=False) == first.encode(text, add_special_tokens=False)
+    assert again.eos_token == first.eos_token and len(again) == len(first)
+    stored.write_bytes(b"torn")  # a file that does not load: the folder is read again and the file replaced
+    assert sources.load_tokenizer(src).encode("red dress") == first.encode("red dress")
+    assert stored.read_bytes() != b"torn"
+    tok = folder / "tokenizer_config.json"
+    os.utime(tok, ns=(tok.stat().st_atime_ns, tok.stat().st_mtime_ns + 10**9))  # an edited folder: a new entry
+    sources.load_tokenizer(src)
+    assert len(list((tmp_path / "cache" / "tokenizers").iterdir())) == 2
+
+
 def test_hub_id_in_offline_mode_fails_without_network(monkeypatch, tmp_path):
     from qcls.errors import HubUnreachableError
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
