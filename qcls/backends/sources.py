@@ -158,7 +158,7 @@ def load_tokenizer(src: Source):
     tok = AutoTokenizer.from_pretrained(src.path, gguf_file=src.gguf_file, revision=src.revision)
     if stored is not None:
         with contextlib.suppress(OSError):  # a read-only cache folder: read the folder every time
-            _write_atomically(stored, pickle.dumps(tok))
+            write_atomically(stored, pickle.dumps(tok))
     return tok
 
 
@@ -176,10 +176,12 @@ def _stored_tokenizer(src: Source) -> Path | None:
     return default_cache_dir() / "tokenizers" / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.pickle"
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
+def write_atomically(path: Path, data: bytes) -> None:
+    """`data` as the file `path`, whole or not at all (a temporary file renamed over it; mode 0600): processes
+    writing one cache entry at once each write a whole file, one wins."""
     import tempfile
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".part")  # (mode 0600)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".part")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)

