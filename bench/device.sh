@@ -122,8 +122,13 @@ mode_replicas() {  # N replicas (≤ the GPUs; ports, HAProxy) against one; on 2
     # each N's run at most 150 s: 1, 2 and 4 replicas and the loss fit one 10-minute call on a 4-GPU machine
     step "$(size 300 360)" replicas python bench/replicas.py "${APP[@]}" serve.ingress=haproxy --replicas "$ns" \
         --seconds 5 --run-timeout-s 150
-    [ "$GPUS" -ge 2 ] && step 180 replica-loss python bench/replica_loss.py "${APP[@]}" serve.num_replicas=2
-    [ "$GPUS" -ge 2 ] && step 150 reload-2 python bench/load.py "${APP[@]}" serve.num_replicas=2 --reloads 1 --seconds 30
+    mode_loss
+}
+
+mode_loss() {  # on 2 GPUs or more: one of 2 replicas killed under load; a reload on 2 replicas
+    [ "$GPUS" -lt 2 ] && { echo "== loss: needs 2 GPUs"; rc=1; return; }
+    step 180 replica-loss python bench/replica_loss.py "${APP[@]}" serve.num_replicas=2
+    step 150 reload-2 python bench/load.py "${APP[@]}" serve.num_replicas=2 --reloads 1 --seconds 30
 }
 
 mode_bulk() {  # bench/bulk.py (engine against `qcls bulk`); on several GPUs bench/bulk_ray.py, one actor killed
