@@ -68,7 +68,7 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
 
 
 def run_one(spec: str, model_dir: Path, args, ref) -> dict:
-    from qcls.backends import memory, sources
+    from qcls.backends import device_memory, memory, sources
     from qcls.classifier import Classifier
     from qcls.config.compose import compose
     name, opts = parse_spec(spec)
@@ -104,7 +104,7 @@ def run_one(spec: str, model_dir: Path, args, ref) -> dict:
         row["startup_s"] = round(time.perf_counter() - t0, 1)
         meta = clf.metadata()
         row.update(graphs=meta.get("graphs"), notes=meta["notes"], memory=meta["memory"],
-                   measured_after_startup=memory.measured(clf.loaded.device),
+                   measured_after_startup=device_memory.measured(clf.loaded.device),
                    kernels=sorted({type(m).__name__ for m in clf.loaded.model.model.layers[0].modules()
                                    if "Linear" in type(m).__name__}))
         res = clf.classify(QUERIES)
@@ -124,7 +124,7 @@ def run_one(spec: str, model_dir: Path, args, ref) -> dict:
                     lat.append(dt)
                     fwd.append(out[0].timings_ms["forward"])
             row[f"p50_b{b}"], row[f"p90_b{b}"], row[f"fwd_p50_b{b}"] = median(lat), pct(lat, 90), median(fwd)
-        row["measured_peak"] = memory.measured(clf.loaded.device)
+        row["measured_peak"] = device_memory.measured(clf.loaded.device)
         if ref is not None:
             d = score_diff(row["scores"], ref)
             row["max_delta"], row["winner_agree"] = d["max_abs_diff"], d["winners_equal"]

@@ -49,8 +49,8 @@ def measure(a, overrides: list[str]) -> tuple[list[dict], dict]:
     import ray
     from ray import serve
 
-    from qcls.deployments.ingress import direct_urls, serve_env
-    from qcls.cli.serve import serve_main
+    from qcls.cli.serve import direct_urls, serve_main
+    from qcls.deployments.ingress import serve_env
     handle = serve_main(overrides, blocking=False)
     gc.collect()
     gc.freeze()  # the clients' garbage collector need not walk everything imported so far

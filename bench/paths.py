@@ -102,7 +102,7 @@ def http_caller(url: str | list[str]):
 
 def handle_caller(handle):
     async def make(_i: int):
-        from qcls.deployments.app import classifier_handle
+        from qcls.cli.serve import classifier_handle
         h = classifier_handle(handle)  # plain pickle; made in the event loop that makes the calls
 
         async def call(q: str):

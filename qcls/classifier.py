@@ -9,7 +9,7 @@ import torch
 
 from qcls.backends import sources
 from qcls.backends.base import LoadedModel
-from qcls.backends.memory import measured
+from qcls.backends.device_memory import measured
 from qcls.backends.registry import get_backend
 from qcls.config.compose import compose
 from qcls.config import QclsConfig

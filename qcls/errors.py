@@ -103,6 +103,12 @@ def format_error(err: BaseException, prog: str = "qcls") -> str:
     return "\n".join(lines)
 
 
+def one_line(err: BaseException) -> str:
+    """The error as one line (a refusal in a status or beside a field): a QclsError's what and way out; anything
+    else (out of memory, a library's error) by its type."""
+    return " ".join(str(err).split("\n")) if isinstance(err, QclsError) else f"{type(err).__name__}: {err}"
+
+
 def as_user_error(err: BaseException) -> BaseException | None:
     """The error to show as bad input, or None for a bug. ValueError / OSError are how this codebase (and
     transformers) refuse input and files, so they count as user errors; an ImportError only for a known

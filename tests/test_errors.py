@@ -40,6 +40,8 @@ def test_message_is_what_then_the_way_out():
     assert str(e) == "model.path=/x does not exist\ngive a directory\nor a file"  # logs carry both
     back = pickle.loads(pickle.dumps(e))  # Ray ships it between processes
     assert (back.what, back.way_out) == (e.what, e.way_out)
+    assert E.one_line(e) == "model.path=/x does not exist give a directory or a file"  # a refusal in a status
+    assert E.one_line(MemoryError("no room")) == "MemoryError: no room"
 
 
 def test_errors_keep_their_builtin_types():

@@ -1,5 +1,5 @@
-"""GPU memory: an estimate from the model config alone (before any weight is read), the budget check that
-refuses a start that will not fit, and the measured numbers after start-up.
+"""GPU memory: an estimate from the model config alone (before any weight is read) and the budget check that
+refuses a start that will not fit (what the device holds once loaded: device_memory.py).
 
 The estimate follows what the engine allocates: weights placed by the backend, the decoder's K/V buffer
 (prefix pool + the largest bucket's tokens), the largest bucket's activations (what its CUDA graph pool
@@ -277,15 +277,3 @@ def check_budget(cfg: QclsConfig, est: MemoryEstimate, device: torch.device | No
     raise MemoryBudgetError(
         f"{cfg.model.name} with backend={est.backend} needs an estimated {est.summary()}, over the budget of "
         f"{budget / GIB:.2f} GiB ({src})", hint + "; `qcls check` prints every backend's estimate")
-
-
-def measured(device: torch.device | str | None = None) -> dict[str, int]:
-    """What torch's allocator holds now and at its peak, and the card's used/total (context included).
-    Empty off CUDA."""
-    dev = torch.device(device) if device is not None else None
-    if (dev is not None and dev.type != "cuda") or not torch.cuda.is_available():
-        return {}
-    free, total = torch.cuda.mem_get_info(dev)
-    return {"gpu_allocated": torch.cuda.memory_allocated(dev), "gpu_peak": torch.cuda.max_memory_allocated(dev),
-            "gpu_reserved": torch.cuda.memory_reserved(dev), "gpu_used_device": total - free,
-            "gpu_total_device": total}

@@ -3,11 +3,11 @@ prompt set, head file, scoring or limits without a restart.
 
 The overrides are the whole configuration, as for `qcls serve` (the same ones with the changes): composed and
 checked here first (a typo, a head file that does not fit the prompts), compared with the configuration the app
-serves (a change of model, backend or serving settings needs a new deployment and is refused), then sent as the
-deployment's user_config: Serve calls every replica's reconfigure(), each builds the new configuration beside
-the serving one and swaps (qcls/deployments/reload.py). The command waits until every replica serves it or one
-refused it; a refusal rolls the deployment's target back to the configuration still serving, and exits 2 with the
-reason.
+serves (a change of model, backend or serving settings needs a new deployment and is refused: qcls/config/reloads.py),
+then sent as the deployment's user_config: Serve calls every replica's reconfigure(), each builds the new
+configuration beside the serving one and swaps (qcls/deployments/reload.py). The command waits until every replica
+serves it or one refused it; a refusal rolls the deployment's target back to the configuration still serving, and
+exits 2 with the reason.
 """
 from __future__ import annotations
 
@@ -29,8 +29,9 @@ def reload_main(overrides: list[str], wait_s: float = 900.0) -> int:
     import ray
     from ray import serve
 
+    from qcls.config.reloads import changed_keys, redacted
     from qcls.deployments.app import app_for
-    from qcls.deployments.reload import RefusedReload, changed_keys, redacted
+    from qcls.deployments.reload import RefusedReload
     from qcls.heads.startup import choose, portable
 
     cfg = compose(overrides)

@@ -1,5 +1,7 @@
 """`qcls serve [hydra overrides]`: start (or join) Ray, deploy the app, and keep serving until Ctrl-C or
-SIGTERM (both delete the app, which lets every replica finish its in-flight requests first)."""
+SIGTERM (both delete the app, which lets every replica finish its in-flight requests first). For Python callers of
+a running app: `classifier_handle` (its DeploymentHandle with the cheaper serialization) and `direct_urls` (its
+replicas' own HTTP addresses)."""
 from __future__ import annotations
 
 import os
@@ -7,6 +9,7 @@ import signal
 import sys
 import threading
 import time
+from typing import Any
 
 from qcls.config.compose import compose
 
@@ -22,10 +25,9 @@ def serve_main(overrides: list[str], blocking: bool = True, log_to_driver: bool 
     import ray
     from ray import serve
 
+    from qcls.config.api_key import open_to_the_network
     from qcls.deployments.app import app_for
-    from qcls.deployments.ingress import direct_urls, export_serve_env
-
-    from qcls.deployments.api_key import open_to_the_network
+    from qcls.deployments.ingress import export_serve_env
 
     cfg = compose(overrides)
     s = cfg.serve
@@ -89,6 +91,43 @@ def serve_main(overrides: list[str], blocking: bool = True, log_to_driver: bool 
         if connected_here:
             ray.shutdown()
     return None
+
+
+def direct_urls(app_name: str, host: str, wait_s: float = 3.0, n: int = 1) -> list[str]:
+    """The replicas' own HTTP addresses (direct ingress, also behind HAProxy), from the target groups Serve's
+    controller gives its proxy manager (it lists a new replica's port within a control-loop tick or two), once
+    there are n of them or after wait_s; empty when this cluster's Serve controller runs without direct ingress.
+    What `qcls serve` prints, and where a client that started the app (bench/load.py, the tests) sends its requests."""
+    import ray
+    from ray.serve.context import _get_global_client
+
+    deadline, controller = time.monotonic() + wait_s, _get_global_client()._controller
+    while True:
+        # as the proxy manager asks: behind HAProxy, clients are told only HAProxy's address
+        groups = ray.get(controller.get_target_groups.remote(app_name, True))
+        # a replica's own port serves its app under the app's route prefix, as the proxy does (a group of an app
+        # without running replicas lists Serve's proxies: not a replica)
+        urls = [f"http://{t.ip if host in ('0.0.0.0', '::') else host}:{t.port}{g.route_prefix.rstrip('/')}"
+                for g in groups if g.app_name == app_name and g.protocol == "HTTP"  # (a str enum)
+                for t in g.targets if not t.name.startswith("SERVE_PROXY_ACTOR")]
+        if len(urls) >= n or time.monotonic() > deadline:
+            return urls
+        time.sleep(0.2)
+
+
+# Serve's handle calls cloudpickle their arguments and results by default; qcls's are plain lists, strings
+# and dataclasses (qcls.results), which the standard pickle writes at a fraction of the cost (bench/RESULTS.md)
+HANDLE_SERIALIZATION = {"request_serialization": "pickle", "response_serialization": "pickle"}
+
+
+def classifier_handle(app_name_or_handle: str | Any = "qcls"):
+    """The DeploymentHandle of a running qcls app (or the handle given, e.g. serve_main's), with the cheaper
+    serialization (HANDLE_SERIALIZATION). Call it where the calls are made: this sets up the handle's router,
+    which in a process with RAY_SERVE_THROUGHPUT_OPTIMIZED=1 must happen inside the caller's event loop."""
+    from ray import serve
+
+    handle = serve.get_app_handle(app_name_or_handle) if isinstance(app_name_or_handle, str) else app_name_or_handle
+    return handle.options(**HANDLE_SERIALIZATION)
 
 
 def _interrupt(signum, frame):

@@ -35,10 +35,14 @@ def validate(cfg: DictConfig | dict, sources: dict[str, Path] | None = None) -> 
     data = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
     data = {k: v for k, v in data.items() if k != "hydra"}
     try:
-        return QclsConfig.model_validate(data)
+        cfg = QclsConfig.model_validate(data)
     except ValidationError as e:
         from qcls.config.errors import describe
         raise ConfigError("invalid qcls config:\n" + "\n".join(describe(e, sources or {}))) from None
+    if cfg.serve.autoscaling:
+        from qcls.config.autoscaling import autoscaling_config
+        autoscaling_config(cfg.serve.autoscaling)
+    return cfg
 
 
 def compose(overrides: list[str] | tuple[str, ...] = (), config_dir: str | Path | list | None = None

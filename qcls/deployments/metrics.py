@@ -23,14 +23,9 @@ Recording runs on the replica's event loop after the batch's answers are handed 
 """
 from __future__ import annotations
 
-import gc
-import os
-import time
-from collections import deque
-from pathlib import Path
-
 from ray.serve.metrics import Counter, Gauge, Histogram
 
+from qcls.gc_pauses import GcPauses
 from qcls.results import STAGES, QueryResult
 
 MS_BOUNDARIES = [0.25, 0.5, 1, 2, 3, 4, 5, 6, 8, 10, 12, 15, 20, 30, 50, 100, 200, 500, 1000, 5000]
@@ -45,51 +40,6 @@ def refusal_reason(message: str) -> str:
         if words in message:
             return reason
     return "bad_request"
-
-
-class GcPauses:
-    """The garbage collector's pauses in this process. A collection holds the GIL, so every thread of a
-    replica (event loop, launcher, collector) waits it out: a long one is a latency spike for every request
-    in flight. Recorded from gc.callbacks; `recent` keeps the latest (perf_counter at start, ms, generation)."""
-
-    def __init__(self, keep: int = 512):
-        self.recent: deque[tuple[float, float, int]] = deque(maxlen=keep)
-        self.count, self.total_ms, self.max_ms = [0, 0, 0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]
-        self._started = 0.0
-        gc.callbacks.append(self._on_gc)
-
-    def _on_gc(self, phase: str, info: dict) -> None:
-        now = time.perf_counter()
-        if phase == "start":
-            self._started = now
-            return
-        g, ms = info["generation"], (now - self._started) * 1e3
-        self.count[g] += 1
-        self.total_ms[g] += ms
-        self.max_ms[g] = max(self.max_ms[g], ms)
-        self.recent.append((self._started, ms, g))
-
-    def summary(self) -> dict:
-        return {"count": list(self.count), "total_ms": [round(x, 3) for x in self.total_ms],
-                "max_ms": [round(x, 3) for x in self.max_ms], "recent": list(self.recent)}
-
-    def close(self) -> None:
-        if self._on_gc in gc.callbacks:
-            gc.callbacks.remove(self._on_gc)
-
-
-def memory_now(device) -> dict[str, int | None]:
-    """This process's resident memory and, on a CUDA device, what torch has allocated and reserved there (bytes;
-    reserved includes the CUDA graphs' pools); growth over minutes is a leak."""
-    try:  # Linux: current RSS (resource.getrusage gives only the peak)
-        rss = int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        rss = None
-    out = {"rss": rss, "cuda_allocated": None, "cuda_reserved": None}
-    if getattr(device, "type", None) == "cuda":
-        import torch
-        out.update(cuda_allocated=torch.cuda.memory_allocated(device), cuda_reserved=torch.cuda.memory_reserved(device))
-    return out
 
 
 class ReplicaMetrics:

@@ -2,8 +2,9 @@
 
     GET  /                  the page (static HTML, CSS and JavaScript shipped in qcls/deployments/static/)
     GET  /v1/check          what `qcls check` knows of the served prompts (qcls/check/served.py)
-    PUT  /v1/prompts        a new prompt set: validated here (each problem names its prompt and field), then
-                            hot-reloaded through the replica's Reloader (reload.py); `"dry_run": true` only validates
+    PUT  /v1/prompts        a new prompt set: validated against the serving Classifier (qcls/check/prompt_set.py:
+                            each problem names its prompt and field), then hot-reloaded through the replica's
+                            Reloader (reload.py); `"dry_run": true` only validates
 
 The page and its files carry no data, so they are open with an API key too (a browser cannot send a bearer header
 to load a page); every JSON route keeps needing the key. A PUT reaches the replica that answered it: with several
@@ -14,15 +15,16 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from dataclasses import asdict
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from qcls.check.prompt_set import validate_prompts
 from qcls.check.served import served_check
-from qcls.config import PromptSpec, QclsConfig
-from qcls.errors import LabelSetError
+from qcls.config import QclsConfig
 
 if TYPE_CHECKING:
     from qcls.deployments.app import QclsDeployment
@@ -54,60 +56,6 @@ class PromptsUpdateResult(BaseModel):
 
 def static_text(name: str) -> str:
     return resources.files("qcls.deployments").joinpath("static", name).read_text(encoding="utf-8")
-
-
-def validate_prompts(svc: "QclsDeployment", raw: list[dict[str, Any]]) -> tuple[QclsConfig | None, list[FieldError]]:
-    """The configuration serving these prompts instead, or every problem found, each beside its prompt and field."""
-    from qcls.engine.layout import PromptLayout
-    from qcls.scoring.strategies import get_strategy
-
-    clf = svc.clf
-    errors, specs = [], []
-    for i, given in enumerate(raw):
-        try:
-            specs.append(PromptSpec.model_validate(given))
-        except ValidationError as e:
-            for err in e.errors(include_url=False):
-                where = str(err["loc"][0]) if err["loc"] else None
-                errors.append(FieldError(prompt=i, field=where, message=err["msg"].removeprefix("Value error, ")))
-    names = [str(given.get("name")) if isinstance(given, dict) else None for given in raw]
-    errors += [FieldError(prompt=i, field="name", message=f"another prompt is named {n!r}: names must be distinct")
-               for i, n in enumerate(names) if n is not None and n in names[:i]]
-    if errors:
-        return None, errors
-    strategy = get_strategy(clf.cfg.strategy)
-    for i, spec in enumerate(specs):  # the label sets as start-up tokenizes them, on the replica's tokenizer
-        try:
-            PromptLayout.from_spec(clf.tokenizer, spec, strategy, clf.depth.scores)
-        except LabelSetError as e:
-            text = " ".join(str(e).split("\n"))
-            where = "label_end" if "label_end" in text else "template" if "{query}" in text else "labels"
-            errors.append(FieldError(prompt=i, field=where, message=text))
-    if errors:
-        return None, errors
-    try:
-        new = QclsConfig.model_validate({**clf.cfg.model_dump(), "prompts": [s.model_dump() for s in specs]})
-    except ValidationError as e:
-        return None, [FieldError(prompt=None, field=None, message=err["msg"].removeprefix("Value error, "))
-                      for err in e.errors(include_url=False)]
-    why = depth_problem(clf, new)
-    return (None, [FieldError(prompt=None, field=None, message=why)]) if why else (new, [])
-
-
-def depth_problem(clf, new: QclsConfig) -> str | None:
-    """Why `new` cannot run on the layers this replica loaded (heads.depth: Depth.beyond), or None. A reload would
-    refuse it after building; said here, before."""
-    from qcls.errors import QclsError
-    from qcls.heads import startup
-    from qcls.heads.depth import BEYOND_WAY_OUT, plan_depth
-
-    try:
-        head = startup.choose(new).head
-    except QclsError as e:
-        return " ".join(str(e).split("\n"))
-    why = plan_depth(clf.depth.total, head, [p.name for p in new.prompts], enabled=new.engine.layer_exit,
-                     engine=new.engine.kind).beyond(clf.loaded.layers)
-    return why and f"{why}; {BEYOND_WAY_OUT}"
 
 
 async def reload_to(svc: "QclsDeployment", cfg: QclsConfig) -> dict[str, Any]:
@@ -154,10 +102,10 @@ def add_playground(app: FastAPI, svc: "QclsDeployment") -> None:
         except ValidationError as e:
             return answer(422, PromptsUpdateResult(ok=False, detail="invalid request: " + "; ".join(
                 err["msg"] for err in e.errors(include_url=False))))
-        new, errors = validate_prompts(svc, update.prompts)
-        if errors:
-            return answer(422, PromptsUpdateResult(ok=False, detail=f"{len(errors)} problem(s); the served prompts "
-                                                   "are unchanged", errors=errors))
+        new, problems = validate_prompts(svc.clf, update.prompts)
+        if problems:
+            return answer(422, PromptsUpdateResult(ok=False, detail=f"{len(problems)} problem(s); the served prompts "
+                                                   "are unchanged", errors=[FieldError(**asdict(p)) for p in problems]))
         if update.dry_run:
             return answer(200, PromptsUpdateResult(ok=True, detail="valid", prompts=[p.name for p in new.prompts]))
         s = svc.cfg.serve

@@ -1,10 +1,8 @@
 """Hot reload of a replica's configuration: prompts, head file, scoring and limits, on the weights it holds.
 
 Serve hands a replica its deployment's `user_config` through `reconfigure()` at start-up and whenever it
-changes (`serve deploy` with an edited user_config, `qcls reload`). Two forms:
-
-    {"overrides": ["prompts=ecommerce8_fewshot", "calibration=null"]}   # Hydra overrides on top of the app's own
-    {"config": {...}, "id": "..."}                                      # a composed config (what `qcls reload` sends)
+changes (`serve deploy` with an edited user_config, `qcls reload`); its two forms, and what a reload may change, are
+set out in qcls/config/reloads.py.
 
 The new configuration's Classifier is built beside the serving one on the same loaded weights (prompts, prefix cache,
 engine, graphs, warm-up): its configuration is composed in a thread, because Serve blocks the replica while
@@ -25,17 +23,14 @@ import weakref
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Generator
 
-from qcls.config import QclsConfig
-from qcls.errors import QclsError
+from qcls.backends.device_memory import free_device_memory
+from qcls.config.reloads import changed_keys, target_config
+from qcls.errors import QclsError, one_line
 
 if TYPE_CHECKING:
     from qcls.classifier import Classifier
 
 log = logging.getLogger("qcls.serve")
-
-# What a reload cannot change: the weights (model, backend, memory budget, conversion cache) and the deployment's
-# shape (serve.*: replicas, GPUs, ports; engine.max_batch_size: the batcher's size)
-NEEDS_NEW_DEPLOYMENT = ("model", "backend", "gpu_memory_gib", "cache_dir", "serve", "engine.max_batch_size")
 
 
 @dataclass
@@ -57,74 +52,6 @@ class ReloadState:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def redacted(cfg: QclsConfig) -> QclsConfig:
-    """The config with serve.api_key replaced by its hash: comparable (a reload that drops or changes the key is a
-    serve change) without the key leaving the replica."""
-    import hashlib
-
-    if cfg.serve.api_key is None:
-        return cfg
-    digest = "sha256:" + hashlib.sha256(cfg.serve.api_key.encode("utf-8")).hexdigest()
-    return cfg.model_copy(update={"serve": cfg.serve.model_copy(update={"api_key": digest})})
-
-
-def deployment_version(cfg: QclsConfig) -> str:
-    """The NEEDS_NEW_DEPLOYMENT settings, hashed: the app's Serve version, so that deploying it again with only
-    another user_config (`qcls reload`) reconfigures the running replicas in place instead of replacing them."""
-    import hashlib
-    import json
-
-    dump = cfg.model_dump(mode="json", exclude={"serve": {"api_key"}})
-    parts = {k: (dump["engine"]["max_batch_size"] if k == "engine.max_batch_size" else dump[k])
-             for k in NEEDS_NEW_DEPLOYMENT}
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def changed_keys(old: QclsConfig, new: QclsConfig) -> list[str]:
-    """The NEEDS_NEW_DEPLOYMENT settings that differ between the two configurations."""
-    out = []
-    for key in NEEDS_NEW_DEPLOYMENT:
-        a, b = old, new
-        for part in key.split("."):
-            a, b = getattr(a, part), getattr(b, part)
-        if a != b:
-            out.append(key)
-    return out
-
-
-def target_config(user_config: dict | None, base: dict, current: QclsConfig) -> QclsConfig:
-    """The configuration a user_config asks for. `base`: the app's own {"overrides", "config_dir"}; a config
-    without `serve` keeps the replica's serving settings."""
-    from qcls.config.compose import ConfigError, compose
-
-    uc = dict(user_config or {})
-    uc.pop("id", None)
-    unknown = sorted(set(uc) - {"overrides", "config", "config_dir"})
-    if unknown or ("config" in uc and "overrides" in uc):
-        raise ConfigError(f"user_config keys {sorted(user_config or {})}: give either `overrides` (a list of Hydra "
-                          "overrides on top of the app's own, and optionally `config_dir`) or `config`",
-                          'e.g. user_config: {overrides: ["prompts=ecommerce8_fewshot"]}')
-    if "config" in uc:
-        from pydantic import ValidationError
-        given = dict(uc["config"])
-        given.setdefault("serve", current.serve.model_dump(mode="json"))
-        try:
-            return QclsConfig.model_validate(given)
-        except ValidationError as e:
-            raise ConfigError(f"the configuration in user_config is invalid: {e}",
-                              "compose it with `qcls reload` (the same overrides as `qcls serve`)") from None
-    overrides = uc.get("overrides") or []
-    if isinstance(overrides, str):
-        overrides = overrides.split()
-    return compose([*base.get("overrides", []), *overrides],
-                   config_dir=uc.get("config_dir") or base.get("config_dir"))
-
-
-def refusal_text(e: BaseException) -> str:
-    """A QclsError says what and the way out; anything else (out of memory, a library's error) by its type."""
-    return " ".join(str(e).split("\n")) if isinstance(e, QclsError) else f"{type(e).__name__}: {e}"
 
 
 def run_here(steps: Generator) -> Any:
@@ -211,9 +138,9 @@ class Reloader:
                             len(cfg.prompts), ", ".join(p.name for p in cfg.prompts))
                 new, why = self.run_steps(Classifier.in_steps(cfg, loaded=old.loaded)), None
             except BaseException as e:  # noqa: BLE001 - any failure is a refusal; the old one keeps serving
-                new, why = None, refusal_text(e)
+                new, why = None, one_line(e)
             if new is None:  # (out of the except clause: its traceback no longer holds the failed build's tensors)
-                self.run_steps(as_steps(_free_device_memory, old))
+                self.run_steps(as_steps(free_device_memory, old))
                 return self._settle(gen, "refused", old, why)
             if gen != self._generation:
                 return
@@ -266,7 +193,7 @@ def _free_when_replaced(replaced: "weakref.ref[Classifier]", new: "Classifier",
                     "device memory is given back when it is dropped, or reused by the next build", wait_s, by)
         return
     dropped_s = time.monotonic() - t0
-    freed = run_steps(as_steps(_free_device_memory, new))  # (empty_cache: a device-wide synchronization)
+    freed = run_steps(as_steps(free_device_memory, new))  # (empty_cache: a device-wide synchronization)
     if freed is not None:  # (nothing cached to give back off CUDA)
         log.warning("reload: the replaced configuration was dropped %.2f s after the swap (%d garbage collections); "
                     "memory reserved by torch %.2f → %.2f GiB (allocated %.2f GiB)", dropped_s, collections, *freed)
@@ -282,18 +209,3 @@ def _collect_unfrozen(unfreeze: bool) -> None:
     gc.collect()
     if frozen:
         gc.freeze()
-
-
-def _free_device_memory(clf: "Classifier") -> tuple[float, float, float] | None:
-    """Give the cached blocks of tensors that are garbage now back to the device: a failed build's (an
-    out-of-memory build, above all) or a replaced configuration's. Returns the GiB torch's allocator reserved
-    before and after, and the GiB allocated (None off CUDA). Run by the device's owner: empty_cache synchronizes the
-    whole device."""
-    device = getattr(clf.loaded, "device", None)
-    if getattr(device, "type", None) != "cuda":
-        return None
-    import torch
-    gc.collect()
-    before = torch.cuda.memory_reserved(device) / 2**30
-    torch.cuda.empty_cache()
-    return before, torch.cuda.memory_reserved(device) / 2**30, torch.cuda.memory_allocated(device) / 2**30

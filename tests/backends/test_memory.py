@@ -106,7 +106,6 @@ def test_no_budget_on_the_cpu_means_no_check(monkeypatch):
     e = M.estimate(c, QWEN3_8B, backend="fp16")
     assert e.budget is None
     M.check_budget(c, e)  # nothing to compare with
-    assert M.measured("cpu") == {}
 
 
 def test_cpu_backends_skip_the_preflight(tiny_dirs):

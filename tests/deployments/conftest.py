@@ -65,7 +65,7 @@ def proxy_url(serve_port, handle) -> str:
 
 @pytest.fixture(scope="session")
 def base_url(handle) -> str:
-    from qcls.deployments.ingress import direct_urls
+    from qcls.cli.serve import direct_urls
 
     [url] = direct_urls("qcls", "127.0.0.1", wait_s=30)
     return url

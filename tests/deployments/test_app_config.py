@@ -75,15 +75,6 @@ def test_the_documented_autoscaling_config_is_valid_for_ray_serve():
         assert cfg.min_replicas <= cfg.max_replicas and "num_replicas" not in opts, example
 
 
-def test_a_bad_autoscaling_config_is_refused_naming_the_field():
-    from qcls.deployments.app import deployment_options
-
-    with pytest.raises(ConfigError, match="unknown key.*max_replica\\b.*\n.*max_replicas"):
-        deployment_options(compose(["serve.autoscaling={min_replicas:1,max_replica:4}"]))
-    with pytest.raises(ConfigError, match="must be greater than or equal to min_replicas"):
-        deployment_options(compose(["serve.autoscaling={min_replicas:4,max_replicas:2}"]))
-
-
 def test_the_documented_cluster_config_is_a_valid_serve_config_for_the_builder():
     from ray.serve.schema import ServeDeploySchema
 

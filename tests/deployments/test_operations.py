@@ -31,8 +31,8 @@ OTHER_WEIGHTS = "model.path=/models/other"  # another checkpoint: a new deployme
 def ops(serve_port, serve_overrides, tmp_path_factory):
     from ray import serve
 
+    from qcls.cli.serve import direct_urls
     from qcls.deployments.app import app_for
-    from qcls.deployments.ingress import direct_urls
 
     # every layer loaded (no head), so a reload to other prompts runs on the same weights
     overrides = [*serve_overrides, "engine.query_buckets=[16]", "engine.max_batch_size=4", "serve.num_cpus=0.25",

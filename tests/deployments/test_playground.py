@@ -53,9 +53,9 @@ def app(serve_port, serve_overrides, request):
     Yields (the replica's own URL, the URL through Serve's proxy)."""
     from ray import serve
 
+    from qcls.cli.serve import direct_urls
     from qcls.config.compose import compose
     from qcls.deployments.app import app_for
-    from qcls.deployments.ingress import direct_urls
 
     # the README's screenshot shows the demo model's answers, the tests a tiny model's
     model = request.getfixturevalue("demo_cfg_overrides") if os.environ.get("QCLS_WRITE_SCREENSHOT") == "1" \

@@ -44,7 +44,7 @@ def test_http_round_trip_equals_classifier(http, served_classifier):
 
 @pytest.mark.parametrize("serialization", ["serve default", "classifier_handle"])
 def test_handle_round_trip_returns_query_results(handle, served_classifier, serialization):
-    from qcls.deployments.app import classifier_handle
+    from qcls.cli.serve import classifier_handle
     h = handle if serialization == "serve default" else classifier_handle(handle)  # plain pickle
     results = h.classify.remote(QUERIES).result()
     assert len(results) == len(QUERIES) and all(isinstance(r, QueryResult) for r in results)

@@ -1,16 +1,13 @@
-"""GcPauses (qcls.deployments.metrics): the replica's garbage-collector pauses by generation, as
-`replica_stats()["gc"]` reports them."""
+"""GcPauses: this process's garbage-collector pauses by generation, as a replica's `replica_stats()["gc"]` reports
+them."""
 from __future__ import annotations
 
 import gc
 
-import pytest
+from qcls.gc_pauses import GcPauses
 
 
 def test_gc_pauses_records_each_collection_by_generation():
-    pytest.importorskip("ray", reason="GcPauses lives in qcls.deployments.metrics, which needs ray[serve]: pip install -e '.[serve]'")
-    from qcls.deployments.metrics import GcPauses
-
     rec = GcPauses()
     try:
         gc.collect(1)
