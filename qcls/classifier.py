@@ -134,7 +134,7 @@ class Classifier:
         d = self.depth
         what = f"the first {d.loads} of {d.total} layers of " if d.loads_part else ""
         with step(f"loading {what}{self.cfg.model.name} with backend {backend.name}", self.startup_s, "load"):
-            return backend.load(self.cfg, d.loads_part)
+            return backend.load(self.cfg, d.loads_part, self.tokenizer)  # read once, above
 
     def _settle_depth(self, loaded: LoadedModel, backend, given: bool) -> LoadedModel:
         """The depth again with the model in hand (a default head dropped by the weights check needs every layer);

@@ -98,9 +98,10 @@ class Backend:
     """Subclass, set `name`, implement `load`; register it with one line in registry.py."""
     name = "base"
 
-    def load(self, cfg: QclsConfig, layers: int | None = None) -> LoadedModel:
+    def load(self, cfg: QclsConfig, layers: int | None = None, tokenizer=None) -> LoadedModel:
         """`layers`: load only the first this many decoder layers and no untied LM head (the forward stops at a
-        head's layer); None: the whole model."""
+        head's layer); None: the whole model. `tokenizer`: the source's tokenizer when the caller has read it
+        already (a Classifier reads it first, to check the label sets); None: read here."""
         raise NotImplementedError
 
     def preflight(self, cfg: QclsConfig, src: sources.Source, device: torch.device, layers: int | None = None):

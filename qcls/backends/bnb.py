@@ -103,7 +103,7 @@ class _BnbBackend(Backend):
                            f"{self.min_capture}); the forward runs eagerly. Upgrade: {INSTALL}"]
         return True, []
 
-    def load(self, cfg: QclsConfig, layers: int | None = None) -> LoadedModel:
+    def load(self, cfg: QclsConfig, layers: int | None = None, tokenizer=None) -> LoadedModel:
         device = resolve_device(cfg)
         dtype = resolve_dtype(cfg, device)
         opts = backend_options(cfg, self.defaults)
@@ -111,7 +111,7 @@ class _BnbBackend(Backend):
         qc = self.quant_config(opts, dtype)
         src = self.source(cfg)
         est = self.preflight(cfg, src, device, layers)
-        tokenizer = sources.load_tokenizer(src)
+        tokenizer = sources.load_tokenizer(src) if tokenizer is None else tokenizer
         try:
             if src.gguf_file:
                 model = sources.load_model(src, dtype, layers)

@@ -9,12 +9,12 @@ from qcls.config import QclsConfig
 class Fp16Backend(Backend):
     name = "fp16"
 
-    def load(self, cfg: QclsConfig, layers: int | None = None) -> LoadedModel:
+    def load(self, cfg: QclsConfig, layers: int | None = None, tokenizer=None) -> LoadedModel:
         device = resolve_device(cfg)
         dtype = resolve_dtype(cfg, device)
         src = self.source(cfg)
         est = self.preflight(cfg, src, device, layers)  # refuse before reading weights when it cannot fit
-        tokenizer = sources.load_tokenizer(src)
+        tokenizer = sources.load_tokenizer(src) if tokenizer is None else tokenizer
         model = sources.load_model(src, dtype, layers).to(device)
         memory = module_bytes(model)
         if est is not None:

@@ -66,7 +66,7 @@ class GptqBackend(Backend):
     name = "gptq"
     defaults = {"kernel": "auto"}
 
-    def load(self, cfg: QclsConfig, layers: int | None = None) -> LoadedModel:
+    def load(self, cfg: QclsConfig, layers: int | None = None, tokenizer=None) -> LoadedModel:
         device = resolve_device(cfg)
         opts = backend_options(cfg, self.defaults)
         kernel = str(opts["kernel"]).lower()
@@ -88,7 +88,7 @@ class GptqBackend(Backend):
         notes = []
         if device.type == "cpu":
             notes.append("gptq on the CPU computes in float16 (GPTQModel's kernels take fp16/bf16 only)")
-        tokenizer = sources.load_tokenizer(src)
+        tokenizer = sources.load_tokenizer(src) if tokenizer is None else tokenizer
         model = sources.load_model(src, dtype, layers, quantization_config=override, device_map={"": str(device)})
         kernels = sorted({type(m).__name__ for m in model.model.layers[0].modules() if hasattr(m, "qweight")})
         memory = module_bytes(model)

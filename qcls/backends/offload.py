@@ -128,7 +128,7 @@ def _hooks_for_reference(model: torch.nn.Module, device: torch.device) -> None:
 class Fp16OffloadBackend(Backend):
     name = "fp16-offload"
 
-    def load(self, cfg: QclsConfig, layers: int | None = None) -> LoadedModel:
+    def load(self, cfg: QclsConfig, layers: int | None = None, tokenizer=None) -> LoadedModel:
         device = resolve_device(cfg)
         dtype = resolve_dtype(cfg, device)
         opts = backend_options(cfg, DEFAULTS)
@@ -142,7 +142,7 @@ class Fp16OffloadBackend(Backend):
                 "1.2 GB for Qwen3-8B), or use backend=fp16, bnb-int8 or bnb-nf4")
         src = self.source(cfg)
         est = self.preflight(cfg, src, device, layers)
-        tokenizer = sources.load_tokenizer(src)
+        tokenizer = sources.load_tokenizer(src) if tokenizer is None else tokenizer
         model = sources.load_model(src, dtype, layers)  # on the CPU; only what the request path reads moves
         base, n_layers = model.model, len(model.model.layers)
         if est is not None:

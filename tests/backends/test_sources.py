@@ -56,3 +56,15 @@ def test_gguf_needs_a_file_or_a_file_name(tmp_path):
     (tmp_path / "x.gguf").write_bytes(b"GGUF")
     src = sources.resolve(ModelSpec(name="m", source="gguf", path=str(tmp_path), gguf_file="x.gguf"), None)
     assert src.gguf_file == "x.gguf"
+
+
+def test_a_classifier_reads_its_tokenizer_once(tiny_dirs, monkeypatch):
+    """The Classifier reads the tokenizer first (the label sets are checked before any weight is read) and hands
+    it to the backend's load, which would otherwise read it again."""
+    from qcls.classifier import Classifier
+    from tests.conftest import prompt, tiny_cfg
+    read, calls = sources.load_tokenizer, []
+    monkeypatch.setattr(sources, "load_tokenizer", lambda src: calls.append(src) or read(src))
+    clf = Classifier(tiny_cfg(tiny_dirs["qwen3"], [prompt("a", ["x", "y"])]))
+    assert len(calls) == 1 and clf.loaded.tokenizer is clf.tokenizer
+    assert clf.classify(["red dress"])[0].ok
