@@ -1,13 +1,22 @@
 """serve.autoscaling, checked against Ray Serve's own AutoscalingConfig where the config is validated
 (compose.validate) rather than when Serve deploys it, which ignores a misspelt key. Ray is imported only for a
-config that sets serve.autoscaling."""
+config that sets serve.autoscaling, and only where it is installed."""
 from __future__ import annotations
+
+import importlib.util
 
 from typing import Any
 
 from pydantic import ValidationError
 
 from qcls.errors import ConfigError
+
+
+def ray_serve_installed() -> bool:
+    try:
+        return importlib.util.find_spec("ray.serve") is not None
+    except ModuleNotFoundError:  # no `ray` at all
+        return False
 
 
 def autoscaling_config(given: dict[str, Any]) -> dict[str, Any]:

@@ -40,8 +40,9 @@ def validate(cfg: DictConfig | dict, sources: dict[str, Path] | None = None) -> 
         from qcls.config.errors import describe
         raise ConfigError("invalid qcls config:\n" + "\n".join(describe(e, sources or {}))) from None
     if cfg.serve.autoscaling:
-        from qcls.config.autoscaling import autoscaling_config
-        autoscaling_config(cfg.serve.autoscaling)
+        from qcls.config.autoscaling import autoscaling_config, ray_serve_installed
+        if ray_serve_installed():  # else checked where the app is built (which needs Ray): a serving setting
+            autoscaling_config(cfg.serve.autoscaling)  # never blocks `qcls classify` on a machine without Ray
     return cfg
 
 
