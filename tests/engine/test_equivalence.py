@@ -173,7 +173,9 @@ def test_two_batches_in_flight_equal_one_at_a_time(tiny_dirs):
 STAGE_KEYS = ("tokenize", "prepare", "forward", "score", "postprocess")
 
 
+# one worker runs all four: their reference forwards are the same, computed once there (conftest's memo)
 @pytest.mark.slow
+@pytest.mark.xdist_group("smollm2-reference")
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_demo_model(demo_cfg_overrides, strategy):
     """Real weights and tokenizer: the mission's two prompts (' tee' and ' hoodie' are two tokens there), scored by
