@@ -1,4 +1,4 @@
-"""A replica process killed (kill -9) under load, with a real Ray Serve on the CPU demo model: no request
+"""A replica process killed (kill -9) under load, with a real Ray Serve on a tiny random-weight Qwen3: no request
 hangs and none gets a bare 500. Through Serve's proxy (`proxy_url`, which survives the replica) the requests
 in flight on it get 503 with Retry-After and the others succeed; on the replica's own port (direct ingress)
 the request in flight fails on the closed connection and no new connection is accepted; /healthz answers 503
