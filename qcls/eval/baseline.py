@@ -1,5 +1,6 @@
 """The cheap baselines every evaluation prints beside the LLM: the majority class and a character n-gram TF-IDF
-+ logistic regression per prompt (scikit-learn), both fitted on the fitting split alone.
++ logistic regression per prompt (scikit-learn's features; the heads' regression, qcls/fitting/logistic.py), both
+fitted on the fitting split alone.
 
 The TF-IDF features are sklearn's TfidfVectorizer(analyzer="char_wb", ngram_range=(1, 3), sublinear_tf=True):
 n-grams of each whitespace-separated word padded with one space (so Chinese queries without spaces give
@@ -56,7 +57,7 @@ def prompt_baseline(fit_q: Sequence[str], fit_y: np.ndarray, labels: Sequence[st
         return {"n_fit": int(len(fit_y)), "error": "the fitting split has fewer than two distinct gold labels"}
     vec = vectorizer().fit(fit_q)
     x = vec.transform(fit_q)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), H.one_thread():
         warnings.simplefilter("ignore")  # a label with fewer examples than folds: sklearn warns, the CV still runs
         cv = H.cross_validate(x, fit_y, n_labels, Cs, folds, seed, standardise=False)
     C = H.best_C(cv)
@@ -69,22 +70,14 @@ def prompt_baseline(fit_q: Sequence[str], fit_y: np.ndarray, labels: Sequence[st
         out.update(n=int(len(y)), accuracy=cv[C]["accuracy"], macro_f1=cv[C]["macro_f1"], scored="cross-validated")
     else:
         y = np.asarray(eval_y, dtype=np.int64)
-        pred = fit_predict(x, fit_y, vec.transform(eval_q), C)
+        f = H.fit_affine(x, fit_y, n_labels, C, standardise=False)
+        pred = np.asarray(vec.transform(eval_q) @ f.weights.T + f.bias).argmax(1)
         out.update(n=int(len(y)), accuracy=metrics.accuracy(pred, y), macro_f1=metrics.macro_f1(pred, y, n_labels),
                    scored="held out")
     if len(y):
         maj = np.full(len(y), majority)
         out.update(majority_accuracy=metrics.accuracy(maj, y), majority_macro_f1=metrics.macro_f1(maj, y, n_labels))
     return out
-
-
-def fit_predict(x, y: np.ndarray, x_eval, C: float) -> np.ndarray:
-    """The winners of an L2 logistic regression fitted on (x, y) with strength C."""
-    LogisticRegression = H._sklearn()[0]
-    with warnings.catch_warnings(), H.one_thread():
-        warnings.simplefilter("ignore")
-        lr = LogisticRegression(C=C, max_iter=2000).fit(x, y)
-    return lr.classes_[lr.predict_proba(x_eval).argmax(1)]
 
 
 def block(prompts, scored: EvalSet, fit: EvalSet | None = None, folds: int = H.FOLDS) -> dict[str, Any]:

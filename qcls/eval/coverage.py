@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from qcls.eval import baseline
+from qcls.eval.metrics import softmax
 from qcls.fitting import heads as H
 from qcls.heads import thresholds as T
 
@@ -72,7 +73,7 @@ def tfidf_probs(prompts, scored, fit, base: dict[str, Any], folds: int) -> dict[
     """Per prompt the TF-IDF baseline's probabilities of the scored split's labelled queries: fitted on `fit`
     with the C the baseline chose, or (no fitting split) out of fold on the scored split, as the baseline was
     scored."""
-    LogisticRegression, StratifiedKFold, _ = H._sklearn()
+    StratifiedKFold = H._sklearn()[0]
     out = {}
     for spec in prompts:
         b = base["per_prompt"].get(spec.name) or {}
@@ -89,11 +90,9 @@ def tfidf_probs(prompts, scored, fit, base: dict[str, Any], folds: int) -> dict[
             tr_q = [fq[i] for i in tr] if fit is None else fq
             tr_y = fy[tr] if fit is None else fy
             vec = baseline.vectorizer().fit(tr_q)
-            with warnings.catch_warnings(), H.one_thread():
-                warnings.simplefilter("ignore")
-                lr = LogisticRegression(C=b["C"], max_iter=2000).fit(vec.transform(tr_q), tr_y)
+            f = H.fit_affine(vec.transform(tr_q), tr_y, len(spec.labels), b["C"], standardise=False)
             rows = np.arange(len(sy)) if te is None else te
-            p[np.ix_(rows, lr.classes_)] = lr.predict_proba(vec.transform([sq[i] for i in rows]))
+            p[rows] = softmax(np.asarray(vec.transform([sq[i] for i in rows]) @ f.weights.T + f.bias))
         out[spec.name] = p
     return out
 

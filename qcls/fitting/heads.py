@@ -1,6 +1,7 @@
 """Fitting learned heads (docs/design.md §10): per prompt, a multinomial logistic regression with an L2 penalty on
-the hidden state the engine reads (optionally with the prompt's raw label scores appended), its strength
-chosen by stratified k-fold cross-validation on the fitting split alone (scikit-learn).
+the hidden state the engine reads (optionally with the prompt's raw label scores appended; solved to its optimum:
+qcls/fitting/logistic.py), its strength chosen by stratified k-fold cross-validation on the fitting split alone
+(scikit-learn's folds and scaling).
 
 Features are standardised inside the fit and the scaling is folded back into the weights, so what is saved is
 one affine map of the raw state, the form the engine's tail evaluates (qcls/heads/head.py).
@@ -14,6 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from qcls.errors import ConfigError, missing_package
+from qcls.fitting import logistic
 from qcls.fitting.head_depth import ReadCV, most_accurate
 from qcls.heads.head import PromptHead, Read, Tap
 
@@ -28,17 +30,17 @@ class FitError(ConfigError):
 
 def _sklearn():
     try:
-        from sklearn.linear_model import LogisticRegression
         from sklearn.model_selection import StratifiedKFold
         from sklearn.preprocessing import StandardScaler
     except ImportError as e:
         raise missing_package(e, "fitting a head (qcls calibrate --method head)") or e
-    return LogisticRegression, StratifiedKFold, StandardScaler
+    return StratifiedKFold, StandardScaler
 
 
 def one_thread():
     """BLAS on one thread while fitting: these problems are small, and a BLAS pool per fit fighting torch's
-    threads made each fit 100× slower on a busy 2-core machine."""
+    threads made each fit 100× slower on a busy 2-core machine. Entered once around a whole set of fits: each
+    entry looks the loaded libraries up again (milliseconds)."""
     from threadpoolctl import threadpool_limits
     return threadpool_limits(1)
 
@@ -77,63 +79,64 @@ class Fitted:
     C: float
 
 
-def fit_affine(x: np.ndarray, y: np.ndarray, n_labels: int, C: float) -> Fitted:
+def fit_affine(x, y: np.ndarray, n_labels: int, C: float, standardise: bool = True) -> Fitted:
     """Standardise, fit the L2 logistic regression, fold the scaling back: logits = W x + c for every label
-    (a label absent from y gets zero weights and a bias it can never win with)."""
-    LogisticRegression, _, StandardScaler = _sklearn()
+    (a label absent from y gets zero weights and a bias it can never win with). `standardise=False` fits on x as
+    it is (a sparse TF-IDF matrix: qcls/eval/baseline.py)."""
     present = np.unique(y)
     if len(present) == 1:  # nothing to separate (a small learning-curve subset): that label, always
         c = np.full(n_labels, ABSENT)
         c[present[0]] = 0.0
         return Fitted(np.zeros((n_labels, x.shape[1])), c, C)
-    scaler = StandardScaler().fit(x)
-    with warnings.catch_warnings(), one_thread():
-        warnings.simplefilter("ignore")  # lbfgs convergence chatter on tiny folds; the CV judges the result
-        lr = LogisticRegression(C=C, max_iter=2000).fit(scaler.transform(x), y)
-    coef, icpt = lr.coef_, lr.intercept_
-    if coef.shape[0] == 1:  # two classes: sklearn keeps the logit of the second; softmax([-z/2, z/2]) = sigmoid(z)
-        coef, icpt = np.vstack([-coef / 2, coef / 2]), np.array([-icpt[0] / 2, icpt[0] / 2])
+    mean, scale = _scaling(x) if standardise else (np.zeros(x.shape[1]), np.ones(x.shape[1]))
+    with one_thread():
+        span = logistic.Span((x - mean) / scale if standardise else x)
+        sol = logistic.solve(span.coords, y, C)
+    coef = span.weights(sol.theta) / scale
     w = np.zeros((n_labels, x.shape[1]))
     c = np.full(n_labels, ABSENT)
-    w[lr.classes_] = coef / scaler.scale_
-    c[lr.classes_] = icpt - (coef / scaler.scale_) @ scaler.mean_
+    w[sol.classes] = coef
+    c[sol.classes] = sol.bias - coef @ mean
     return Fitted(w, c, C)
 
 
-def cross_validate(x: np.ndarray, y: np.ndarray, n_labels: int, Cs: Sequence[float], folds: int,
+def _scaling(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's StandardScaler fitted on x: (mean, scale), a feature without spread scaled by 1."""
+    s = _sklearn()[1]().fit(x)
+    return s.mean_, s.scale_
+
+
+def cross_validate(x, y: np.ndarray, n_labels: int, Cs: Sequence[float], folds: int,
                    seed: int = 0, standardise: bool = True) -> dict[float, dict[str, float]]:
     """Per C: mean held-out log-loss, accuracy and macro-F1 (of the pooled held-out winners) over stratified
     folds of (x, y), and each fold's mean log-loss (`fold_log_loss`: the one-SE rule's standard error,
-    qcls/fitting/head_depth.py). Each fold walks the Cs from the strongest penalty up, starting every fit from the
-    previous solution (the same optimum, far fewer iterations). `standardise=False` fits on x as it is (a sparse TF-IDF
+    qcls/fitting/head_depth.py). Each fold walks the Cs from the strongest penalty up, starting every solve from
+    the previous optimum (the same optimum, fewer steps). `standardise=False` fits on x as it is (a sparse TF-IDF
     matrix: qcls/eval/baseline.py)."""
     from qcls.eval.metrics import macro_f1
-    LogisticRegression, StratifiedKFold, StandardScaler = _sklearn()
+    StratifiedKFold, _ = _sklearn()
     losses: dict[float, list] = {C: [] for C in Cs}
-    hits: dict[float, list] = {C: [] for C in Cs}
     preds: dict[float, list] = {C: [] for C in Cs}
     golds = []
-    with one_thread():  # once for all the folds' fits: each entry looks the loaded libraries up again (~6 ms)
-        for tr, te in StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed).split(np.zeros(len(y)), y):
-            golds.append(y[te])
-            if standardise:
-                scaler = StandardScaler().fit(x[tr])
-                xtr, xte = scaler.transform(x[tr]), scaler.transform(x[te])
-            else:
-                xtr, xte = x[tr], x[te]
-            lr = LogisticRegression(max_iter=2000, warm_start=True)
-            for C in sorted(Cs):
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    lr.set_params(C=C).fit(xtr, y[tr])
-                logp = np.full((len(te), n_labels), -np.inf)
-                logp[:, lr.classes_] = lr.predict_log_proba(xte)
-                losses[C].append(-logp[np.arange(len(te)), y[te]])
-                hits[C].append(logp.argmax(1) == y[te])
-                preds[C].append(logp.argmax(1))
+    for tr, te in StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed).split(np.zeros(len(y)), y):
+        golds.append(y[te])
+        if standardise:
+            mean, scale = _scaling(x[tr])
+            xtr, xte = (x[tr] - mean) / scale, (x[te] - mean) / scale
+        else:
+            xtr, xte = x[tr], x[te]
+        span = logistic.Span(xtr)
+        coords = span.of(xte)
+        sol = None
+        for C in sorted(Cs):
+            sol = logistic.solve(span.coords, y[tr], C, sol)
+            logp = np.full((len(te), n_labels), -np.inf)
+            logp[:, sol.classes] = sol.log_proba(coords)
+            losses[C].append(-logp[np.arange(len(te)), y[te]])
+            preds[C].append(logp.argmax(1))
     gold = np.concatenate(golds)
     return {C: {"log_loss": float(np.mean(np.concatenate(losses[C]))),
-                "accuracy": float(np.mean(np.concatenate(hits[C]))),
+                "accuracy": float(np.mean(np.concatenate(preds[C]) == gold)),
                 "macro_f1": macro_f1(np.concatenate(preds[C]), gold, n_labels),
                 "fold_log_loss": [float(np.mean(f)) for f in losses[C]]} for C in Cs}
 
@@ -149,11 +152,12 @@ def cv_reads(states: np.ndarray, taps: list[Tap], scores: np.ndarray, gold: np.n
     """Every candidate read of one prompt cross-validated on (states, gold), each at its best C: the table the
     depth rule chooses from (qcls/fitting/head_depth.py). `states` [n, taps, H], `scores` [n, L] raw, `gold` [n]."""
     out = []
-    for read in reads:
-        cv = cross_validate(features(states, taps, read, scores if with_scores else None), gold, n_labels, Cs,
-                            folds, seed)
-        C = best_C(cv)
-        out.append(ReadCV.from_folds(read, C, cv[C]["log_loss"], cv[C]["fold_log_loss"], cv[C]["accuracy"]))
+    with one_thread():
+        for read in reads:
+            cv = cross_validate(features(states, taps, read, scores if with_scores else None), gold, n_labels, Cs,
+                                folds, seed)
+            C = best_C(cv)
+            out.append(ReadCV.from_folds(read, C, cv[C]["log_loss"], cv[C]["fold_log_loss"], cv[C]["accuracy"]))
     return out
 
 

@@ -4,11 +4,11 @@ same stratified folds that chose that strength: qcls/fitting/heads.py `cross_val
 of qcls/heads/thresholds.py, written into the prompt's entry of the head file."""
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import numpy as np
 
+from qcls.eval.metrics import softmax
 from qcls.fitting import heads as H
 from qcls.heads import thresholds as T
 from qcls.heads.head import Head, PromptHead, Tap
@@ -19,17 +19,14 @@ def out_of_fold(ph: PromptHead, states: np.ndarray, taps: list[Tap], scores: np.
     """[n, L] probabilities of each labelled query from a head fitted without its fold: the head's read, raw
     scores if it reads them, its C, its folds (info.cv_folds) and the folds' seed, as cross_validate split them.
     `states` [n, taps, H], `scores` [n, L] and `gold` [n] in the head's label order."""
-    LogisticRegression, StratifiedKFold, StandardScaler = H._sklearn()
+    StratifiedKFold = H._sklearn()[0]
     with_scores = ph.score_weights is not None
     x = H.features(states, taps, ph.read, scores if with_scores else None) if ph.read else scores
     folds, C, n_labels = int(ph.info.get("cv_folds", H.FOLDS)), float(ph.info["C"]), len(ph.labels)
     out = np.zeros((len(gold), n_labels))
     for tr, te in StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed).split(np.zeros(len(gold)), gold):
-        scaler = StandardScaler().fit(x[tr])
-        with warnings.catch_warnings(), H.one_thread():
-            warnings.simplefilter("ignore")
-            lr = LogisticRegression(C=C, max_iter=2000).fit(scaler.transform(x[tr]), gold[tr])
-        out[np.ix_(te, lr.classes_)] = lr.predict_proba(scaler.transform(x[te]))
+        f = H.fit_affine(x[tr], gold[tr], n_labels, C)
+        out[te] = softmax(x[te] @ f.weights.T + f.bias)
     return out
 
 

@@ -1,4 +1,5 @@
-"""Fitting heads (qcls/fitting/heads.py): the folded affine map equals scikit-learn's own pipeline, the
+"""Fitting heads (qcls/fitting/heads.py): the folded affine map equals scikit-learn's own pipeline (run to
+convergence; the solver itself: tests/fitting/test_logistic.py), the
 cross-validation picks the strength by held-out log-loss, refusals of splits a head cannot be fitted on, and
 the learning curve's numbers recomputed by hand on a toy set."""
 from __future__ import annotations
@@ -25,7 +26,8 @@ def test_folded_weights_equal_sklearn_pipeline():
     for centres in ([[0, 0, 0], [2, 1, 0], [0, 2, 2]], [[0, 0, 0], [1, 1, 1]]):  # 3 classes, and the binary case
         x, y = blobs(20, centres)
         f = H.fit_affine(x, y, len(centres), C=0.3)
-        pipe = make_pipeline(StandardScaler(), LogisticRegression(C=0.3, max_iter=2000)).fit(x, y)
+        pipe = make_pipeline(StandardScaler(), LogisticRegression(C=0.3, solver="newton-cg", tol=1e-10,
+                                                                  max_iter=10_000)).fit(x, y)  # to convergence
         logits = x @ f.weights.T + f.bias
         p = np.exp(logits - logits.max(1, keepdims=True))
         p /= p.sum(1, keepdims=True)
