@@ -212,6 +212,10 @@ def candidate_reads(layer: str, read: str, num_layers: int) -> list[Read]:
     """The reads `--layer` / `--read` ask for: one, or with `auto` the final state and about 15 layers spread
     over the depth (every layer of a model of ≤ 16) and/or every kind, to be chosen per prompt by
     cross-validation on the fitting split."""
+    if layer not in ("auto", "final") and not (layer.isdigit() and 1 <= int(layer) < num_layers):
+        raise FitError(f"--layer {layer}: this model has {num_layers} decoder layers, and a head reads the stream "
+                       f"after 1 … {num_layers - 1} of them or the final state",
+                       f"give --layer N with 1 ≤ N ≤ {num_layers - 1}, --layer final or --layer auto")
     step = max(1, round(num_layers / 15))
     layers: list[int | str] = ["final", *range(step, num_layers, step)] if layer == "auto" else \
         ["final" if layer == "final" else int(layer)]

@@ -162,3 +162,24 @@ def test_audit_on_a_tiny_model_flags_the_planted_label(tiny_dirs, tmp_path, caps
     assert got[0]["query"] == "dress long dress" and (got[0]["given"], got[0]["suggested"]) == ("jeans", "dress")
     assert "category  61" in err and "estimated wrong" in err and "'audience' has no labelled query" in err
     assert main(argv) == 2 and "audit.csv exists" in capsys.readouterr().err  # a second run does not overwrite it
+
+
+@pytest.mark.parametrize("layer", ["99", "0", "seven"])
+def test_a_layer_the_model_lacks_is_refused_before_it_loads(layer, tiny_dirs, tmp_path, capsys, monkeypatch):
+    """The depth comes from the model's config: `--layer` beyond it is refused before a weight is read, for
+    `qcls audit` and `qcls calibrate --method head` alike (they share the head options)."""
+    from qcls.classifier import Classifier
+    from qcls.fitting.calibrate import main as calibrate_main
+
+    def loads(*args, **kwargs):
+        raise AssertionError("the model was loaded before the layer was checked")
+    monkeypatch.setattr(Classifier, "__init__", loads)
+    monkeypatch.chdir(tmp_path)
+    cats = ["dress", "jeans", "shirt", "trench", "skirt", "tee", "hoodie", "knit", "other", "none"]
+    path = write_set(tmp_path / "labels.jsonl", [(f"{c} {w}", {"category": c}) for c in cats for w in "abc"])
+    over = [*tiny(tiny_dirs["qwen3"]), "--layer", layer]
+    assert main([str(path), *over]) == 2
+    err = capsys.readouterr().err
+    assert f"--layer {layer}: this model has" in err and "--layer auto" in err and not (tmp_path / "audit.csv").exists()
+    assert calibrate_main(["--method", "head", "--eval", str(path), *over, "--out", str(tmp_path / "h.yaml")]) == 2
+    assert f"--layer {layer}: this model has" in capsys.readouterr().err and not (tmp_path / "h.yaml").exists()
