@@ -16,6 +16,8 @@ from qcls.eval.sweep import main
 from tests.eval.sweep_helpers import EVAL10, FIT10, read_jsonl, tiny, write_set
 
 PNG = b"\x89PNG\r\n\x1a\n"
+# one worker runs this module: its 2×2 sweep (the module fixture) is then run once, not once per worker
+pytestmark = pytest.mark.xdist_group("sweep2x2")
 
 
 @pytest.fixture(scope="module")
