@@ -8,7 +8,6 @@ one affine map of the raw state, the form the engine's tail evaluates (qcls/head
 """
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Sequence
 
