@@ -1,12 +1,13 @@
 """The `slow` marker means what it says, and the slow tests share workers as their resources require.
 
-`slow` = the test reads a demo model's weights, starts Ray, or starts a process that does, or runs the
-tree-attention kernels in Triton's interpreter (on a CPU each launch runs every program in Python: those tests are
-most of the rest's time) — directly, or through a fixture that does. tests/slow_probe/sitecustomize.py records
+`slow` = the test reads a demo model's weights, starts Ray, or starts a process that does, runs a benchmark script
+(each builds and runs a model in a process of its own: bench/README.md's smoke runs), or runs the tree-attention
+kernels in Triton's interpreter (on a CPU each launch runs every program in Python: those tests are most of the
+rest's time) — directly, or through a fixture that does. tests/slow_probe/sitecustomize.py records
 those events, in this process and in every Python process a test starts; a fixture that caused one is remembered,
 and a test that caused one or uses such a fixture without the marker fails with what it did. The edit loop
-`python -m pytest -q -m "not slow and not gpu"` therefore never loads a demo model, starts Ray or interprets the
-tree-attention kernels (the small elementwise kernels still run there in the interpreter).
+`python -m pytest -q -m "not slow and not gpu"` therefore never loads a demo model, starts Ray, runs a benchmark
+or interprets the tree-attention kernels (the small elementwise kernels still run there in the interpreter).
 
 Groups for pytest-xdist (`--dist loadgroup`): every test that uses the session's Ray cluster runs in one worker
 (one cluster, one Serve); GPU tests run in one worker, one after another, as they would without xdist. The tests of
@@ -115,4 +116,5 @@ def pytest_runtest_makereport(item, call):
     if did:
         report.outcome = "failed"
         report.longrepr = (f"{item.nodeid} is not marked slow, but {did[0]}: mark it @pytest.mark.slow (a slow "
-                           "test loads a demo model, starts Ray, or starts a process that does: tests/slow_marker.py)")
+                           "test loads a demo model, starts Ray, or starts a process that does, runs a benchmark "
+                           "script or interprets the tree-attention kernels: tests/slow_marker.py)")

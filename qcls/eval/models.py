@@ -24,9 +24,14 @@ def model_key(cfg: QclsConfig) -> str:
     return json.dumps(key, sort_keys=True, default=str)
 
 
-def free_memory() -> None:
-    """Collect what the previous job left (engines, graphs, K/V buffers) and hand cached blocks back."""
-    gc.collect()
+def free_memory(weights: bool = False) -> None:
+    """On a GPU: collect what the previous job left (engines, graphs, K/V buffers, held in reference cycles) and
+    hand the cached blocks back before the next job allocates. On the CPU only when model weights were let go
+    (`weights`), before another model's are read: a job's engine is freed by reference counting and its cycles by
+    Python's collector in its own time, while a forced full collection of a process holding a model and a large
+    tokenizer takes up to a second, several times per job."""
+    if weights or torch.cuda.is_available():
+        gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 
@@ -48,8 +53,8 @@ def keep(cfg: QclsConfig, loaded: LoadedModel) -> None:
 
 def release() -> None:
     global _held
-    _held = None
-    free_memory()
+    held, _held = _held, None
+    free_memory(weights=held is not None)
 
 
 def budget_check(cfg: QclsConfig, loaded: LoadedModel) -> None:

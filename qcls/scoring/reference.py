@@ -16,7 +16,7 @@ from qcls.config.schema import STRATEGIES
 from qcls.scoring.tokenization import PromptTokens
 from qcls.scoring.trie import LabelTrie
 
-ROWS_KEPT = 32  # the fewest positions given to the LM head (label_logits)
+ROWS_KEPT = 8  # the fewest positions given to the LM head (label_logits)
 
 
 @torch.inference_mode()
@@ -26,8 +26,9 @@ def label_logits(model, ids: list[int], first: int = 0) -> torch.Tensor:
     a 262k vocabulary is most of a forward)."""
     dev = next(model.parameters()).device
     want = len(ids) - first
-    # at least ROWS_KEPT rows: a CPU GEMM of 2 or 3 rows takes another kernel than a tall one, and one position's
-    # logits would then differ in their last bits between labels of different lengths
+    # at least ROWS_KEPT rows: a CPU GEMM of 1 to 3 rows takes another kernel than a taller one (from 4 rows on,
+    # every row gets the same bits), and a position's logits would then change in their last bits with the number
+    # of positions a label reads
     keep = min(len(ids), max(want, ROWS_KEPT))
     return model(input_ids=torch.tensor([ids], device=dev), logits_to_keep=keep).logits[0, -want:].float().cpu()
 
@@ -87,7 +88,7 @@ def reference_states(model, pt: PromptTokens, query_ids: list[int], taps) -> tor
         hooks.append(inner.layers[layer].register_forward_pre_hook(grab, with_kwargs=True))
     try:
         dev = next(model.parameters()).device
-        model(input_ids=torch.tensor([base], device=dev))
+        model(input_ids=torch.tensor([base], device=dev), logits_to_keep=1)  # the states, not the logits, are read
     finally:
         for h in hooks:
             h.remove()

@@ -44,8 +44,8 @@ def joins_ray(command: str) -> bool:
     return command.split()[1] in STARTS_RAY and command.split()[1] not in OWN_RAY
 
 
-@pytest.mark.parametrize("command", [pytest.param(c, marks=[pytest.mark.slow] if c.split()[1] in STARTS_RAY else [],
-                                                  id=script(c)) for c in smokes() if not joins_ray(c)])
+@pytest.mark.slow
+@pytest.mark.parametrize("command", [pytest.param(c, id=script(c)) for c in smokes() if not joins_ray(c)])
 def test_smoke_runs(command: str, tmp_path: Path):
     smoke(command, tmp_path, {})
 

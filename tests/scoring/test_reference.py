@@ -50,3 +50,18 @@ def test_trie_scores_form_a_distribution(tiny_dirs):
     assert sum(math.exp(v) for v in exact) < 1.0  # full-vocabulary probabilities of a few strings
     first = reference_scores(loaded.model, pt, trie, q, "first_token")
     assert first[0] == first[1]  # 'man' and 'manager' share their first token
+
+
+
+def test_a_positions_logits_do_not_depend_on_how_many_positions_are_read(tiny_dirs):
+    """The LM head runs on at least ROWS_KEPT positions: a GEMM of fewer rows takes another CPU kernel, and a
+    position's logits would change in their last bits with the number of positions a label reads (the first-token
+    score of two labels with one first token would then be two numbers). On the real Qwen vocabulary, where the LM
+    head is a tiny model's largest GEMM."""
+    from qcls.scoring.reference import label_logits
+    loaded = get_backend("fp16").load(tiny_cfg(tiny_dirs["qwen3_qwentok"], [prompt("a", ["x", "y"])]))
+    ids = loaded.tokenizer.encode("query: red summer dress\nlabel: dress", add_special_tokens=False)
+    every = label_logits(loaded.model, ids)
+    assert every.shape == (len(ids), loaded.model.config.vocab_size)
+    for want in (1, 2, 3, 5):
+        assert torch.equal(label_logits(loaded.model, ids, first=len(ids) - want), every[-want:]), want

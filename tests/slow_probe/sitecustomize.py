@@ -1,6 +1,8 @@
 """Records, for the test suite's `slow` marker, what a test process or any Python process it starts does that
 makes a test slow: reading a demo model's weights (qcls's `qcls.load_model` audit event on a path outside the
-temporary folders, where the tiny random-weight models live) or starting a Ray cluster (a `gcs_server` process).
+temporary folders, where the tiny random-weight models live), starting a Ray cluster (a `gcs_server` process) or
+running a benchmark script (`python bench/NAME.py`, `python -m bench.NAME`: each builds and runs a model in a process
+of its own).
 
 tests/conftest.py installs it in the test process and puts this folder first on PYTHONPATH, so that Python
 processes started by a test run it too as `sitecustomize`; each appends one line per event to the file named by
@@ -9,6 +11,7 @@ deployed it, which the fixtures already account for."""
 from __future__ import annotations
 
 import os
+import re
 import sys
 import tempfile
 
@@ -20,6 +23,17 @@ def _is_demo(path: str) -> bool:
 
 def _in_ray_worker() -> bool:
     return any("ray" + os.sep + "_private" in (a or "") for a in sys.argv[:1])
+
+
+def _bench_script(argv) -> str | None:
+    """The benchmark script a process's argv runs, if it runs one."""
+    argv = [os.fspath(a) for a in argv] if isinstance(argv, (list, tuple)) else [os.fspath(argv)]
+    for i, a in enumerate(argv):
+        if re.search(r"(^|/)bench/\w+\.py$", a) and not re.search(r"(^|/)tests/bench/", a):
+            return a
+        if a == "-m" and i + 1 < len(argv) and argv[i + 1].startswith("bench."):
+            return argv[i + 1]
+    return None
 
 
 def _record(probe: str, line: str) -> None:
@@ -38,6 +52,8 @@ def install(probe: str) -> None:
             _record(probe, f"loads the demo model {args[0]}")
         elif event == "subprocess.Popen" and "gcs_server" in str(args[1]):
             _record(probe, "starts a Ray cluster")
+        elif event == "subprocess.Popen" and _bench_script(args[1]):
+            _record(probe, f"runs the benchmark script {_bench_script(args[1])}")
     sys.addaudithook(hook)
 
 
