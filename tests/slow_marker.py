@@ -10,9 +10,10 @@ and a test that caused one or uses such a fixture without the marker fails with 
 or interprets the tree-attention kernels (the small elementwise kernels still run there in the interpreter).
 
 Groups for pytest-xdist (`--dist loadgroup`): every test that uses the session's Ray cluster runs in one worker
-(one cluster, one Serve); GPU tests run in one worker, one after another, as they would without xdist. The tests of
-demo models spread over every worker like the rest: each worker reads a demo model once (tests/conftest.py), and
-their reference forwards, the largest part of their time, would otherwise queue behind one core."""
+(one cluster, one Serve), and so does every test of the real Gemma3 vocabulary; GPU tests run in one worker, one
+after another, as they would without xdist. The tests of demo models spread over every worker like the rest: each
+worker reads a demo model once (tests/conftest.py), and their reference forwards, the largest part of their time,
+would otherwise queue behind one core."""
 from __future__ import annotations
 
 import os
@@ -27,6 +28,8 @@ PROBE_DIR = Path(__file__).parent / "slow_probe"
 PROBE = os.path.join(tempfile.mkdtemp(prefix="qcls-probe-"), "events")
 # fixtures that start or join the session's Ray cluster: their users share a worker
 RAY_FIXTURES = {"ray_session"}
+# the real Gemma3 tokenizer (262,144 tokens; seconds to read, again in each tiny model built on it): read by one worker
+GEMMA_VOCABULARY = {"gemma_tokenizer"}
 
 _offset = 0
 _caused: dict[str, str] = {}  # fixture name -> the first slow thing its setup did
@@ -80,6 +83,8 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.xdist_group("gpu"))
         elif names & RAY_FIXTURES:
             item.add_marker(pytest.mark.xdist_group("ray"))
+        elif names & GEMMA_VOCABULARY:
+            item.add_marker(pytest.mark.xdist_group("gemma-vocabulary"))
     # the slow tests first (in their own order): xdist hands out a group first and then single tests in this order,
     # so the long ones start early and the short ones fill both workers up to the end
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -119,18 +119,20 @@ def test_version():
     assert p.returncode == 0 and p.stdout.startswith("qcls ")
 
 
-def test_cli_check_with_a_config_dir(myconf, tiny_dirs, tmp_path):
-    """`qcls --config-dir DIR check prompts=NAME` from another directory, on a local tiny model."""
+def test_cli_check_with_a_config_dir(myconf, tiny_dirs, tmp_path, monkeypatch, capsys):
+    """`qcls --config-dir DIR check prompts=NAME` from another directory, on a local tiny model (in this process:
+    main() puts the environment back as it found it)."""
+    from qcls.cli import main
     model = ["model=qwen3_4b", "model.source=local", f"model.path={tiny_dirs['qwen3_qwentok']}", "calibration=null"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env.pop("QCLS_CONFIG_DIR", None)
-    p = subprocess.run([sys.executable, "-m", "qcls.cli", "--config-dir", str(myconf), "check", "prompts=mine",
-                        *model], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
-    assert p.returncode == 0, p.stderr
-    assert "prompt category_zh" in p.stdout and "prompt audience" in p.stdout
-    p = subprocess.run([sys.executable, "-m", "qcls.cli", "check", "prompts=mine", *model], capture_output=True,
-                       text=True, timeout=300, cwd=tmp_path, env=env)
-    assert p.returncode == 2 and "Could not find 'prompts/mine'" in p.stderr and "--config-dir" in p.stderr
+    monkeypatch.delenv("QCLS_CONFIG_DIR", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert main(["--config-dir", str(myconf), "check", "prompts=mine", *model]) == 0
+    out = capsys.readouterr()
+    assert "prompt category_zh" in out.out and "prompt audience" in out.out, out.err
+    assert "QCLS_CONFIG_DIR" not in os.environ
+    assert main(["check", "prompts=mine", *model]) == 2
+    err = capsys.readouterr().err
+    assert "Could not find 'prompts/mine'" in err and "--config-dir" in err
 
 
 def test_serve_config_builder_takes_a_config_dir(myconf):
