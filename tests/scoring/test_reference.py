@@ -52,7 +52,6 @@ def test_trie_scores_form_a_distribution(tiny_dirs):
     assert first[0] == first[1]  # 'man' and 'manager' share their first token
 
 
-
 def test_a_positions_logits_do_not_depend_on_how_many_positions_are_read(tiny_dirs):
     """The LM head runs on at least ROWS_KEPT positions: a GEMM of fewer rows takes another CPU kernel, and a
     position's logits would change in their last bits with the number of positions a label reads (the first-token

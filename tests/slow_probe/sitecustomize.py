@@ -52,8 +52,8 @@ def install(probe: str) -> None:
             _record(probe, f"loads the demo model {args[0]}")
         elif event == "subprocess.Popen" and "gcs_server" in str(args[1]):
             _record(probe, "starts a Ray cluster")
-        elif event == "subprocess.Popen" and _bench_script(args[1]):
-            _record(probe, f"runs the benchmark script {_bench_script(args[1])}")
+        elif event == "subprocess.Popen" and (script := _bench_script(args[1])):
+            _record(probe, f"runs the benchmark script {script}")
     sys.addaudithook(hook)
 
 
