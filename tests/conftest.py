@@ -6,7 +6,13 @@ import os
 import sys
 from dataclasses import dataclass
 
-from tests import slow_marker
+# Where the environment forbids bytecode (PYTHONDONTWRITEBYTECODE), pytest would rewrite every test module's asserts
+# again in each worker of every run (about 9 s a worker on the 2-core machine) and Python would compile qcls
+# again: the suite's processes keep the checkout's bytecode in its __pycache__ folders (git-ignored), as Python does
+# by default. The processes the tests start keep the environment as it is.
+sys.dont_write_bytecode = False
+
+from tests import slow_marker  # noqa: E402
 
 slow_marker.install()  # before anything starts a process or loads a model
 

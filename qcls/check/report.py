@@ -176,8 +176,9 @@ def build(cfg: QclsConfig, query_tokens: int = 8) -> CheckReport:
                           "give a query length the config accepts, or raise max_query_tokens (and "
                           "engine.query_buckets)")
     src = sources.config_source(cfg.model, cfg.cache_dir)
-    mc = sources.load_config(src)
-    tokenizer = sources.load_tokenizer(src)
+    with sources.gguf_metadata_read_once():
+        mc = sources.load_config(src)
+        tokenizer = sources.load_tokenizer(src)
     where = src.path + (f" ({src.gguf_file})" if src.gguf_file else "")
     budget = memory.budget_bytes(cfg)
     rep = CheckReport(cfg.model.name, f"{cfg.model.source}: {where}", describe_config(mc), cfg.strategy,

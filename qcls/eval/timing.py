@@ -6,12 +6,14 @@ import os
 import statistics
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from qcls.eval.scores import Request, request_ms
+
+if TYPE_CHECKING:
+    import torch
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -44,6 +46,7 @@ def time_batch1(clf, queries: list[str]) -> list[Request]:
 
 
 def reset_peak() -> None:
+    import torch  # here, not at the top: `qcls --version` reads commit() without loading torch
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
 
@@ -52,6 +55,7 @@ def gpu_memory(device: torch.device) -> dict[str, Any] | None:
     """Allocated now and the peak since the job started (GiB); None off CUDA."""
     if device.type != "cuda":
         return None
+    import torch
     gib = 2 ** 30
     return {"allocated_gib": round(torch.cuda.memory_allocated(device) / gib, 3),
             "peak_gib": round(torch.cuda.max_memory_allocated(device) / gib, 3)}
@@ -59,6 +63,7 @@ def gpu_memory(device: torch.device) -> dict[str, Any] | None:
 
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
+        import torch
         return torch.cuda.get_device_name(device)
     return f"cpu ({os.cpu_count()} cores)"
 

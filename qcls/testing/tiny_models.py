@@ -9,22 +9,17 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, trainers
 from tokenizers.models import BPE
-from transformers import (
-    AutoModelForCausalLM,
-    Gemma3TextConfig,
-    LlamaConfig,
-    PretrainedConfig,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-    PreTrainedTokenizerFast,
-    Qwen2Config,
-    Qwen3Config,
-)
+from transformers import PreTrainedTokenizerFast
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
+
+# torch and the architectures are imported where a model is built: the tokenizer alone loads in a fraction of the
+# time (a fresh interpreter checking that the tokenizer is the same everywhere needs only it)
 
 __all__ = [
     "TINY_FAMILIES",
@@ -36,12 +31,11 @@ __all__ = [
 
 TINY_FAMILIES: tuple[str, ...] = ("qwen3", "qwen2", "llama", "gemma3")
 
-_CONFIG_CLASSES: dict[str, type[PretrainedConfig]] = {
-    "qwen3": Qwen3Config,
-    "qwen2": Qwen2Config,
-    "llama": LlamaConfig,
-    "gemma3": Gemma3TextConfig,
-}
+
+def _config_class(family: str) -> type[PretrainedConfig]:
+    import transformers
+    return {"qwen3": transformers.Qwen3Config, "qwen2": transformers.Qwen2Config, "llama": transformers.LlamaConfig,
+            "gemma3": transformers.Gemma3TextConfig}[family]
 
 # transformers 5 replaced rope_theta/rope_scaling kwargs with a single
 # rope_parameters dict (rope_scaling is a deprecated alias).
@@ -98,7 +92,7 @@ def tiny_vocab_size(tokenizer: PreTrainedTokenizerBase) -> int:
 
 def tiny_config(family: str, vocab_size: int, **overrides: Any) -> PretrainedConfig:
     """Config of the real architecture ``family`` shrunk to ~100k non-embedding params."""
-    if family not in _CONFIG_CLASSES:
+    if family not in TINY_FAMILIES:
         raise ValueError(f"unknown family {family!r}; expected one of {TINY_FAMILIES}")
     kwargs: dict[str, Any] = dict(
         vocab_size=vocab_size,
@@ -121,15 +115,20 @@ def tiny_config(family: str, vocab_size: int, **overrides: Any) -> PretrainedCon
         del kwargs["hidden_act"]
         kwargs.update(_GEMMA3)
     kwargs.update(overrides)
-    return _CONFIG_CLASSES[family](**kwargs)
+    return _config_class(family)(**kwargs)
 
 
-@torch.no_grad()
 def _init_weights(model: PreTrainedModel, seed: int) -> None:
+    import torch
+    with torch.no_grad():
+        _init_weights_from(model, torch.Generator().manual_seed(seed))
+
+
+def _init_weights_from(model: PreTrainedModel, gen) -> None:
     # Our own generator instead of relying on from_config's init, so weights
     # depend only on (architecture, seed) and not on transformers' init code
     # or the caller's global RNG.
-    gen = torch.Generator().manual_seed(seed)
+    import torch
     embed = model.get_input_embeddings().weight
     lm_head = model.get_output_embeddings()
     lm_weight = lm_head.weight if lm_head is not None else None
@@ -173,6 +172,8 @@ def make_tiny_model_dir(
         "bos_token_id": tokenizer.bos_token_id,
     }
     config = tiny_config(family, tiny_vocab_size(tokenizer), **{**special_ids, **config_overrides})
+    import torch
+    from transformers import AutoModelForCausalLM
     # fork_rng: from_config's default init draws from the global RNG; keep the
     # caller's RNG stream untouched.
     with torch.random.fork_rng(devices=[]):

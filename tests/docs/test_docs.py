@@ -77,13 +77,21 @@ def test_links_resolve_inside_the_repository(path: Path) -> None:
 
 
 def test_nothing_points_outside_the_repository() -> None:
-    files = DOCS + [p for ext in ("py", "yaml", "sh", "toml") for p in ROOT.rglob(f"*.{ext}")
-                    if not any(part.startswith(".") for part in p.relative_to(ROOT).parts)]
+    files = DOCS + _repository_files(("py", "yaml", "sh", "toml"))
     bad = [f"{p.relative_to(ROOT)}:{n}: {line.strip()[:100]}" for p in files
            for n, line in enumerate(p.read_text(encoding="utf-8", errors="replace").splitlines(), 1)
            if OUTSIDE.search(line)]
     assert not bad, "these lines point outside the repository (describe it in docs/design.md instead):\n" + \
         "\n".join(bad)
+
+
+def _repository_files(exts: tuple[str, ...]) -> list[Path]:
+    """The repository's files with those extensions, outside hidden folders (a virtual environment is not walked)."""
+    out = []
+    for top, dirs, names in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        out += [Path(top) / n for n in names if not n.startswith(".") and n.rsplit(".", 1)[-1] in exts]
+    return out
 
 
 @pytest.mark.parametrize("path", DOCS, ids=_ids(DOCS))

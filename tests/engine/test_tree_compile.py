@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import traceback
 from pathlib import Path
 
 import pytest
@@ -80,17 +81,30 @@ def resources(head_dim: int, group: int) -> dict:
     return out
 
 
-@pytest.mark.parametrize("head_dim,group", [(128, 4), (256, 4), (256, 2)])  # Qwen3-4B/8B, Gemma3 270M, 4B
-def test_turing_shapes_compile_without_spills(head_dim, group):
+SHAPES = [(128, 4), (256, 4), (256, 2)]  # Qwen3-4B/8B, Gemma3 270M, 4B
+
+
+@pytest.fixture(scope="module")
+def compiled() -> dict[str, dict]:
+    """{"D-G": the kernels' resources, or {"error": the child's traceback}} for every shape, from one child process
+    (one torch and Triton import)."""
     pytest.importorskip("triton")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-m", "tests.engine.test_tree_compile", str(head_dim), str(group)], env=env,
+    proc = subprocess.run([sys.executable, "-m", "tests.engine.test_tree_compile",
+                           *(f"{d}-{g}" for d, g in SHAPES)], env=env,
                           capture_output=True, text=True, cwd=Path(__file__).parents[2], timeout=900)
-    if proc.returncode:
-        if "ptxas" in proc.stderr or "cuobjdump" in proc.stderr:
-            pytest.skip(f"cannot compile for sm_75 here: {proc.stderr.strip().splitlines()[-1]}")
-        raise AssertionError(proc.stderr[-3000:])
-    for name, r in json.loads(proc.stdout.strip().splitlines()[-1]).items():
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("head_dim,group", SHAPES)
+def test_turing_shapes_compile_without_spills(head_dim, group, compiled):
+    got = compiled[f"{head_dim}-{group}"]
+    if "error" in got:
+        if "ptxas" in got["error"] or "cuobjdump" in got["error"]:
+            pytest.skip(f"cannot compile for sm_75 here: {got['error'].strip().splitlines()[-1]}")
+        raise AssertionError(got["error"][-3000:])
+    for name, r in got.items():
         assert r["shared"] <= 48 * 1024, (name, r)
         assert not r["mma"], (name, r)  # sm_75: FMA dots, as the tuning assumes
         # no register spill inside a loop; the few bytes sm_75 spills around the loops of the d=256 row kernel
@@ -111,5 +125,15 @@ def test_spills_are_found_inside_loops_only():
     assert local_in_loops(sass) == ["0x20 LDL R9, [R1+0x4]"]  # 0x10-0x30 is a loop; 0x00, 0x40 are outside
 
 
+def _resources_each(shapes: list[str]) -> dict[str, dict]:
+    out = {}
+    for shape in shapes:
+        try:
+            out[shape] = resources(*map(int, shape.split("-")))
+        except Exception:  # noqa: BLE001 - reported to the shape's own test
+            out[shape] = {"error": traceback.format_exc()}
+    return out
+
+
 if __name__ == "__main__":
-    print(json.dumps(resources(int(sys.argv[1]), int(sys.argv[2]))))
+    print(json.dumps(_resources_each(sys.argv[1:])))
