@@ -140,11 +140,16 @@ def _resolve_files(spec: ModelSpec) -> Source:
     return Source(hub_path, spec.gguf_file, revision)
 
 
+TOKENIZERS_KEPT = 16  # stored tokenizers, the most recently read kept
+SMALL_TOKENIZER = 1 << 20  # bytes of tokenizer files under which reading the folder is as quick as the pickle
+
+
 def load_tokenizer(src: Source):
     """The source's tokenizer. One read from a local folder is kept, pickled, in the cache folder: transformers
     parses a large tokenizer.json several times over (Gemma3's 262k tokens: about 6 s on a 2-core machine), the
     pickle loads in under half that. Keyed by the folder's files (name, size, time) and the library versions; read
-    only if this user wrote it."""
+    only if this user wrote it. A small tokenizer is not stored, and only the TOKENIZERS_KEPT most recently read
+    are kept: every folder a process loads would otherwise leave one behind."""
     import pickle
 
     from transformers import AutoTokenizer
@@ -152,14 +157,28 @@ def load_tokenizer(src: Source):
     if stored is not None and stored.exists() and stored.stat().st_uid == os.getuid():
         try:
             with open(stored, "rb") as f:
-                return pickle.load(f)
-        except Exception:  # noqa: BLE001 - a torn or stale file: the folder is read again
+                tok = pickle.load(f)
+            os.utime(stored)  # recently read: kept longest
+            return tok
+        except Exception:  # noqa: BLE001 - a torn, stale or just evicted file: the folder is read again
             pass
     tok = AutoTokenizer.from_pretrained(src.path, gguf_file=src.gguf_file, revision=src.revision)
     if stored is not None:
         with contextlib.suppress(OSError):  # a read-only cache folder: read the folder every time
             write_atomically(stored, pickle.dumps(tok))
+            _evict(stored.parent, TOKENIZERS_KEPT)
     return tok
+
+
+def _evict(folder: Path, keep: int) -> None:
+    def mtime(p: Path) -> float:
+        try:
+            return p.stat().st_mtime
+        except OSError:
+            return 0.0
+    for old in sorted(folder.glob("*.pickle"), key=mtime, reverse=True)[keep:]:
+        with contextlib.suppress(OSError):  # another process's eviction got there first
+            old.unlink()
 
 
 def _stored_tokenizer(src: Source) -> Path | None:
@@ -172,6 +191,8 @@ def _stored_tokenizer(src: Source) -> Path | None:
         return None
     files = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(folder.iterdir())
              if p.is_file() and p.suffix not in (".safetensors", ".bin", ".gguf", ".pt", ".pth", ".h5", ".msgpack")]
+    if sum(size for _, size, _ in files) < SMALL_TOKENIZER:
+        return None
     key = json.dumps([str(folder.resolve()), files, transformers.__version__, tokenizers.__version__, sys.version])
     return default_cache_dir() / "tokenizers" / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.pickle"
 

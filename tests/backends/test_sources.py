@@ -1,6 +1,8 @@
 """Model sources: local directories, hub ids (offline mode honoured), GGUF paths, the demo package."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from qcls.backends import sources
@@ -18,9 +20,9 @@ def test_local_dir_resolves_and_loads(tiny_dirs):
 
 
 def test_a_local_tokenizer_is_read_once_then_from_the_cache_folder(tiny_dirs, tmp_path, monkeypatch):
-    import os
     import shutil
     monkeypatch.setenv("QCLS_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(sources, "SMALL_TOKENIZER", 0)  # the tiny tokenizer stands for a large one
     folder = shutil.copytree(tiny_dirs["qwen3"], tmp_path / "model")
     src = sources.Source(str(folder))
     first = sources.load_tokenizer(src)
@@ -37,6 +39,24 @@ def test_a_local_tokenizer_is_read_once_then_from_the_cache_folder(tiny_dirs, tm
     os.utime(tok, ns=(tok.stat().st_atime_ns, tok.stat().st_mtime_ns + 10**9))  # an edited folder: a new entry
     sources.load_tokenizer(src)
     assert len(list((tmp_path / "cache" / "tokenizers").iterdir())) == 2
+
+
+def test_a_small_tokenizer_is_not_stored_and_the_most_recently_read_are_kept(tiny_dirs, tmp_path, monkeypatch):
+    import shutil
+    monkeypatch.setenv("QCLS_CACHE_DIR", str(tmp_path / "cache"))
+    stored = tmp_path / "cache" / "tokenizers"
+    folders = [sources.Source(str(shutil.copytree(tiny_dirs["qwen3"], tmp_path / f"model{i}"))) for i in range(4)]
+    sources.load_tokenizer(folders[0])  # its files are far under SMALL_TOKENIZER: read from the folder each time
+    assert not stored.exists() or not list(stored.iterdir())
+    monkeypatch.setattr(sources, "SMALL_TOKENIZER", 0)
+    monkeypatch.setattr(sources, "TOKENIZERS_KEPT", 2)
+    for src in folders[:2]:
+        sources.load_tokenizer(src)
+    first = sources._stored_tokenizer(folders[0])
+    os.utime(first, (first.stat().st_atime, first.stat().st_mtime - 60))
+    sources.load_tokenizer(folders[0])  # read again: the most recent
+    sources.load_tokenizer(folders[2])  # a third: the least recently read goes
+    assert sorted(stored.iterdir()) == sorted(sources._stored_tokenizer(f) for f in (folders[0], folders[2]))
 
 
 def test_hub_id_in_offline_mode_fails_without_network(monkeypatch, tmp_path):

@@ -30,11 +30,12 @@ QUERIES = ["mens slim fit jeans", "夏季女士碎花连衣裙", "hoodie", "red 
            "boys tee", "x", "连衣裙 👗 size M\x07"]
 
 
-def pair(model_dir, prompts, strategy, **extra):
-    """(fast, reference) classifiers sharing one loaded model."""
+def pair(model_dir, prompts, strategy, loaded=None, **extra):
+    """(fast, reference) classifiers sharing one loaded model (`loaded`: one the caller loaded for several
+    pairs)."""
     fast_cfg = tiny_cfg(model_dir, prompts, scoring={"name": strategy}, **extra)
     ref_cfg = tiny_cfg(model_dir, prompts, scoring={"name": strategy}, engine={"kind": "reference"})
-    loaded = get_backend("fp16").load(fast_cfg)
+    loaded = get_backend("fp16").load(fast_cfg) if loaded is None else loaded
     return Classifier(fast_cfg, loaded=loaded), Classifier(ref_cfg, loaded=loaded)
 
 

@@ -94,8 +94,17 @@ GEMMA_ZH_AUD = ["男童", "女童", "男士", "女士", "孕妇", "无"]
 GEMMA_EN = ["dress", "jeans", "shirt", "trench", "skirt", "tee", "hoodie", "knit", "other", "none"]
 
 
+@pytest.fixture(scope="module")
+def gemma_vocabulary_model(gemma3_gemmatok, gemma_tokenizer):
+    """The tiny model with the real Gemma3 vocabulary, loaded once for the strategies, with the tokenizer its folder
+    was written from (a 262k-token tokenizer takes seconds to read)."""
+    from qcls.backends.registry import get_backend
+    from tests.conftest import tiny_cfg
+    return get_backend("fp16").load(tiny_cfg(gemma3_gemmatok, [prompt("cat", GEMMA_EN)]), tokenizer=gemma_tokenizer)
+
+
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_real_gemma_vocabulary(gemma3_gemmatok, strategy):
+def test_real_gemma_vocabulary(gemma3_gemmatok, gemma_vocabulary_model, strategy):
     """The real Gemma3 tokenizer: ' 男童'/' 男士' share '▁男', Chinese labels start with a bare '▁', English
     labels are single tokens; base-model style plain-text prompts starting with <bos>."""
     def plain(name, labels, task):
@@ -103,7 +112,7 @@ def test_real_gemma_vocabulary(gemma3_gemmatok, strategy):
     prompts = [plain("cat_zh", GEMMA_ZH_CAT, "品类"), plain("aud_zh", GEMMA_ZH_AUD, "人群"), plain("cat", GEMMA_EN, "Category")]
     if strategy == "first_token":
         prompts = [plain("cat", GEMMA_EN, "Category"), plain("aud", ["boy", "girl", "man", "woman", "none"], "Who")]
-    fast, ref = pair(gemma3_gemmatok, prompts, strategy, engine={"max_batch_size": 2})
+    fast, ref = pair(gemma3_gemmatok, prompts, strategy, loaded=gemma_vocabulary_model, engine={"max_batch_size": 2})
     assert fast.engine.prompts[0].tokens.prefix_ids[0] == 2  # <bos>
     assert_same(fast, ref, ["夏季女士碎花连衣裙", "mens slim fit jeans"])
     assert_same(fast, ref, ["男童卫衣"])
