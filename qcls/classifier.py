@@ -70,25 +70,8 @@ class Classifier:
         self.heads = heads.choose(cfg)
         self.head, self.head_path, cal_notes = self.heads.head, self.heads.path, self.heads.notes
         backend = get_backend(cfg.backend.name)
-        if loaded is None:  # the tokenizer first: label sets are checked before any weight is read
-            with step("loading the tokenizer", self.startup_s, "tokenizer"):
-                self.tokenizer = sources.load_tokenizer(backend.source(cfg))
-        else:
-            self.tokenizer = loaded.tokenizer
-        # the request path's tokenizer call: the fast backend where it gives the same ids, and a query cache
-        self.encoder = QueryEncoder(self.tokenizer, cfg.max_query_tokens, check=(WARMUP_QUERY,))
-        model_config = loaded.source_config if loaded is not None else None
-        if loaded is None and self.head is not None and self.head.reads_states:
-            model_config = sources.load_config(backend.source(cfg))  # the architecture before any weight is read
-            self._check_head(heads.check_model_config, model_config)
-        # how deep the forward runs (the layers the heads read) decides what the rows hold and what is loaded
-        self.depth = self._plan_depth(model_config)
-        with step(f"preparing {len(cfg.prompts)} prompts (strategy {cfg.strategy})", self.startup_s, "prompts"):
-            self.layouts = self._prepare_prompts()
-        given = loaded is not None
-        if loaded is None:
-            loaded = self._load(backend)
-        self._check_head(heads.check_model_config, loaded.source_config)
+        with sources.gguf_metadata_read_once():  # a GGUF's header is read for the tokenizer, config and model
+            loaded, given = self._read(backend, loaded)
         yield "the configuration's checks and prompts"  # the device work starts: a head's weight fingerprint copies
         self._check_head(heads.check_model_weights, loaded.model)  # weights off the device
         yield "the head's weight check"
@@ -123,6 +106,31 @@ class Classifier:
         if self.measured_memory:
             gib = {k: round(v / 2**30, 2) for k, v in self.measured_memory.items()}
             step_note(f"GPU memory after start-up (GiB): {gib}")
+
+    def _read(self, backend, loaded: LoadedModel | None) -> tuple[LoadedModel, bool]:
+        """The tokenizer, the checks that need no weights, the prompts, then the weights (unless given): (the
+        model, whether the caller gave it)."""
+        if loaded is None:  # the tokenizer first: label sets are checked before any weight is read
+            with step("loading the tokenizer", self.startup_s, "tokenizer"):
+                self.tokenizer = sources.load_tokenizer(backend.source(self.cfg))
+        else:
+            self.tokenizer = loaded.tokenizer
+        # the request path's tokenizer call: the fast backend where it gives the same ids, and a query cache
+        self.encoder = QueryEncoder(self.tokenizer, self.cfg.max_query_tokens, check=(WARMUP_QUERY,))
+        model_config = loaded.source_config if loaded is not None else None
+        if loaded is None and self.head is not None and self.head.reads_states:
+            model_config = sources.load_config(backend.source(self.cfg))  # the architecture before any weight is read
+            self._check_head(heads.check_model_config, model_config)
+        # how deep the forward runs (the layers the heads read) decides what the rows hold and what is loaded
+        self.depth = self._plan_depth(model_config)
+        cfg = self.cfg
+        with step(f"preparing {len(cfg.prompts)} prompts (strategy {cfg.strategy})", self.startup_s, "prompts"):
+            self.layouts = self._prepare_prompts()
+        given = loaded is not None
+        if loaded is None:
+            loaded = self._load(backend)
+        self._check_head(heads.check_model_config, loaded.source_config)
+        return loaded, given
 
     def _plan_depth(self, model_config) -> Depth:
         """Without a config (no head reads states) it is the whole depth, counted once loaded."""

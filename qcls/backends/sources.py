@@ -5,10 +5,12 @@ Every source ends as a transformers model + tokenizer on the CPU; backends then 
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import shutil
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -213,18 +215,36 @@ def write_atomically(path: Path, data: bytes) -> None:
         raise
 
 
+_gguf_scope = threading.local()  # .parsed: {file key: metadata} while a scope is open in this thread
+
+
 @contextlib.contextmanager
 def gguf_metadata_read_once():
-    """Within it, transformers parses a GGUF file's metadata once: it parses the whole header for the config and
-    again for the tokenizer (SmolLM2's: about 7 s each on a 2-core machine). Each reader gets its own copy."""
-    import copy
+    """Within it (in this thread), transformers parses a GGUF file's metadata once: it parses the whole header for
+    the config, again for the tokenizer and again for the model's config (SmolLM2's: about 7 s each on a 2-core
+    machine). Each reader gets its own copy; scopes nest; other threads are not affected."""
+    _wrap_gguf_reader()
+    outer = getattr(_gguf_scope, "parsed", None)
+    if outer is None:
+        _gguf_scope.parsed = {}
+    try:
+        yield
+    finally:
+        if outer is None:
+            _gguf_scope.parsed = None
 
+
+def _wrap_gguf_reader() -> None:
+    """Put a reader that consults the thread's scope in place of transformers' (once per process; outside a scope
+    it calls transformers' own)."""
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
     original = gguf_utils.load_gguf_checkpoint
-    parsed: dict[tuple, dict] = {}
+    if getattr(original, "qcls_scoped", False):
+        return
 
     def read(path, return_tensors=False, *args, **kwargs):
-        if return_tensors or args or kwargs:
+        parsed = getattr(_gguf_scope, "parsed", None)
+        if parsed is None or return_tensors or args or kwargs:
             return original(path, return_tensors, *args, **kwargs)
         st = os.stat(path)
         key = (os.path.realpath(path), st.st_size, st.st_mtime_ns)
@@ -232,11 +252,8 @@ def gguf_metadata_read_once():
             parsed[key] = original(path, return_tensors=False)
         return copy.deepcopy(parsed[key])
 
+    read.qcls_scoped = True
     gguf_utils.load_gguf_checkpoint = read
-    try:
-        yield
-    finally:
-        gguf_utils.load_gguf_checkpoint = original
 
 
 def load_config(src: Source):

@@ -146,7 +146,11 @@ def test_demo_model_config_is_read_from_the_gguf_header_without_converting(tmp_p
     src = sources.config_source(cfg.model, cfg.cache_dir)
     from qcls.backends import demos
     assert src.gguf_file == demos.get("smollm2_demo").file
+    import gguf
+    parses, reader = [], gguf.GGUFReader
+    monkeypatch.setattr(gguf, "GGUFReader", lambda *a, **k: parses.append(a) or reader(*a, **k))
     rep = build(cfg)
+    assert len(parses) == 1  # the config and the tokenizer from one read of the header
     assert rep.model_config["vocab_size"] == 49152 and rep.model_config["num_hidden_layers"] == 30
     assert [p.name for p in rep.prompts] == ["category", "audience"] and rep.budget_gib is None
     assert all(b.fits is None for b in rep.backends) and "no budget" in format_report(rep)
