@@ -57,6 +57,31 @@ def test_a_config_dir_adds_options_from_any_directory(myconf, tmp_path, monkeypa
     assert "--config-dir" in e.value.way_out
 
 
+def test_a_kept_composition_is_a_copy_and_follows_the_files(myconf, monkeypatch):
+    """compose() keeps recent compositions; an edited, added or removed file in a searched folder (the user's, or
+    QCLS_CONFIG_DIR's) is read again, and a kept one is never handed out to be changed."""
+    mine = myconf / "prompts" / "mine.yaml"
+    assert compose(["prompts=mine"], config_dir=myconf).prompts[1].labels == ["man", "woman", "none"]
+    raw = compose_raw(["prompts=mine"], config_dir=myconf)
+    raw.prompts[1].labels[0] = "changed by a caller"
+    assert compose_raw(["prompts=mine"], config_dir=myconf).prompts[1].labels[0] == "man"
+    mine.write_text(PROMPTS.replace('"woman"', '"lady"'), encoding="utf-8")
+    st = mine.stat()
+    os.utime(mine, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # an edit within the clock's tick changes it too
+    assert compose(["prompts=mine"], config_dir=myconf).prompts[1].labels == ["man", "lady", "none"]
+    (myconf / "prompts" / "other.yaml").write_text(PROMPTS, encoding="utf-8")
+    assert names(compose(["prompts=other"], config_dir=myconf)) == ["category_zh", "audience"]
+    mine.unlink()
+    with pytest.raises(ConfigError, match="Could not find 'prompts/mine'"):
+        compose(["prompts=mine"], config_dir=myconf)
+    monkeypatch.setenv("QCLS_CONFIG_DIR", str(myconf))  # the same folder through the environment
+    assert names(compose(["prompts=other"])) == ["category_zh", "audience"]
+    (myconf / "prompts" / "other.yaml").write_text(PROMPTS.replace("category_zh", "kind"), encoding="utf-8")
+    st = (myconf / "prompts" / "other.yaml").stat()
+    os.utime(myconf / "prompts" / "other.yaml", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert names(compose(["prompts=other"])) == ["kind", "audience"]
+
+
 def test_a_config_dir_overrides_a_shipped_option_of_the_same_name(myconf):
     (myconf / "prompts" / "default.yaml").write_text(PROMPTS, encoding="utf-8")
     assert names(compose(["prompts=default"], config_dir=myconf)) == ["category_zh", "audience"]

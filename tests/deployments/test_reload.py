@@ -57,8 +57,12 @@ def _reloader(monkeypatch, cfg):
     monkeypatch.setattr(qcls.classifier, "Classifier", FakeClassifier)
     owner = Owner()
     # (an earlier test's swap may still be waiting for its replaced Classifier: its "free" is not this test's)
-    monkeypatch.setattr(reload, "free_device_memory",
-                        lambda clf: clf in FakeClassifier.built and owner.log.append(f"free by owner {owner.running}"))
+    def free(clf):
+        if clf in FakeClassifier.built:
+            owner.log.append(f"free by owner {owner.running}")
+        return None  # as off CUDA: nothing given back to report
+
+    monkeypatch.setattr(reload, "free_device_memory", free)
     FakeClassifier.built, FakeClassifier.fail, FakeClassifier.owner = [], None, owner
     FakeClassifier.gate.set()
     active = [FakeClassifier(cfg, loaded="weights")]
