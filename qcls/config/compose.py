@@ -117,9 +117,7 @@ def _composition_key(overrides: list[str], config_name: str, extra: list[Path]) 
     files = []
     for d in [*extra, *user_config_dirs(), CONF_DIR]:
         for top, subdirs, names in os.walk(d):
-            subdirs.sort()
-            if top[len(str(d)):].count(os.sep) >= 2:  # groups nest one level (hydra/launcher); deeper is not read
-                subdirs[:] = []
+            subdirs[:] = sorted(s for s in subdirs if not s.startswith((".", "__")))  # an option may be prompts/a/b
             for name in sorted(names):
                 if name.endswith((".yaml", ".yml")):
                     with contextlib.suppress(OSError):

@@ -71,6 +71,13 @@ def test_a_kept_composition_is_a_copy_and_follows_the_files(myconf, monkeypatch)
     assert compose(["prompts=mine"], config_dir=myconf).prompts[1].labels == ["man", "lady", "none"]
     (myconf / "prompts" / "other.yaml").write_text(PROMPTS, encoding="utf-8")
     assert names(compose(["prompts=other"], config_dir=myconf)) == ["category_zh", "audience"]
+    deep = myconf / "prompts" / "shop" / "zh" / "deep.yaml"  # an option in nested folders: prompts=shop/zh/deep
+    deep.parent.mkdir(parents=True)
+    deep.write_text(PROMPTS, encoding="utf-8")
+    assert names(compose(["prompts=shop/zh/deep"], config_dir=myconf)) == ["category_zh", "audience"]
+    deep.write_text(PROMPTS.replace("category_zh", "kind"), encoding="utf-8")
+    os.utime(deep, ns=(deep.stat().st_atime_ns, deep.stat().st_mtime_ns + 10**9))
+    assert names(compose(["prompts=shop/zh/deep"], config_dir=myconf)) == ["kind", "audience"]
     mine.unlink()
     with pytest.raises(ConfigError, match="Could not find 'prompts/mine'"):
         compose(["prompts=mine"], config_dir=myconf)
