@@ -110,20 +110,20 @@ class Classifier:
     def _read(self, backend, loaded: LoadedModel | None) -> tuple[LoadedModel, bool]:
         """The tokenizer, the checks that need no weights, the prompts, then the weights (unless given): (the
         model, whether the caller gave it)."""
+        cfg = self.cfg
         if loaded is None:  # the tokenizer first: label sets are checked before any weight is read
             with step("loading the tokenizer", self.startup_s, "tokenizer"):
-                self.tokenizer = sources.load_tokenizer(backend.source(self.cfg))
+                self.tokenizer = sources.load_tokenizer(backend.source(cfg))
         else:
             self.tokenizer = loaded.tokenizer
         # the request path's tokenizer call: the fast backend where it gives the same ids, and a query cache
-        self.encoder = QueryEncoder(self.tokenizer, self.cfg.max_query_tokens, check=(WARMUP_QUERY,))
+        self.encoder = QueryEncoder(self.tokenizer, cfg.max_query_tokens, check=(WARMUP_QUERY,))
         model_config = loaded.source_config if loaded is not None else None
         if loaded is None and self.head is not None and self.head.reads_states:
-            model_config = sources.load_config(backend.source(self.cfg))  # the architecture before any weight is read
+            model_config = sources.load_config(backend.source(cfg))  # the architecture before any weight is read
             self._check_head(heads.check_model_config, model_config)
         # how deep the forward runs (the layers the heads read) decides what the rows hold and what is loaded
         self.depth = self._plan_depth(model_config)
-        cfg = self.cfg
         with step(f"preparing {len(cfg.prompts)} prompts (strategy {cfg.strategy})", self.startup_s, "prompts"):
             self.layouts = self._prepare_prompts()
         given = loaded is not None
