@@ -1,16 +1,18 @@
 """Every command in bench's index runs: each CPU smoke run of bench/README.md's "Commands" table, as written
 there, exits 0 and leaves bench/RESULTS.md as it was (QCLS_BENCH_RESULTS points the sections elsewhere). The
-Ray benches join the session's cluster (RAY_ADDRESS), but for the HAProxy one."""
+Ray benches join the session's cluster (RAY_ADDRESS), but for the HAProxy one. Each command is a process forked
+from one that imported torch, transformers and qcls once (tests/forkserver.py)."""
 from __future__ import annotations
 
 import os
 import re
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.forkserver import Forkserver
 
 ROOT = Path(__file__).resolve().parents[2]
 INDEX = ROOT / "bench" / "README.md"
@@ -44,28 +46,40 @@ def joins_ray(command: str) -> bool:
     return command.split()[1] in STARTS_RAY and command.split()[1] not in OWN_RAY
 
 
+def _env() -> dict:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
+
+
+@pytest.fixture(scope="module")
+def python(tmp_path_factory) -> Path:
+    """`python` for the smokes: each run a child of one process that imported what they all import."""
+    tmp = tmp_path_factory.mktemp("forkserver")
+    server = Forkserver(_env(), tmp)
+    yield server.client(tmp / "bin", "python")
+    server.close()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("command", [pytest.param(c, id=script(c)) for c in smokes() if not joins_ray(c)])
-def test_smoke_runs(command: str, tmp_path: Path):
-    smoke(command, tmp_path, {})
+def test_smoke_runs(command: str, tmp_path: Path, python: Path):
+    smoke(command, tmp_path, python, {})
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("command", [pytest.param(c, id=script(c)) for c in smokes() if joins_ray(c)])
-def test_ray_smoke_runs_on_the_sessions_cluster(command: str, tmp_path: Path, ray_session):
+def test_ray_smoke_runs_on_the_sessions_cluster(command: str, tmp_path: Path, python: Path, ray_session):
     """The bench joins the session's cluster (RAY_ADDRESS) and leaves it as it found it."""
-    smoke(command, tmp_path, {"RAY_ADDRESS": ray_session.address})
+    smoke(command, tmp_path, python, {"RAY_ADDRESS": ray_session.address})
 
 
-def smoke(command: str, tmp_path: Path, env_extra: dict) -> None:
+def smoke(command: str, tmp_path: Path, python: Path, env_extra: dict) -> None:
     argv = shlex.split(command)
     if argv[1] in STARTS_RAY:
         pytest.importorskip("ray", reason="the serving and Ray Data benches need ray: pip install -e '.[serve]'")
     assert argv[0] == "python"
     before = (ROOT / "bench" / "RESULTS.md").read_bytes()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "QCLS_BENCH_RESULTS": str(tmp_path / "RESULTS.md"),
-           "OUT": str(tmp_path / "out"), "CUDA_VISIBLE_DEVICES": "", **env_extra}
-    run = subprocess.run([sys.executable, *argv[1:]], cwd=ROOT, env=env, capture_output=True, text=True)
+    env = {**_env(), "QCLS_BENCH_RESULTS": str(tmp_path / "RESULTS.md"), "OUT": str(tmp_path / "out"), **env_extra}
+    run = subprocess.run([str(python), *argv[1:]], cwd=ROOT, env=env, capture_output=True, text=True)
     assert run.returncode == 0, f"{command}\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
     assert "|---" in run.stdout  # it printed its table
     assert (ROOT / "bench" / "RESULTS.md").read_bytes() == before

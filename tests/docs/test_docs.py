@@ -40,6 +40,7 @@ import pytest
 from tests.docs.commands import check_qcls
 from tests.docs.markdown import (ROOT, anchors, blocks, code_paths, commands, docs, links, match_output, runnable,
                                  stray_markers)
+from tests.forkserver import Forkserver
 
 DOCS = docs()
 # Where the repository's own docs and code must never point: a sibling folder or this machine's checkout.
@@ -134,15 +135,24 @@ def test_command_blocks_are_valid(path: Path, tmp_path: Path, monkeypatch) -> No
 
 
 def run_doc(path: Path, tmp_path: Path) -> None:
-    """Run a file's run blocks in order (writing its file blocks) and compare each output block."""
+    """Run a file's run blocks in order (writing its file blocks) and compare each output block. `qcls` is this
+    checkout's, each command a process forked from one that imported qcls once (tests/forkserver.py)."""
     shim = tmp_path / "bin"
-    shim.mkdir(parents=True)
-    (shim / "qcls").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m qcls.cli "$@"\n')  # this checkout's qcls
-    (shim / "qcls").chmod(0o755)
     env = {**os.environ, "PATH": os.pathsep.join([str(shim), str(Path(sys.executable).parent), os.environ["PATH"]]),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     work = tmp_path / "work"
-    work.mkdir()
+    work.mkdir(parents=True)
+    if not any(b.marker == "run" and "qcls" in b.text for b in blocks(path)):
+        return _run_blocks(path, work, env)
+    server = Forkserver(env, tmp_path)
+    try:
+        server.client(shim, "qcls")
+        _run_blocks(path, work, env)
+    finally:
+        server.close()
+
+
+def _run_blocks(path: Path, work: Path, env: dict) -> None:
     printed = None
     for b in blocks(path):
         if b.marker == "run":
