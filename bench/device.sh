@@ -103,13 +103,16 @@ mode_reloads() {  # bench/load.py: 10 reloads under HTTP load (8 clients, 200 s)
     step "$(size 120 440)" ops-reload python bench/load.py "${APP[@]}" --reloads "$(size 1 10)" --seconds "$(size 10 200)"
 }
 
-mode_ops() {  # the reloads; a Zipf stream, cache on then off; the prediction log off and on, alternated 3 times
-    # (every row and every label kept)
+mode_ops() {  # the reloads; a Zipf stream, cache on then off; the prediction log's cost
     mode_reloads
     if [ -z "$QUICK" ]; then
         step 200 ops-zipf python bench/load.py "${APP[@]}" --zipf --seconds 15
-        step 360 ops-log python bench/load.py "${APP[@]}" --prediction-log-ab 3 --seconds 20
+        mode_log
     fi
+}
+
+mode_log() {  # HTTP at 8 clients, the prediction log off and on (every row and every label), alternated 3 times
+    step 360 ops-log python bench/load.py "${APP[@]}" --prediction-log-ab 3 --seconds 20
 }
 
 mode_setup() { :; }  # nothing but the set-up above (the wheels)

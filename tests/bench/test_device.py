@@ -92,3 +92,10 @@ def test_lanes_run_their_modes_side_by_side_one_gpu_each(tmp_path: Path):
     assert "#### lane 0 (GPU 0): tests" in lane0 and "== tests" in lane0 and "== exit" not in lane0
     assert "== exit" in lane1 and "== prefix" in lane1 and "--iters 20" in lane1  # quick: the sizes of `all`
     assert (tmp_path / "out" / "RESULTS.md").is_file() and (tmp_path / "out" / "logs.tgz").is_file()
+
+
+def test_the_log_alone_runs_only_the_prediction_log_rounds(tmp_path: Path):
+    run = dry(tmp_path, "log")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "== ops-log" in run.stdout and "--prediction-log-ab 3 --seconds 20" in run.stdout
+    assert "--reloads" not in run.stdout and "--zipf" not in run.stdout
