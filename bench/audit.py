@@ -1,13 +1,14 @@
 """How well `qcls audit` finds wrong labels: 10 % of each prompt's labels changed at random to another label, the
-flagged rows against the changed ones (precision, recall) per seed; the rule chosen on the dev split (every rule
-compared), reported on the test split (qcls audit's default).
+flagged rows against the changed ones (precision, recall) per seed; the rule and the number of passes chosen on the
+dev split (every pair compared), reported on the test split (qcls audit's defaults).
 
     python bench/audit.py --cache /tmp/qcls_audit [--split test]   # gemma3_demo at its shipped head's reads
     python bench/audit.py --tiny --seeds 1 --no-append             # a tiny random-weight model (the smoke run)
 
 States are read once per --cache (the tiny model: position after layer 1). Per seed and prompt the head is refitted
 on the changed labels at its read (L2 strength by the same cross-validation) and audited on its out-of-fold
-probabilities (qcls/fitting/audit.py); a draw leaving a label fewer examples than the folds is drawn again."""
+probabilities averaged over qcls audit's splittings, in 1 or 2 passes (qcls/fitting/audit.py); a draw leaving a
+label fewer examples than the folds is drawn again."""
 from __future__ import annotations
 
 import pickle
@@ -71,12 +72,13 @@ def change(gold: np.ndarray, n_labels: int, share: float, folds: int, rng) -> tu
             return given, rows
 
 
-def probs(ss, taps, read: Read, given: np.ndarray, folds: int, name: str, splittings: set[int]) -> dict:
-    """Per number of splittings, the audit's out-of-fold probabilities of the head refitted on `given`."""
+def audits(ss, taps, read: Read, given: np.ndarray, folds: int, name: str, rules: list[tuple[str, int]]) -> dict:
+    """Per (rule, passes), the audit (qcls/fitting/audit.py Found) of the head refitted on `given`."""
     states, scores, _ = ss.labelled()
     head = Head({name: H.fit_prompt(states, taps, scores, given, ss.labels, [read], False, folds=folds)}, "head", {})
-    return {r: head_probs(head, {name: StateSet(ss.labels, states, scores, given)}, taps, r)[name][0]
-            for r in splittings}
+    sets = {name: StateSet(ss.labels, states, scores, given)}
+    first = head_probs(head, sets, taps, A.DEFAULT_SPLITTINGS)
+    return {(rule, n): A.audit(head, sets, taps, A.DEFAULT_SPLITTINGS, n, rule, first)[name][0] for rule, n in rules}
 
 
 def spread(x: np.ndarray) -> str:
@@ -96,16 +98,16 @@ def main() -> None:
     over, reads, model = setup(args.tiny)
     taps = H.taps_of(list(reads.values()))
     sets = states(over, reads, taps, args.split, args.cache, model)
-    rules = ([(f, r) for r in (1, 3, 5) for f in A.FILTERS] if args.split == "dev" else  # (rule, CV splittings)
-             [(A.FILTERS[0], A.DEFAULT_SPLITTINGS)])
+    rules = ([(f, n) for n in A.PASSES for f in A.FILTERS] if args.split == "dev" else  # (rule, passes)
+             [(A.FILTERS[0], A.DEFAULT_PASSES)])
     lines, per = [], {}
     for j, (name, read) in enumerate(reads.items()):
         ss, gold = sets[name], sets[name].labelled()[2]
         draws = [(gold, [])] + [change(gold, len(ss.labels), args.share, args.cv_folds, np.random.default_rng([s, j]))
                                 for s in range(args.seeds)]  # first the labels as given
-        seen = [probs(ss, taps, read, g, args.cv_folds, name, {r for _, r in rules}) for g, _ in draws]
+        seen = [audits(ss, taps, read, g, args.cv_folds, name, rules) for g, _ in draws]
         for rule, r in rules:
-            found = [A.confident_learning(p[r], g, rule) for (g, _), p in zip(draws, seen)]
+            found = [a[rule, r] for a in seen]
             hit = np.array([len(set(f.flagged) & set(c)) for f, (_, c) in zip(found[1:], draws[1:])])
             k, f = len(draws[1][1]), np.array([len(f.flagged) for f in found[1:]])
             p, rc, e = hit / np.maximum(f, 1), hit / k, np.array([f.estimate for f in found[1:]])
@@ -118,9 +120,9 @@ def main() -> None:
     text = (C.header(f"Audit: wrong labels found in the {args.split} split ({model})",
                      f"{model}, {args.split} split ({role}); per prompt {args.share:.0%} of the labels changed at "
                      f"random to another label, {args.seeds} seeds; heads refitted at the shipped reads ({shown}), "
-                     f"{args.cv_folds}-fold out-of-fold probabilities averaged over the CV splittings; rules: "
-                     "qcls/fitting/audit.py")
-            + "| rule | CV splittings | prompt | rows | changed | flagged (mean) | precision, mean (min–max) "
+                     f"{args.cv_folds}-fold out-of-fold probabilities averaged over {A.DEFAULT_SPLITTINGS} CV "
+                     "splittings, in 1 or 2 passes; rules: qcls/fitting/audit.py")
+            + "| rule | passes | prompt | rows | changed | flagged (mean) | precision, mean (min–max) "
             f"| recall, mean (min–max) | both ≥ {GOAL} | estimated wrong (mean) | as given: flagged / estimated |\n"
             + "|---" * 11 + "|\n" + "\n".join(lines) + "\n")
     C.report(text, args.no_append, "audit", per)

@@ -18,7 +18,12 @@ qcls/fitting/threshold_fitting.py `head_probs`). On them, per prompt, confident 
   with the lowest p_i; `both` the rows both of those flag;
 - under every rule a row whose given label is at least as probable as the suggested one is not flagged; the
   suggested label is k (confident_joint) or the most probable other label; flagged rows are ranked by p_i (the
-  given label's self-confidence), lowest first.
+  given label's self-confidence), lowest first;
+- with --passes 2 (the default, chosen on the dev split like the rule) the audit looks twice: the rows the first
+  pass flags are left out of the second pass's fitting (each row is still scored by heads fitted without its
+  fold), so a wrong label no longer pulls the heads that judge the other rows towards it; the second pass's
+  thresholds are the first pass's means over the rows it did not flag (a label none of whose rows is left keeps
+  its own), which a cleaner head cannot raise past a plainly wrong row; its flags and estimate are the audit's.
 
 Flags are candidates to read, not verdicts; a confident disagreement may also be a gap in the label definitions.
 """
@@ -41,6 +46,8 @@ DEFAULT_OUT = "audit.csv"
 SHOWN = 5  # the most doubtful rows of each prompt shown on stderr
 FILTERS = ("confident_joint", "prune_by_noise_rate", "prune_by_class", "both")  # the first is the default
 DEFAULT_SPLITTINGS = 5
+PASSES = (1, 2)
+DEFAULT_PASSES = 2
 
 EPILOG = """examples:
   qcls audit my_labels.csv                                   # audit.csv: the doubtful labels, most doubtful first
@@ -65,13 +72,16 @@ class Found:
     estimate: float  # estimated wrong labels
 
 
-def confident_learning(probs: np.ndarray, given: np.ndarray, rule: str = FILTERS[0]) -> Found:
+def confident_learning(probs: np.ndarray, given: np.ndarray, rule: str = FILTERS[0],
+                       thresholds: np.ndarray | None = None) -> Found:
     """`probs` [n, L] out-of-fold probabilities, `given` [n] label indices (every label given at least once);
-    `rule` one of FILTERS (the module docstring)."""
+    `rule` one of FILTERS (the module docstring); `thresholds` [L] where not the mean of `probs` over each label's
+    rows (a later pass keeps the first pass's)."""
     n, n_labels = probs.shape
     rows = np.arange(n)
     counts = np.bincount(given, minlength=n_labels)
-    thresholds = np.array([probs[given == j, j].mean() if counts[j] else np.inf for j in range(n_labels)])
+    if thresholds is None:
+        thresholds = np.array([probs[given == j, j].mean() if counts[j] else np.inf for j in range(n_labels)])
     above = probs >= thresholds
     likely = np.where(above, probs, -1.0).argmax(1)  # the most probable label among those over their thresholds
     joint = np.zeros((n_labels, n_labels), dtype=np.int64)
@@ -102,6 +112,35 @@ def confident_learning(probs: np.ndarray, given: np.ndarray, rule: str = FILTERS
     return Found(thresholds, joint, flagged, suggested[flagged], float(wrong.sum()))
 
 
+def trusted_thresholds(probs: np.ndarray, given: np.ndarray, doubted: np.ndarray) -> np.ndarray:
+    """[L] each label's mean probability over the rows given it that are not in `doubted` (indices); over all of
+    them where none is left."""
+    trusted = np.ones(len(given), bool)
+    trusted[doubted] = False
+    out = np.full(probs.shape[1], np.inf)
+    for j in range(probs.shape[1]):
+        rows = given == j
+        if rows.any():
+            kept = rows & trusted
+            out[j] = probs[kept if kept.any() else rows, j].mean()
+    return out
+
+
+def audit(head, sets: dict, taps, splittings: int, n_passes: int = DEFAULT_PASSES, rule: str = FILTERS[0],
+          first: dict | None = None) -> dict[str, tuple[Found, np.ndarray, np.ndarray, list[str]]]:
+    """Per prompt with a head: (confident learning's result, the out-of-fold probabilities it judged, the given
+    labels, the labels) after `n_passes` passes (the module docstring). `first`: the first pass's probabilities
+    where already computed (qcls/fitting/threshold_fitting.py `head_probs`)."""
+    from qcls.fitting.threshold_fitting import head_probs
+    probs = first if first is not None else head_probs(head, sets, taps, splittings)
+    found = {name: confident_learning(p, given, rule) for name, (p, given, _) in probs.items()}
+    if n_passes == 2:
+        thresholds = {name: trusted_thresholds(p, given, found[name].flagged) for name, (p, given, _) in probs.items()}
+        probs = head_probs(head, sets, taps, splittings, leave_out={name: f.flagged for name, f in found.items()})
+        found = {name: confident_learning(p, given, rule, thresholds[name]) for name, (p, given, _) in probs.items()}
+    return {name: (found[name], *probs[name]) for name in probs}
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="qcls audit", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
                                  description="Find probably wrong labels in a labelled file (JSONL, CSV or TSV, as "
@@ -121,6 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"average each row's out-of-fold probabilities over R stratified splittings into the "
                          f"--cv-folds folds (default {DEFAULT_SPLITTINGS}; 1 = the splitting that chose the L2 "
                          "strength): less noise in each row's probability")
+    ap.add_argument("--passes", type=int, choices=PASSES, default=DEFAULT_PASSES,
+                    help="2 (default, chosen on the dev split): look again with held-out heads fitted without the "
+                         "rows the first look flags, against thresholds taken over the rows it trusts; 1: one look")
     ap.add_argument("items", nargs="*", metavar="LABELLED|OVERRIDE",
                     help="the labelled file (or dev / test: the shipped splits), then overrides")
     head_options.add(ap, "the head (as qcls calibrate --method head)")
@@ -158,8 +200,6 @@ def labelled_path(value: str) -> Path:
 def run(args: argparse.Namespace, labelled: str, overrides: list[str]) -> dict:
     from qcls.config.compose import compose
     from qcls.eval.dataset import load_eval_set
-    from qcls.fitting.threshold_fitting import head_probs
-
     if args.cv_splittings < 1:
         raise ValueError(f"--cv-splittings {args.cv_splittings}: give 1 or more splittings to average over")
     cfg = compose(overrides)
@@ -168,9 +208,9 @@ def run(args: argparse.Namespace, labelled: str, overrides: list[str]) -> dict:
     out = out_path(args, path)
     fitted = head_options.fit(args, cfg, data)
     flagged, prompts = [], {}
-    for name, (probs, given, labels) in head_probs(fitted.head, fitted.sets, fitted.taps, args.cv_splittings).items():
+    for name, (found, probs, given, labels) in audit(fitted.head, fitted.sets, fitted.taps, args.cv_splittings,
+                                                     args.passes, args.filter).items():
         queries = [e.query for e, g in zip(data.examples, fitted.sets[name].gold) if g >= 0]
-        found = confident_learning(probs, given, args.filter)
         ph = fitted.head.prompts[name]
         prompts[name] = {"rows": len(given), "flagged": len(found.flagged), "estimated_wrong": round(found.estimate, 1),
                          "read": f"{ph.read.kind}@{ph.read.layer}" if ph.read else "raw scores",
@@ -188,7 +228,7 @@ def run(args: argparse.Namespace, labelled: str, overrides: list[str]) -> dict:
         w.writeheader()
         w.writerows(flagged)
     return {"file": str(data.path), "out": str(out), "n_queries": len(data.examples), "folds": args.cv_folds,
-            "splittings": args.cv_splittings, "filter": args.filter,
+            "splittings": args.cv_splittings, "passes": args.passes, "filter": args.filter,
             "prompts": prompts, "flagged": flagged, "notes": fitted.notes}
 
 
@@ -200,7 +240,7 @@ def summary(res: dict) -> str:
     widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
     lines = [f"audit of {res['file']} ({res['n_queries']} queries; out-of-fold probabilities of "
              f"{res['folds']}-fold cross-validated heads, averaged over {res['splittings']} splittings; "
-             f"rule {res['filter']}):"]
+             f"rule {res['filter']}; {res['passes']} pass{'es' if res['passes'] > 1 else ''}):"]
     lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [head] + rows]
     for p in res["prompts"]:
         top = [r for r in res["flagged"] if r["prompt"] == p][:SHOWN]

@@ -15,16 +15,19 @@ from qcls.heads.head import Head, PromptHead, Tap
 
 
 def out_of_fold(ph: PromptHead, states: np.ndarray, taps: list[Tap], scores: np.ndarray, gold: np.ndarray,
-                seed: int = 0) -> np.ndarray:
+                seed: int = 0, leave_out: np.ndarray | None = None) -> np.ndarray:
     """[n, L] probabilities of each labelled query from a head fitted without its fold: the head's read, raw
     scores if it reads them, its C, its folds (info.cv_folds) and the folds' seed, as cross_validate split them.
-    `states` [n, taps, H], `scores` [n, L] and `gold` [n] in the head's label order."""
+    `states` [n, taps, H], `scores` [n, L] and `gold` [n] in the head's label order; rows in `leave_out` (indices)
+    are scored but no fold's head is fitted on them (qcls/fitting/audit.py: the rows an earlier pass doubts)."""
     StratifiedKFold = H._sklearn()[0]
     with_scores = ph.score_weights is not None
     x = H.features(states, taps, ph.read, scores if with_scores else None) if ph.read else scores
     folds, C, n_labels = int(ph.info.get("cv_folds", H.FOLDS)), float(ph.info["C"]), len(ph.labels)
     out = np.zeros((len(gold), n_labels))
     for tr, te in StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed).split(np.zeros(len(gold)), gold):
+        if leave_out is not None:
+            tr = np.setdiff1d(tr, leave_out)
         f = H.fit_affine(x[tr], gold[tr], n_labels, C)
         out[te] = softmax(x[te] @ f.weights.T + f.bias)
     return out
@@ -60,11 +63,12 @@ def _round(v):
     return round(v, 4) if isinstance(v, float) and v != 1.0 else v
 
 
-def head_probs(head: Head, sets: dict, taps: list[Tap],
-               splittings: int = 1) -> dict[str, tuple[np.ndarray, np.ndarray, list[str]]]:
+def head_probs(head: Head, sets: dict, taps: list[Tap], splittings: int = 1,
+               leave_out: dict[str, np.ndarray] | None = None) -> dict[str, tuple[np.ndarray, np.ndarray, list[str]]]:
     """Per prompt with a head: out-of-fold probabilities of its labelled queries (qcls/fitting/head_fitting.py
     StateSets), in the head's label order; with `splittings` > 1 averaged over that many stratified splittings
-    (seeds 0, 1, …; the first is the one that chose the L2 strength)."""
+    (seeds 0, 1, …; the first is the one that chose the L2 strength). `leave_out`: per prompt the labelled rows
+    (indices) no head is fitted on (`out_of_fold`)."""
     out = {}
     for name, ss in sets.items():
         ph = head.prompts.get(name)
@@ -75,7 +79,8 @@ def head_probs(head: Head, sets: dict, taps: list[Tap],
             continue
         idx = [ss.labels.index(lab) for lab in ph.labels]  # the set's label order → the head's
         remap = np.array([ph.labels.index(lab) for lab in ss.labels])
-        probs = np.mean([out_of_fold(ph, states, taps, scores[:, idx], remap[gold], seed)
+        left = (leave_out or {}).get(name)
+        probs = np.mean([out_of_fold(ph, states, taps, scores[:, idx], remap[gold], seed, left)
                          for seed in range(splittings)], axis=0)
         out[name] = (probs, remap[gold], list(ph.labels))
     return out
