@@ -1,6 +1,7 @@
 """`qcls audit`: confident learning on out-of-fold probabilities (thresholds, each flagging rule, ranking, the
-estimate), the probabilities averaged over several CV splittings, the command's refusals before any model loads,
-and one run on a tiny random-weight model."""
+estimate), the probabilities averaged over several CV splittings, the second look (rows left out of the fitting,
+thresholds over the trusted rows), the command's refusals before any model loads, and one run on a tiny
+random-weight model."""
 from __future__ import annotations
 
 import csv
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 from qcls.fitting import heads as H
-from qcls.fitting.audit import COLUMNS, FILTERS, confident_learning, main
+from qcls.fitting.audit import COLUMNS, FILTERS, audit, confident_learning, main, trusted_thresholds
 from qcls.fitting.head_fitting import StateSet
 from qcls.fitting.threshold_fitting import head_probs, out_of_fold
 from qcls.heads.head import Head, Read, Tap
@@ -89,6 +90,57 @@ def test_probabilities_averaged_over_splittings_are_the_mean_of_each_splittings(
     one, three = (head_probs(Head({"p": ph}, "head", {}), sets, taps, r)["p"][0] for r in (1, 3))
     assert np.allclose(one, each[0]) and np.allclose(three, np.mean(each, axis=0))
     assert not np.allclose(each[0], each[1])  # the splittings differ
+
+
+def test_a_row_left_out_is_scored_by_heads_never_fitted_on_it():
+    """out_of_fold with leave_out: each fold's head is the one fitted on that fold's training rows less the rows
+    left out, by hand; every row, left out or not, gets the probabilities of its own fold's head."""
+    StratifiedKFold = H._sklearn()[0]
+    rng = np.random.default_rng(1)
+    y = np.repeat(np.arange(3), 12)
+    states = (rng.normal(size=(36, 1, 5)) + y[:, None, None] * 0.7).astype(np.float32)
+    taps, read = [Tap(2, "position")], Read(2, "position")
+    ph = H.fit_prompt(states, taps, np.zeros((36, 3)), y, ["a", "b", "c"], [read], False)
+    left = np.array([0, 13, 30])
+    got = out_of_fold(ph, states, taps, np.zeros((36, 3)), y, 0, left)
+    x, want = states[:, 0].astype(np.float64), np.zeros((36, 3))
+    for tr, te in StratifiedKFold(n_splits=ph.info["cv_folds"], shuffle=True, random_state=0).split(x, y):
+        f = H.fit_affine(x[[i for i in tr if i not in left]], y[[i for i in tr if i not in left]], 3, ph.info["C"])
+        z = x[te] @ f.weights.T + f.bias
+        want[te] = np.exp(z - z.max(1, keepdims=True)) / np.exp(z - z.max(1, keepdims=True)).sum(1, keepdims=True)
+    assert np.allclose(got, want)
+    assert not np.allclose(got, out_of_fold(ph, states, taps, np.zeros((36, 3)), y, 0))  # leaving out changes them
+
+
+def test_the_second_look_takes_thresholds_over_the_rows_the_first_trusts():
+    # rows 2 and 6 flagged by the first look: label 0's threshold over rows 0, 1, 3; label 1's over rows 4, 5
+    assert trusted_thresholds(PROBS, GIVEN, np.array([2, 6])) == pytest.approx([(0.9 + 0.7 + 0.55) / 3,
+                                                                              (0.9 + 0.65) / 2])
+    # a label none of whose rows is trusted keeps the mean over all of them; a label nobody gave never counts
+    assert trusted_thresholds(PROBS, GIVEN, np.array([4, 5, 6]))[1] == pytest.approx((0.9 + 0.65 + 0.3) / 3)
+    assert trusted_thresholds(np.hstack([PROBS, np.zeros((7, 1))]), GIVEN, np.array([2]))[2] == np.inf
+
+
+def test_two_passes_judge_the_second_looks_probabilities_against_the_trusted_thresholds():
+    """audit(…, 2): the first look's flags are left out of the second's fitting, and the second look's
+    probabilities are judged against the first look's means over the rows it trusts; audit(…, 1) is one look."""
+    rng = np.random.default_rng(3)
+    y = np.repeat(np.arange(3), 12)
+    states = (rng.normal(size=(36, 1, 5)) + y[:, None, None] * 2.5).astype(np.float32)
+    given = y.copy()
+    given[[0, 12]] = [2, 0]  # two labels changed
+    taps, read = [Tap(2, "position")], Read(2, "position")
+    ph = H.fit_prompt(states, taps, np.zeros((36, 3)), given, ["a", "b", "c"], [read], False)
+    head, sets = Head({"p": ph}, "head", {}), {"p": StateSet(["a", "b", "c"], states, np.zeros((36, 3)), given)}
+    first = head_probs(head, sets, taps, 2)["p"][0]
+    one = confident_learning(first, given)
+    assert {0, 12} <= set(one.flagged)
+    found, probs, got_given, _ = audit(head, sets, taps, 2, 2)["p"]
+    second = head_probs(head, sets, taps, 2, leave_out={"p": one.flagged})["p"][0]
+    want = confident_learning(second, given, thresholds=trusted_thresholds(first, given, one.flagged))
+    assert np.allclose(probs, second) and list(found.flagged) == list(want.flagged) and list(got_given) == list(given)
+    assert {0, 12} <= set(found.flagged)
+    assert list(audit(head, sets, taps, 2, 1)["p"][0].flagged) == list(one.flagged)
 
 
 # ---- the command ----------------------------------------------------------------------------------------------
