@@ -19,9 +19,9 @@ qcls/fitting/threshold_fitting.py `head_probs`). On them, per prompt, confident 
 - under every rule a row whose given label is at least as probable as the suggested one is not flagged; the
   suggested label is k (confident_joint) or the most probable other label; flagged rows are ranked by p_i (the
   given label's self-confidence), lowest first;
-- with --passes 2 (the default, chosen on the dev split like the rule) the audit looks twice: the rows the first
+- with --passes 2 (the default, chosen on the dev split like the rule) the audit makes two passes: the rows the first
   pass flags are left out of the second pass's fitting (each row is still scored by heads fitted without its
-  fold), so a wrong label no longer pulls the heads that judge the other rows towards it; the second pass's
+  fold), so a wrong label does not pull the heads that judge the other rows towards it; the second pass's
   thresholds are the first pass's means over the rows it did not flag (a label none of whose rows is left keeps
   its own), which a cleaner head cannot raise past a plainly wrong row; its flags and estimate are the audit's.
 
@@ -40,6 +40,7 @@ import numpy as np
 
 from qcls.config.compose import ConfigError
 from qcls.fitting import head_options
+from qcls.heads.head import Head, Tap
 
 COLUMNS = ("query", "prompt", "given", "suggested", "given_prob", "suggested_prob", "rank")
 DEFAULT_OUT = "audit.csv"
@@ -126,13 +127,16 @@ def trusted_thresholds(probs: np.ndarray, given: np.ndarray, doubted: np.ndarray
     return out
 
 
-def audit(head, sets: dict, taps, splittings: int, n_passes: int = DEFAULT_PASSES, rule: str = FILTERS[0],
-          first: dict | None = None) -> dict[str, tuple[Found, np.ndarray, np.ndarray, list[str]]]:
+def audit(head: Head, sets: dict, taps: list[Tap], splittings: int, n_passes: int = DEFAULT_PASSES,
+          rule: str = FILTERS[0], first_probs: dict | None = None) -> dict[str, tuple[Found, np.ndarray, np.ndarray,
+                                                                                   list[str]]]:
     """Per prompt with a head: (confident learning's result, the out-of-fold probabilities it judged, the given
-    labels, the labels) after `n_passes` passes (the module docstring). `first`: the first pass's probabilities
-    where already computed (qcls/fitting/threshold_fitting.py `head_probs`)."""
+    labels, the labels) after `n_passes` passes, 1 or 2 (the module docstring). `first_probs`: the first pass's
+    probabilities where already computed (qcls/fitting/threshold_fitting.py `head_probs`)."""
     from qcls.fitting.threshold_fitting import head_probs
-    probs = first if first is not None else head_probs(head, sets, taps, splittings)
+    if n_passes not in PASSES:
+        raise ValueError(f"{n_passes} passes: the audit makes {' or '.join(map(str, PASSES))}")
+    probs = first_probs if first_probs is not None else head_probs(head, sets, taps, splittings)
     found = {name: confident_learning(p, given, rule) for name, (p, given, _) in probs.items()}
     if n_passes == 2:
         thresholds = {name: trusted_thresholds(p, given, found[name].flagged) for name, (p, given, _) in probs.items()}
@@ -161,8 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
                          f"--cv-folds folds (default {DEFAULT_SPLITTINGS}; 1 = the splitting that chose the L2 "
                          "strength): less noise in each row's probability")
     ap.add_argument("--passes", type=int, choices=PASSES, default=DEFAULT_PASSES,
-                    help="2 (default, chosen on the dev split): look again with held-out heads fitted without the "
-                         "rows the first look flags, against thresholds taken over the rows it trusts; 1: one look")
+                    help="2 (default, chosen on the shipped dev split's simulation): a second pass with held-out "
+                         "heads fitted without the rows the first pass flags, against thresholds taken over the rows "
+                         "it trusts (about twice the fitting time of 1); 1: one pass")
     ap.add_argument("items", nargs="*", metavar="LABELLED|OVERRIDE",
                     help="the labelled file (or dev / test: the shipped splits), then overrides")
     head_options.add(ap, "the head (as qcls calibrate --method head)")

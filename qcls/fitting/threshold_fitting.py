@@ -19,7 +19,9 @@ def out_of_fold(ph: PromptHead, states: np.ndarray, taps: list[Tap], scores: np.
     """[n, L] probabilities of each labelled query from a head fitted without its fold: the head's read, raw
     scores if it reads them, its C, its folds (info.cv_folds) and the folds' seed, as cross_validate split them.
     `states` [n, taps, H], `scores` [n, L] and `gold` [n] in the head's label order; rows in `leave_out` (indices)
-    are scored but no fold's head is fitted on them (qcls/fitting/audit.py: the rows an earlier pass doubts)."""
+    are scored but no fold's head is fitted on them (qcls/fitting/audit.py: the rows an earlier pass doubts),
+    except a label's whose fold would have none of that label left: a head that never saw a label gives it no
+    probability, and every row given it would look wrong."""
     StratifiedKFold = H._sklearn()[0]
     with_scores = ph.score_weights is not None
     x = H.features(states, taps, ph.read, scores if with_scores else None) if ph.read else scores
@@ -27,7 +29,9 @@ def out_of_fold(ph: PromptHead, states: np.ndarray, taps: list[Tap], scores: np.
     out = np.zeros((len(gold), n_labels))
     for tr, te in StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed).split(np.zeros(len(gold)), gold):
         if leave_out is not None:
-            tr = np.setdiff1d(tr, leave_out)
+            kept = np.setdiff1d(tr, leave_out)
+            lost = np.setdiff1d(gold[tr], gold[kept])
+            tr = np.union1d(kept, tr[np.isin(gold[tr], lost)])
         f = H.fit_affine(x[tr], gold[tr], n_labels, C)
         out[te] = softmax(x[te] @ f.weights.T + f.bias)
     return out

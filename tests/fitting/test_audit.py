@@ -112,6 +112,19 @@ def test_a_row_left_out_is_scored_by_heads_never_fitted_on_it():
     assert not np.allclose(got, out_of_fold(ph, states, taps, np.zeros((36, 3)), y, 0))  # leaving out changes them
 
 
+def test_a_fold_keeps_the_rows_of_a_label_it_would_otherwise_lose():
+    """Every row of label 2 left out, and row 0: each fold's head is fitted as with row 0 alone left out, so label
+    2's rows keep their probability instead of nearly none from a head that never saw the label."""
+    rng = np.random.default_rng(1)
+    y = np.repeat(np.arange(3), 12)
+    states = (rng.normal(size=(36, 1, 5)) + y[:, None, None] * 0.7).astype(np.float32)
+    taps, read = [Tap(2, "position")], Read(2, "position")
+    ph = H.fit_prompt(states, taps, np.zeros((36, 3)), y, ["a", "b", "c"], [read], False)
+    got = out_of_fold(ph, states, taps, np.zeros((36, 3)), y, 0, np.r_[0, np.flatnonzero(y == 2)])
+    assert np.allclose(got, out_of_fold(ph, states, taps, np.zeros((36, 3)), y, 0, np.array([0])))
+    assert got[y == 2, 2].mean() > 0.3
+
+
 def test_the_second_look_takes_thresholds_over_the_rows_the_first_trusts():
     # rows 2 and 6 flagged by the first look: label 0's threshold over rows 0, 1, 3; label 1's over rows 4, 5
     assert trusted_thresholds(PROBS, GIVEN, np.array([2, 6])) == pytest.approx([(0.9 + 0.7 + 0.55) / 3,
@@ -139,8 +152,14 @@ def test_two_passes_judge_the_second_looks_probabilities_against_the_trusted_thr
     second = head_probs(head, sets, taps, 2, leave_out={"p": one.flagged})["p"][0]
     want = confident_learning(second, given, thresholds=trusted_thresholds(first, given, one.flagged))
     assert np.allclose(probs, second) and list(found.flagged) == list(want.flagged) and list(got_given) == list(given)
+    assert np.allclose(found.thresholds, trusted_thresholds(first, given, one.flagged))
     assert {0, 12} <= set(found.flagged)
-    assert list(audit(head, sets, taps, 2, 1)["p"][0].flagged) == list(one.flagged)
+    # judged against its own means, the second pass would miss row 12
+    assert 12 not in confident_learning(second, given).flagged
+    one_pass = audit(head, sets, taps, 2, 1)["p"]
+    assert np.allclose(one_pass[1], first) and list(one_pass[0].flagged) == list(one.flagged)
+    with pytest.raises(ValueError, match="1 or 2"):
+        audit(head, sets, taps, 2, 3)
 
 
 # ---- the command ----------------------------------------------------------------------------------------------
@@ -213,7 +232,14 @@ def test_audit_on_a_tiny_model_flags_the_planted_label(tiny_dirs, tmp_path, caps
     assert all(r["suggested"] != r["given"] and float(r["given_prob"]) < float(r["suggested_prob"]) for r in got)
     assert got[0]["query"] == "dress long dress" and (got[0]["given"], got[0]["suggested"]) == ("jeans", "dress")
     assert "category  61" in err and "estimated wrong" in err and "'audience' has no labelled query" in err
+    assert "2 passes" in err
     assert main(argv) == 2 and "audit.csv exists" in capsys.readouterr().err  # a second run does not overwrite it
+    assert main(argv + ["--passes", "1", "--out", "one.csv"]) == 0 and "1 pass)" in capsys.readouterr().err
+    with open(tmp_path / "one.csv", encoding="utf-8", newline="") as f:
+        assert next(csv.DictReader(f))["query"] == "dress long dress"
+    with pytest.raises(SystemExit):
+        main(argv + ["--passes", "3", "--out", "three.csv"])
+    assert "invalid choice" in capsys.readouterr().err and not (tmp_path / "three.csv").exists()
 
 
 @pytest.mark.parametrize("layer", ["99", "0", "seven"])
