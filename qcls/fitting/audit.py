@@ -73,6 +73,21 @@ class Found:
     estimate: float  # estimated wrong labels
 
 
+def label_thresholds(probs: np.ndarray, given: np.ndarray, doubted: np.ndarray | None = None) -> np.ndarray:
+    """[L] each label's threshold: its mean probability over the rows given it that are not in `doubted`
+    (indices; over all of them where none is left); a label nobody gave, never reached (inf)."""
+    trusted = np.ones(len(given), bool)
+    if doubted is not None:
+        trusted[doubted] = False
+    out = np.full(probs.shape[1], np.inf)
+    for j in range(probs.shape[1]):
+        rows = given == j
+        if rows.any():
+            kept = rows & trusted
+            out[j] = probs[kept if kept.any() else rows, j].mean()
+    return out
+
+
 def confident_learning(probs: np.ndarray, given: np.ndarray, rule: str = FILTERS[0],
                        thresholds: np.ndarray | None = None) -> Found:
     """`probs` [n, L] out-of-fold probabilities, `given` [n] label indices (every label given at least once);
@@ -82,7 +97,7 @@ def confident_learning(probs: np.ndarray, given: np.ndarray, rule: str = FILTERS
     rows = np.arange(n)
     counts = np.bincount(given, minlength=n_labels)
     if thresholds is None:
-        thresholds = np.array([probs[given == j, j].mean() if counts[j] else np.inf for j in range(n_labels)])
+        thresholds = label_thresholds(probs, given)
     above = probs >= thresholds
     likely = np.where(above, probs, -1.0).argmax(1)  # the most probable label among those over their thresholds
     joint = np.zeros((n_labels, n_labels), dtype=np.int64)
@@ -113,20 +128,6 @@ def confident_learning(probs: np.ndarray, given: np.ndarray, rule: str = FILTERS
     return Found(thresholds, joint, flagged, suggested[flagged], float(wrong.sum()))
 
 
-def trusted_thresholds(probs: np.ndarray, given: np.ndarray, doubted: np.ndarray) -> np.ndarray:
-    """[L] each label's mean probability over the rows given it that are not in `doubted` (indices); over all of
-    them where none is left."""
-    trusted = np.ones(len(given), bool)
-    trusted[doubted] = False
-    out = np.full(probs.shape[1], np.inf)
-    for j in range(probs.shape[1]):
-        rows = given == j
-        if rows.any():
-            kept = rows & trusted
-            out[j] = probs[kept if kept.any() else rows, j].mean()
-    return out
-
-
 def audit(head: Head, sets: dict, taps: list[Tap], splittings: int, n_passes: int = DEFAULT_PASSES,
           rule: str = FILTERS[0], first_probs: dict | None = None) -> dict[str, tuple[Found, np.ndarray, np.ndarray,
                                                                                    list[str]]]:
@@ -139,7 +140,7 @@ def audit(head: Head, sets: dict, taps: list[Tap], splittings: int, n_passes: in
     probs = first_probs if first_probs is not None else head_probs(head, sets, taps, splittings)
     found = {name: confident_learning(p, given, rule) for name, (p, given, _) in probs.items()}
     if n_passes == 2:
-        thresholds = {name: trusted_thresholds(p, given, found[name].flagged) for name, (p, given, _) in probs.items()}
+        thresholds = {name: label_thresholds(p, given, found[name].flagged) for name, (p, given, _) in probs.items()}
         probs = head_probs(head, sets, taps, splittings, leave_out={name: f.flagged for name, f in found.items()})
         found = {name: confident_learning(p, given, rule, thresholds[name]) for name, (p, given, _) in probs.items()}
     return {name: (found[name], *probs[name]) for name in probs}

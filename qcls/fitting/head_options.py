@@ -51,6 +51,9 @@ def fit(args: argparse.Namespace, cfg, data) -> FittedSplit:
     if args.cv_folds < 2:
         raise ValueError(f"--cv-folds {args.cv_folds}: cross-validation needs at least 2 folds")
     notes = head_fitting.check_fit_split(data, cfg.prompts, args.cv_folds)
+    if cfg.calibration not in (None, "model"):
+        notes.append(f"calibration={cfg.calibration} is not read: the heads here are fitted on the file's own "
+                     "states and raw scores")
     cfg = cfg.model_copy(update={"calibration": None})  # the states and raw scores, not another head's
     layers = num_layers(sources.load_config(get_backend(cfg.backend.name).source(cfg)))
     reads = head_depth.within(H.candidate_reads(args.layer, args.read, layers), layers, args.max_layer)

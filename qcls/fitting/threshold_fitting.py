@@ -20,8 +20,8 @@ def out_of_fold(ph: PromptHead, states: np.ndarray, taps: list[Tap], scores: np.
     scores if it reads them, its C, its folds (info.cv_folds) and the folds' seed, as cross_validate split them.
     `states` [n, taps, H], `scores` [n, L] and `gold` [n] in the head's label order; rows in `leave_out` (indices)
     are scored but no fold's head is fitted on them (qcls/fitting/audit.py: the rows an earlier pass doubts),
-    except a label's whose fold would have none of that label left: a head that never saw a label gives it no
-    probability, and every row given it would look wrong."""
+    except where a fold would keep no row of a label: there that label's rows stay, since a head that never saw a
+    label gives it no probability and every row given it would look wrong."""
     StratifiedKFold = H._sklearn()[0]
     with_scores = ph.score_weights is not None
     x = H.features(states, taps, ph.read, scores if with_scores else None) if ph.read else scores

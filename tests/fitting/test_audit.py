@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from qcls.fitting import heads as H
-from qcls.fitting.audit import COLUMNS, FILTERS, audit, confident_learning, main, trusted_thresholds
+from qcls.fitting.audit import COLUMNS, FILTERS, audit, confident_learning, main, label_thresholds
 from qcls.fitting.head_fitting import StateSet
 from qcls.fitting.threshold_fitting import head_probs, out_of_fold
 from qcls.heads.head import Head, Read, Tap
@@ -127,14 +127,14 @@ def test_a_fold_keeps_the_rows_of_a_label_it_would_otherwise_lose():
 
 def test_the_second_look_takes_thresholds_over_the_rows_the_first_trusts():
     # rows 2 and 6 flagged by the first look: label 0's threshold over rows 0, 1, 3; label 1's over rows 4, 5
-    assert trusted_thresholds(PROBS, GIVEN, np.array([2, 6])) == pytest.approx([(0.9 + 0.7 + 0.55) / 3,
+    assert label_thresholds(PROBS, GIVEN, np.array([2, 6])) == pytest.approx([(0.9 + 0.7 + 0.55) / 3,
                                                                               (0.9 + 0.65) / 2])
     # a label none of whose rows is trusted keeps the mean over all of them; a label nobody gave never counts
-    assert trusted_thresholds(PROBS, GIVEN, np.array([4, 5, 6]))[1] == pytest.approx((0.9 + 0.65 + 0.3) / 3)
-    assert trusted_thresholds(np.hstack([PROBS, np.zeros((7, 1))]), GIVEN, np.array([2]))[2] == np.inf
+    assert label_thresholds(PROBS, GIVEN, np.array([4, 5, 6]))[1] == pytest.approx((0.9 + 0.65 + 0.3) / 3)
+    assert label_thresholds(np.hstack([PROBS, np.zeros((7, 1))]), GIVEN, np.array([2]))[2] == np.inf
 
 
-def test_two_passes_judge_the_second_looks_probabilities_against_the_trusted_thresholds():
+def test_two_passes_judge_the_second_looks_probabilities_against_the_label_thresholds():
     """audit(…, 2): the first look's flags are left out of the second's fitting, and the second look's
     probabilities are judged against the first look's means over the rows it trusts; audit(…, 1) is one look."""
     rng = np.random.default_rng(3)
@@ -150,9 +150,9 @@ def test_two_passes_judge_the_second_looks_probabilities_against_the_trusted_thr
     assert {0, 12} <= set(one.flagged)
     found, probs, got_given, _ = audit(head, sets, taps, 2, 2)["p"]
     second = head_probs(head, sets, taps, 2, leave_out={"p": one.flagged})["p"][0]
-    want = confident_learning(second, given, thresholds=trusted_thresholds(first, given, one.flagged))
+    want = confident_learning(second, given, thresholds=label_thresholds(first, given, one.flagged))
     assert np.allclose(probs, second) and list(found.flagged) == list(want.flagged) and list(got_given) == list(given)
-    assert np.allclose(found.thresholds, trusted_thresholds(first, given, one.flagged))
+    assert np.allclose(found.thresholds, label_thresholds(first, given, one.flagged))
     assert {0, 12} <= set(found.flagged)
     # judged against its own means, the second pass would miss row 12
     assert 12 not in confident_learning(second, given).flagged
@@ -234,7 +234,9 @@ def test_audit_on_a_tiny_model_flags_the_planted_label(tiny_dirs, tmp_path, caps
     assert "category  61" in err and "estimated wrong" in err and "'audience' has no labelled query" in err
     assert "2 passes" in err
     assert main(argv) == 2 and "audit.csv exists" in capsys.readouterr().err  # a second run does not overwrite it
-    assert main(argv + ["--passes", "1", "--out", "one.csv"]) == 0 and "1 pass)" in capsys.readouterr().err
+    assert main(argv + ["--passes", "1", "--out", "one.csv", "calibration=their_head.yaml"]) == 0
+    err = capsys.readouterr().err
+    assert "1 pass)" in err and "calibration=their_head.yaml is not read" in err  # a head given is not silently used
     with open(tmp_path / "one.csv", encoding="utf-8", newline="") as f:
         assert next(csv.DictReader(f))["query"] == "dress long dress"
     with pytest.raises(SystemExit):
