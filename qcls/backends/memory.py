@@ -216,9 +216,12 @@ def estimate(cfg: QclsConfig, model_config: Any, backend: str | None = None,
             act += pc.largest_linear * b  # one offloaded module's weights in flight at a time
         gpu = fixed + on_gpu * layer
         cpu += (pc.layers - on_gpu) * layer
-    elif backend in ("bnb-int8", "bnb-nf4", "gptq"):
+    elif backend in ("int8", "bnb-int8", "bnb-nf4", "gptq"):
         lin = pc.layers * pc.layer_linear
-        if backend == "bnb-int8":
+        if backend == "int8":  # int8 + fp32 channel scales + 4 smoothing vectors; one fp16 layer in flight at load
+            qbytes = lin + pc.layers * (pc.layer_out_rows * 4 + 4 * model_config.intermediate_size * 4)
+            act += pc.layer_linear * b
+        elif backend == "bnb-int8":
             qbytes = lin + pc.layers * pc.layer_out_rows * 4  # int8 + fp32 row scales
         elif backend == "bnb-nf4":
             qbytes = lin // 2 + lin // 64 * (1 if opts.get("double_quant") else 4)  # 4-bit + absmax per 64

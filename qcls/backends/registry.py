@@ -9,6 +9,7 @@ from qcls.errors import ConfigError
 BACKENDS: dict[str, str] = {
     "fp16": "qcls.backends.fp16:Fp16Backend",
     "fp16-offload": "qcls.backends.offload:Fp16OffloadBackend",
+    "int8": "qcls.backends.int8:Int8Backend",
     "bnb-int8": "qcls.backends.bnb:BnbInt8Backend",
     "bnb-nf4": "qcls.backends.bnb:BnbNf4Backend",
     "gptq": "qcls.backends.gptq:GptqBackend",

@@ -17,6 +17,7 @@ from torch import nn
 
 from qcls.engine.attention import RawQKV
 from qcls.engine.family import SUPPORTED, describe, table_factor  # noqa: F401  (SUPPORTED: the engine's families)
+from qcls.engine.int8_linear import Int8Linear, QuantizedRows
 from qcls.engine.kernels import act_mul, add_rmsnorm, gather_rows, gelu_tanh_mul, post_add_rmsnorm, silu_mul
 from qcls.engine.qkv_kernels import qkv_heads_per_program, qkv_into
 
@@ -89,9 +90,10 @@ class Decoder:
         return 2 * self.k.numel() * self.k.element_size()
 
     def _fuse(self) -> None:
-        """Concatenate q/k/v and gate/up weights of plain nn.Linear layers into one GEMM each. The original
-        parameters become views into the fused tensor, so memory does not grow and the transformers model
-        (the reference path) still works. Quantized linear modules are left alone and called as modules."""
+        """Concatenate q/k/v and gate/up weights of plain nn.Linear layers (or of W8A8 Int8Linear ones) into one GEMM
+        each. The original tensors become views into the fused one, so memory does not grow and the transformers
+        model (the reference path) still works. Other quantized linear modules are left alone and called as
+        modules."""
         self.qkv, self.gate_up = [], []
         for layer in self.layers:
             a, m = layer.self_attn, layer.mlp
@@ -103,24 +105,29 @@ class Decoder:
         return getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))
 
     def _norm(self, x: torch.Tensor, res: torch.Tensor | None, norm, out_dtype: torch.dtype | None = None,
-              rows: torch.Tensor | None = None, scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+              rows: torch.Tensor | None = None, scale: float | None = None, into=None):
         """(norm(x + res) in out_dtype (default the model's), x + res in float32) with the family's RMSNorm kind;
-        `rows`: of these rows only (gathered inside the norm), `scale`: each gathered row × scale first."""
-        return add_rmsnorm(x, res, norm.weight, self._eps(norm), out_dtype or self.dtype, self.family.norm_offset,
-                           rows, scale=scale)
+        `rows`: of these rows only (gathered inside the norm), `scale`: each gathered row × scale first. `into`: the
+        linear that reads the output; a W8A8 one gets it quantized by the norm itself (QuantizedRows)."""
+        int8 = _smoothing(into)
+        y, s = add_rmsnorm(x, res, norm.weight, self._eps(norm), out_dtype or self.dtype, self.family.norm_offset,
+                           rows, scale=scale, int8=int8)
+        return (QuantizedRows(*y) if int8 is not None else y), s
 
     def _norm_after(self, delta: torch.Tensor, post, res: torch.Tensor | None, norm,
-                    out_dtype: torch.dtype | None = None, rows: torch.Tensor | None = None):
+                    out_dtype: torch.dtype | None = None, rows: torch.Tensor | None = None, into=None):
         """`_norm(delta, res, norm)` where `post` is None, else Gemma3's post-norm of `delta` first (its float32
         output joins the residual unrounded): one fused launch with fuse_post_norms, else two. `rows`: the
-        result has these rows of delta and res only."""
+        result has these rows of delta and res only; `into` as `_norm`'s."""
         if post is None:
-            return self._norm(delta, res, norm, out_dtype, rows)
+            return self._norm(delta, res, norm, out_dtype, rows, into=into)
         if self.fuse_post_norms:
-            return post_add_rmsnorm(delta, res, post.weight, self._eps(post), norm.weight, self._eps(norm),
-                                    out_dtype or self.dtype, self.family.norm_offset, rows=rows)
+            int8 = _smoothing(into)
+            y, s = post_add_rmsnorm(delta, res, post.weight, self._eps(post), norm.weight, self._eps(norm),
+                                    out_dtype or self.dtype, self.family.norm_offset, rows=rows, int8=int8)
+            return (QuantizedRows(*y) if int8 is not None else y), s
         delta, _ = self._norm(delta, None, post, torch.float32, rows)
-        return self._norm(delta, res if rows is None else res[rows], norm, out_dtype)
+        return self._norm(delta, res if rows is None else res[rows], norm, out_dtype, into=into)
 
     def forward(self, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, attend,
                 read: torch.Tensor, embeds: torch.Tensor | None = None, taps=None) -> torch.Tensor | None:
@@ -146,13 +153,13 @@ class Decoder:
         for i, (layer, lp) in enumerate(zip(self.layers, self.family.layers)):
             a = layer.self_attn
             if table and i == 0:  # the tokens' rows of the table, gathered (and scaled) by the first norm
-                x, res = self._norm(delta, None, lp.attn_in, rows=ids, scale=self.embed_factor)
+                x, res = self._norm(delta, None, lp.attn_in, rows=ids, scale=self.embed_factor, into=self.qkv[i])
             else:
-                x, res = self._norm_after(delta, post, res, lp.attn_in)
+                x, res = self._norm_after(delta, post, res, lp.attn_in, into=self.qkv[i])
             if taps is not None and i in taps.layers:  # res = the residual stream after i layers
                 taps.record(i, res)
             if self.qkv[i] is not None:
-                qkv = F.linear(x, *self.qkv[i])
+                qkv = _linear(self.qkv[i], x)
                 qp, kp, vp = qkv.split([nh * d, nkv * d, nkv * d], -1)
             else:
                 qp, kp, vp = a.q_proj(x), a.k_proj(x), a.v_proj(x)
@@ -171,10 +178,15 @@ class Decoder:
             delta = a.o_proj(att)
             rows = read if i == last and narrow else None  # gathered by the norm
             # Gemma3's norms after attention and MLP (attn_out, mlp_out) run with the next norm (_norm_after)
-            x, res = self._norm_after(delta, lp.attn_out, res, lp.mlp_in, rows=rows)
+            x, res = self._norm_after(delta, lp.attn_out, res, lp.mlp_in, rows=rows, into=self.gate_up[i])
             if self.gate_up[i] is not None:
-                gu = F.linear(x, *self.gate_up[i])  # (module names looked up per call: benches swap them)
-                delta = layer.mlp.down_proj(gelu_tanh_mul(gu) if self.gelu else silu_mul(gu))
+                gu = _linear(self.gate_up[i], x)  # (module names looked up per call: benches swap them)
+                down = layer.mlp.down_proj
+                int8 = _smoothing(down)
+                if int8 is not None:  # the activation quantized by its own kernel
+                    delta = down(QuantizedRows(*(gelu_tanh_mul if self.gelu else silu_mul)(gu, int8=int8)))
+                else:
+                    delta = down(gelu_tanh_mul(gu) if self.gelu else silu_mul(gu))
             else:  # gate and up as modules (quantized, streamed): the same float32 activation, one rounding
                 m = layer.mlp
                 delta = m.down_proj(act_mul(m.gate_proj(x), m.up_proj(x), self.gelu))
@@ -191,9 +203,49 @@ class Decoder:
         return out
 
 
-def _fuse_linears(mods: list[nn.Module]) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-    """(weight, bias) of one GEMM equal to the given plain linears side by side, or None if any is not a
-    plain nn.Linear (a quantized module) or they differ in dtype/device/bias."""
+def _smoothing(lin) -> torch.Tensor | bool | None:
+    """For a W8A8 linear, what its input's quantization multiplies by first (its smoothing vector, or True: none);
+    None for any other linear (its input stays floating point)."""
+    if not isinstance(lin, Int8Linear):
+        return None
+    return lin.smooth if lin.smooth is not None else True
+
+
+def _linear(fused, x):
+    """One fused GEMM: a joined Int8Linear module, or a plain (weight, bias)."""
+    return fused(x) if isinstance(fused, nn.Module) else F.linear(x, *fused)
+
+
+def _fuse_int8(mods: list[nn.Module]) -> Int8Linear | None:
+    """One Int8Linear equal to the given ones side by side (their tensors become views of its), or None when they
+    cannot share one input quantization."""
+    if not Int8Linear.joinable(mods):
+        return None
+    first = mods[0]
+    bias = _joined(mods, "bias") if first.bias is not None else None
+    return Int8Linear(_joined(mods, "qweight"), _joined(mods, "wscale"), bias, first.smooth, first.out_dtype)
+
+
+def _joined(mods: list[nn.Module], name: str) -> torch.Tensor:
+    """The modules' buffer `name` stacked along dim 0, each module's becoming a view of it (shared if they already
+    lie side by side)."""
+    parts = [getattr(m, name) for m in mods]
+    t = _side_by_side(parts)
+    if t is not None:
+        return t
+    t = torch.cat(parts)
+    off = 0
+    for m, p in zip(mods, parts):
+        setattr(m, name, t[off:off + p.shape[0]])
+        off += p.shape[0]
+    return t
+
+
+def _fuse_linears(mods: list[nn.Module]):
+    """(weight, bias) of one GEMM equal to the given plain linears side by side, or one Int8Linear for W8A8 ones;
+    None if any is another module (a quantized one) or they differ in dtype/device/bias."""
+    if all(isinstance(m, Int8Linear) for m in mods):
+        return _fuse_int8(mods)
     if any(type(m) is not nn.Linear for m in mods):
         return None
     weights = [m.weight.detach() for m in mods]

@@ -21,9 +21,12 @@ import functools
 
 import torch
 
+from qcls.engine.int8_kernels import int8_outputs, normed_output
+
 try:
     import triton
     import triton.language as tl
+    from qcls.engine.int8_kernels import store_quantized
 except ImportError:  # CPU-only installs
     triton = None
 
@@ -82,24 +85,25 @@ if triton is not None:
 
 
 # ---- residual add + RMSNorm --------------------------------------------------------------------------
-def add_rmsnorm_torch(x, residual, weight, eps, out_dtype=None, offset: bool = False, rows=None, scale=None):
+def add_rmsnorm_torch(x, residual, weight, eps, out_dtype=None, offset: bool = False, rows=None, scale=None,
+                      int8=None):
     """(RMSNorm(x + residual) · weight (1 + weight with `offset`) in out_dtype (default x's), x + residual in
     float32); `rows`: only these rows of x and residual, in this order; `scale`: x × scale first, rounded to x's
-    dtype (Gemma3's scaled embedding: its module's arithmetic)."""
+    dtype (Gemma3's scaled embedding: its module's arithmetic); `int8`: the output quantized (int8_kernels.normed_output)."""
     if rows is not None:
         x, residual = x[rows], (residual[rows] if residual is not None else None)
     if scale is not None:
         x = x * torch.tensor(scale, dtype=x.dtype)
     s = x.float() if residual is None else x.float() + residual.float()
     y = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + eps) * (weight.float() + 1.0 if offset else weight.float())
-    return y.to(out_dtype or x.dtype), s
+    return normed_output(y, out_dtype or x.dtype, int8), s
 
 
 if triton is not None:
     @triton.jit
-    def _add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, rows_ptr, H, eps, scale, HAS_RES: tl.constexpr,
-                            OFFSET: tl.constexpr, GATHER: tl.constexpr, SCALE: tl.constexpr, BLOCK: tl.constexpr,
-                            HINT: tl.constexpr):
+    def _add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, rows_ptr, qs_ptr, m_ptr, H, eps, scale,
+                            HAS_RES: tl.constexpr, OFFSET: tl.constexpr, GATHER: tl.constexpr, SCALE: tl.constexpr,
+                            BLOCK: tl.constexpr, HINT: tl.constexpr, INT8: tl.constexpr, SMOOTH: tl.constexpr):
         row = tl.program_id(0)
         src = tl.load(rows_ptr + row) if GATHER else row  # GATHER: output row i reads input row rows[i]
         cols = tl.arange(0, BLOCK)
@@ -116,7 +120,10 @@ if triton is not None:
         w = w.to(tl.float32)
         if OFFSET:
             w = w + 1.0
-        tl.store(y_ptr + row * H + cols, (x * inv * w).to(y_ptr.dtype.element_ty), mask=m)
+        if INT8:  # y_ptr is the int8 output: the next GEMM's input quantized per row here, not in a launch of its own
+            store_quantized(y_ptr + row * H, qs_ptr + row, m_ptr, cols, m, x * inv * w, SMOOTH=SMOOTH)
+        else:
+            tl.store(y_ptr + row * H + cols, (x * inv * w).to(y_ptr.dtype.element_ty), mask=m)
 
 
 def norm_warps(h: int, rows: int = 0, pair: bool = False) -> int:
@@ -130,39 +137,44 @@ def norm_warps(h: int, rows: int = 0, pair: bool = False) -> int:
 
 def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
                 out_dtype: torch.dtype | None = None, offset: bool = False, rows: torch.Tensor | None = None,
-                impl: str = "auto", scale: float | None = None):
+                impl: str = "auto", scale: float | None = None, int8=None):
     """(RMSNorm(x + residual) · weight, x + residual): the residual stream (`residual`, and the sum returned)
     in float32; the normed output in `out_dtype` (default x's: what the next GEMM reads). `offset`: Gemma3's
     RMSNorm, × (1 + weight). `rows` [R] (int64): only these rows, gathered by the kernel itself (the last layer
     keeps only the rows the tail reads: no gather launches before it; the first gathers the embedding table's).
-    `scale` (a value of x's dtype): x × scale first, rounded to x's dtype (Gemma3's scaled embedding). impl: auto,
-    or torch / triton (tests)."""
+    `scale` (a value of x's dtype): x × scale first, rounded to x's dtype (Gemma3's scaled embedding). `int8`: the
+    normed output quantized per row for a W8A8 GEMM ((int8, scales) in its place; int8_kernels.normed_output). impl: auto, or torch /
+    triton (tests)."""
     if impl == "torch" or (impl == "auto" and not use_triton(x)):
-        return add_rmsnorm_torch(x, residual, weight, eps, out_dtype, offset, rows, scale)
+        return add_rmsnorm_torch(x, residual, weight, eps, out_dtype, offset, rows, scale, int8)
     n, h = (x.shape[0] if rows is None else rows.shape[0]), x.shape[1]
-    y = torch.empty(n, h, dtype=out_dtype or x.dtype, device=x.device)
     s = torch.empty(n, h, dtype=torch.float32, device=x.device)
+    q, qs, sm = int8_outputs(int8, s, n, h)
+    y = q if int8 is not None else torch.empty(n, h, dtype=out_dtype or x.dtype, device=x.device)
     _add_rmsnorm_kernel[(n,)](x, residual if residual is not None else s, weight, y, s, rows if rows is not None else s,
-                              h, eps, 1.0 if scale is None else scale, HAS_RES=residual is not None, OFFSET=offset,
-                              GATHER=rows is not None, SCALE=scale is not None, BLOCK=triton.next_power_of_2(h),
-                              HINT=residual_hints(x, n), num_warps=norm_warps(h))
-    return y, s
+                              qs, sm, h, eps, 1.0 if scale is None else scale, HAS_RES=residual is not None,
+                              OFFSET=offset, GATHER=rows is not None, SCALE=scale is not None,
+                              BLOCK=triton.next_power_of_2(h), HINT=residual_hints(x, n), num_warps=norm_warps(h),
+                              INT8=int8 is not None, SMOOTH=int8 is not None and int8 is not True)
+    return ((y, qs) if int8 is not None else y), s
 
 
 # ---- Gemma3's post-norm + residual add + the next pre-norm -------------------------------------------------
-def post_add_rmsnorm_torch(x, residual, w_post, eps_post, weight, eps, out_dtype, offset: bool = False, rows=None):
+def post_add_rmsnorm_torch(x, residual, w_post, eps_post, weight, eps, out_dtype, offset: bool = False, rows=None,
+                           int8=None):
     """(RMSNorm(residual + RMSNorm_post(x)) in out_dtype, residual + RMSNorm_post(x) in float32): the two norms
     add_rmsnorm_torch runs one after the other, the post-norm's output kept in float32; `rows` as there."""
     if rows is not None:
         x, residual = x[rows], residual[rows]
     d, _ = add_rmsnorm_torch(x, None, w_post, eps_post, torch.float32, offset)
-    return add_rmsnorm_torch(d, residual, weight, eps, out_dtype, offset)
+    return add_rmsnorm_torch(d, residual, weight, eps, out_dtype, offset, int8=int8)
 
 
 if triton is not None:
     @triton.jit
-    def _post_add_rmsnorm_kernel(x_ptr, r_ptr, wp_ptr, w_ptr, y_ptr, s_ptr, rows_ptr, H, eps_post, eps,
-                                 OFFSET: tl.constexpr, GATHER: tl.constexpr, BLOCK: tl.constexpr, HINT: tl.constexpr):
+    def _post_add_rmsnorm_kernel(x_ptr, r_ptr, wp_ptr, w_ptr, y_ptr, s_ptr, rows_ptr, qs_ptr, m_ptr, H, eps_post, eps,
+                                 OFFSET: tl.constexpr, GATHER: tl.constexpr, BLOCK: tl.constexpr, HINT: tl.constexpr,
+                                 INT8: tl.constexpr, SMOOTH: tl.constexpr):
         """_add_rmsnorm_kernel's two launches in one: d = RMSNorm_post(x) in float32, s = r + d, y = RMSNorm(s).
         The same operations as the two launches (the compiler may fuse d's last product with the add: one float32
         rounding fewer), without d written and read back (unfused, Gemma3 ran 137 norm launches a forward,
@@ -187,30 +199,37 @@ if triton is not None:
         w = w.to(tl.float32)
         if OFFSET:
             w = w + 1.0
-        tl.store(y_ptr + row * H + cols, (s * inv2 * w).to(y_ptr.dtype.element_ty), mask=m)
+        if INT8:  # as in _add_rmsnorm_kernel
+            store_quantized(y_ptr + row * H, qs_ptr + row, m_ptr, cols, m, s * inv2 * w, SMOOTH=SMOOTH)
+        else:
+            tl.store(y_ptr + row * H + cols, (s * inv2 * w).to(y_ptr.dtype.element_ty), mask=m)
 
 
 def post_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, w_post: torch.Tensor, eps_post: float,
                      weight: torch.Tensor, eps: float, out_dtype: torch.dtype, offset: bool = False,
-                     impl: str = "auto", rows: torch.Tensor | None = None):
+                     impl: str = "auto", rows: torch.Tensor | None = None, int8=None):
     """Gemma3's norm after attention or the MLP, its output added to the float32 residual, and the next norm:
     (RMSNorm(s) · weight in out_dtype, s = residual + RMSNorm_post(x) · w_post in float32). One launch on CUDA
-    (engine.fuse_post_norms); `rows` as add_rmsnorm's; impl: auto, or torch / triton (tests)."""
+    (engine.fuse_post_norms); `rows` and `int8` as add_rmsnorm's; impl: auto, or torch / triton (tests)."""
     if impl == "torch" or (impl == "auto" and not use_triton(x)):
-        return post_add_rmsnorm_torch(x, residual, w_post, eps_post, weight, eps, out_dtype, offset, rows)
+        return post_add_rmsnorm_torch(x, residual, w_post, eps_post, weight, eps, out_dtype, offset, rows, int8)
     n, h = (x.shape[0] if rows is None else rows.shape[0]), x.shape[1]
-    y = torch.empty(n, h, dtype=out_dtype, device=x.device)
     s = torch.empty(n, h, dtype=torch.float32, device=x.device)
-    _post_add_rmsnorm_kernel[(n,)](x, residual, w_post, weight, y, s, rows if rows is not None else s, h, eps_post,
-                                   eps, OFFSET=offset, GATHER=rows is not None, BLOCK=triton.next_power_of_2(h),
-                                   HINT=residual_hints(x, n), num_warps=norm_warps(h, n, pair=True))
-    return y, s
+    q, qs, sm = int8_outputs(int8, s, n, h)
+    y = q if int8 is not None else torch.empty(n, h, dtype=out_dtype, device=x.device)
+    _post_add_rmsnorm_kernel[(n,)](x, residual, w_post, weight, y, s, rows if rows is not None else s, qs, sm, h,
+                                   eps_post, eps, OFFSET=offset, GATHER=rows is not None,
+                                   BLOCK=triton.next_power_of_2(h), HINT=residual_hints(x, n),
+                                   num_warps=norm_warps(h, n, pair=True), INT8=int8 is not None,
+                                   SMOOTH=int8 is not None and int8 is not True)
+    return ((y, qs) if int8 is not None else y), s
 
 
 # ---- gated activation: SiLU·mul (Llama/Qwen), GELU-tanh·mul (Gemma3) ------------------------------------
 if triton is not None:
     @triton.jit
-    def _act_mul_kernel(g_ptr, u_ptr, out_ptr, I, g_s0, u_s0, GELU: tl.constexpr, BLOCK: tl.constexpr):
+    def _act_mul_kernel(g_ptr, u_ptr, out_ptr, qs_ptr, m_ptr, I, g_s0, u_s0, GELU: tl.constexpr, BLOCK: tl.constexpr,
+                        INT8: tl.constexpr, SMOOTH: tl.constexpr):
         row = tl.program_id(0)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         m = cols < I
@@ -221,40 +240,46 @@ if triton is not None:
             a = g / (1.0 + tl.exp(-2.0 * z))
         else:
             a = g / (1.0 + tl.exp(-g))
-        tl.store(out_ptr + row * I + cols, (a * u).to(out_ptr.dtype.element_ty), mask=m)
+        if INT8:  # one program holds the whole row (BLOCK ≥ I): its scale needs every column
+            store_quantized(out_ptr + row * I, qs_ptr + row, m_ptr, cols, m, a * u, SMOOTH=SMOOTH)
+        else:
+            tl.store(out_ptr + row * I + cols, (a * u).to(out_ptr.dtype.element_ty), mask=m)
 
 
-def act_mul(g: torch.Tensor, u: torch.Tensor, gelu: bool) -> torch.Tensor:
+def act_mul(g: torch.Tensor, u: torch.Tensor, gelu: bool, int8=None):
     """act(g) * u for [N, I] gate and up (rows may be strided, e.g. the halves of one fused GEMM's output),
     float32 inside, rounded once. Modules that run gate and up as two GEMMs (quantized or streamed linears)
     come here too, so their activation rounds as the fused path's does (transformers' MLP rounds act(g)
-    and the product separately)."""
+    and the product separately). `int8`: quantized per row for a W8A8 down projection (add_rmsnorm's)."""
     if not use_triton(g):
         f = g.float()
         a = torch.nn.functional.gelu(f, approximate="tanh") if gelu else torch.nn.functional.silu(f)
-        return (a * u.float()).to(g.dtype)
+        return normed_output(a * u.float(), g.dtype, int8)
     if g.stride(-1) != 1 or u.stride(-1) != 1:
         raise ValueError("act_mul needs unit stride along the intermediate dim")
     n, i = g.shape
-    out = torch.empty(n, i, dtype=g.dtype, device=g.device)
-    block = 1024
-    _act_mul_kernel[(n, triton.cdiv(i, block))](g, u, out, i, g.stride(0), u.stride(0), GELU=gelu, BLOCK=block)
-    return out
+    q, qs, sm = int8_outputs(int8, g, n, i)
+    out = q if int8 is not None else torch.empty(n, i, dtype=g.dtype, device=g.device)
+    block = 1024 if int8 is None else triton.next_power_of_2(i)
+    _act_mul_kernel[(n, triton.cdiv(i, block))](g, u, out, qs, sm, i, g.stride(0), u.stride(0), GELU=gelu, BLOCK=block,
+                                                INT8=int8 is not None, SMOOTH=int8 is not None and int8 is not True,
+                                                num_warps=4 if int8 is None else 16)
+    return (out, qs) if int8 is not None else out
 
 
-def _act_mul(gu: torch.Tensor, gelu: bool) -> torch.Tensor:
+def _act_mul(gu: torch.Tensor, gelu: bool, int8=None):
     i = gu.shape[-1] // 2
-    return act_mul(gu[..., :i], gu[..., i:], gelu)
+    return act_mul(gu[..., :i], gu[..., i:], gelu, int8)
 
 
-def silu_mul(gu: torch.Tensor) -> torch.Tensor:
+def silu_mul(gu: torch.Tensor, int8=None):
     """silu(gate) * up for gu = [gate | up] along the last dim (float32 inside, one rounding)."""
-    return _act_mul(gu, gelu=False)
+    return _act_mul(gu, gelu=False, int8=int8)
 
 
-def gelu_tanh_mul(gu: torch.Tensor) -> torch.Tensor:
+def gelu_tanh_mul(gu: torch.Tensor, int8=None):
     """gelu_tanh(gate) * up for gu = [gate | up] (transformers' gelu_pytorch_tanh), float32 inside."""
-    return _act_mul(gu, gelu=True)
+    return _act_mul(gu, gelu=True, int8=int8)
 
 
 # ---- the tokens' rows of the RoPE tables ---------------------------------------------------------------

@@ -1,0 +1,102 @@
+"""backend=int8 (W8A8): the fast engine equals an eager int8 reference forward (transformers' own forward over the
+same Int8Linear modules) on the tiny models, and every refusal names its way out."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from qcls.backends.registry import get_backend
+from qcls.classifier import Classifier
+from qcls.engine.int8_linear import Int8Linear
+from qcls.errors import ConfigError, DeviceError
+from tests.backends.helpers import PROMPTS, QUERIES, cfg, scores
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen2", "llama", "gemma3"])
+def test_fast_engine_equals_the_eager_int8_reference(tiny_dirs, family):
+    c = cfg(tiny_dirs[family], "int8", {"calibration_tokens": 256})
+    loaded = get_backend("int8").load(c)
+    linears = [m for m in loaded.model.modules() if isinstance(m, Int8Linear)]
+    assert len(linears) == 7 * len(loaded.model.model.layers)  # every decoder linear, none kept in fp
+    assert loaded.notes and loaded.notes[0].startswith(f"int8: {len(linears)} of {len(linears)} decoder linears")
+    fast = Classifier(c, loaded=loaded)
+    ref = Classifier(cfg(tiny_dirs[family], "int8", {"calibration_tokens": 256}, engine={"kind": "reference"}),
+                     loaded=loaded)
+    got, want = scores(fast), scores(ref)
+    # the same int8 arithmetic; the activations differ only by float32 summation order before rounding to int8,
+    # which moves a value across a rounding boundary now and then
+    assert (got - want).abs().max() < 2e-3, (got - want).abs().max()
+    assert torch.equal(got.view(len(QUERIES), -1).argmax(-1), want.view(len(QUERIES), -1).argmax(-1))
+    assert fast.engine.dec.qkv[0] is not None and isinstance(fast.engine.dec.qkv[0], Int8Linear)  # one GEMM
+    assert fast.notes[0].startswith("int8:")
+
+
+def test_int8_stays_close_to_floating_point(tiny_dirs):
+    c8 = cfg(tiny_dirs["qwen3"], "int8", {"calibration_tokens": 256})
+    fp = scores(Classifier(cfg(tiny_dirs["qwen3"])))
+    q8 = scores(Classifier(c8))
+    assert (q8 - fp).abs().max() < 0.1 * fp.abs().max()
+
+
+def test_a_group_over_the_error_bound_keeps_its_weights(tiny_dirs):
+    loaded = get_backend("int8").load(cfg(tiny_dirs["llama"], "int8", {"max_error": 1e-9, "calibration_tokens": 128}))
+    assert not any(isinstance(m, Int8Linear) for m in loaded.model.modules())
+    assert "kept in fp16" in loaded.notes[0] and "layer 0 q_proj/k_proj/v_proj" in loaded.notes[0]
+    scores(Classifier(cfg(tiny_dirs["llama"], "int8"), loaded=loaded))  # and it still classifies
+
+
+def test_calibration_queries_from_a_file(tiny_dirs, tmp_path):
+    f = tmp_path / "q.csv"
+    f.write_text("query,category\nred dress,dress\nblue jeans,jeans\n")
+    loaded = get_backend("int8").load(cfg(tiny_dirs["qwen3"], "int8", {"calibration_queries": str(f),
+                                                                       "calibration_tokens": 128}))
+    assert "calibrated on 128 tokens" in loaded.notes[0]
+
+
+@pytest.mark.parametrize("options, match", [
+    ({"calibration_queries": "/nonexistent/q.csv"}, "does not exist"),
+    ({"alphas": [2.0]}, "alphas must be values in"),
+    ({"max_error": 0}, "max_error must be > 0"),
+    ({"calibration_tokens": 3}, "at least 64"),
+    ({"bits": 4}, "unknown option"),
+])
+def test_bad_options_are_refused_with_the_way_out(tiny_dirs, options, match):
+    with pytest.raises(ConfigError, match=match):
+        get_backend("int8").load(cfg(tiny_dirs["qwen3"], "int8", options))
+
+
+def test_a_file_without_a_query_column_is_refused(tiny_dirs, tmp_path):
+    f = tmp_path / "q.csv"
+    f.write_text("text\nred dress\n")
+    with pytest.raises(ConfigError, match="no `query` column"):
+        get_backend("int8").load(cfg(tiny_dirs["qwen3"], "int8", {"calibration_queries": str(f)}))
+
+
+def test_shapes_and_old_gpus_are_refused_before_weights_are_read(monkeypatch):
+    from types import SimpleNamespace
+
+    from qcls.backends import int8
+    bad = SimpleNamespace(hidden_size=60, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                          head_dim=16)
+    with pytest.raises(ConfigError, match="multiples of 8") as e:
+        int8.check_shapes(bad)
+    assert "backend=fp16" in str(e.value)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (7, 0))
+    with pytest.raises(DeviceError, match="sm_70") as e:
+        int8.check_device(torch.device("cuda"))
+    assert "backend=fp16" in str(e.value)
+
+
+def test_memory_estimate_knows_int8():
+    from transformers import AutoConfig
+
+    from qcls.backends import memory
+    from qcls.config.compose import validate
+    mc = AutoConfig.for_model("qwen3", hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                              num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=151936,
+                              tie_word_embeddings=False)
+    c = validate({"model": {"name": "q8b", "source": "local", "path": "/x"}, "prompts": PROMPTS,
+                  "backend": {"name": "int8"}})
+    e8, e16 = memory.estimate(c, mc, "int8"), memory.estimate(c, mc, "fp16")
+    assert e8.weights_gpu < 0.6 * e16.weights_gpu
+    assert e8.total < 15 * memory.GIB  # Qwen3-8B whole on a 16 GB T4
