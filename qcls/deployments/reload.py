@@ -179,7 +179,7 @@ class Build:
                 return stop.value, None
             except BaseException as e:  # noqa: BLE001 - handed to the reload's caller
                 self._ended(t0, "a failed step")
-                return None, e.with_traceback(None)
+                return None, without_frames(e)
             self.took.append((time.perf_counter() - t0, name))
             if time.monotonic() - turn >= slice_s:
                 return None, None
@@ -228,13 +228,15 @@ class Release:
             self.collections += 1
             self.collect_at = self.since + (1.5 if self.collections == 1 else RELEASE_WAIT_S)
             return True
-        held = self.held.peek()[0]  # named by what holds it (a function's frame by the function's name)
+        held = self.held.peek()  # (the object, the callback, its arguments), None once dropped
+        if held is None:
+            return True
+        # named by what holds it (a function's frame by the function's name), to find out why
         by = sorted({getattr(getattr(r, "f_code", None), "co_name", None) or type(r).__name__
-                     for r in gc.get_referrers(held)})
+                     for r in gc.get_referrers(held[0])})
         log.warning("reload: the replaced configuration is still referenced %.0f s after the swap (by %s); its device "
                     "memory is given back when it is dropped, or reused by the next build", RELEASE_WAIT_S, by)
         return False
-
 
 
 def give_back(dropped: list[Release], clf: Classifier) -> None:
@@ -250,6 +252,18 @@ def give_back(dropped: list[Release], clf: Classifier) -> None:
             log.warning("reload: the replaced configuration was dropped %.2f s after the swap (%d garbage "
                         "collections); memory reserved by torch %.2f → %.2f GiB (allocated %.2f GiB)",
                         time.monotonic() - r.since, r.collections, *freed)
+
+
+def without_frames(error: BaseException) -> BaseException:
+    """`error`, and the errors it chains, without their tracebacks: their frames hold what a failed build allocated."""
+    todo, seen = [error], set()
+    while todo:
+        e = todo.pop()
+        if e is not None and id(e) not in seen:
+            seen.add(id(e))
+            e.__traceback__ = None
+            todo += [e.__cause__, e.__context__]
+    return error
 
 
 def collect_unfrozen(unfreeze: bool) -> None:

@@ -56,7 +56,7 @@ class EngineWorker(HealthChecks):
         self.clf, self.observer, self.max_batch = clf, observer, clf.cfg.engine.max_batch_size
         self._init_health(probe_idle_s, probe_timeout_s)
         # `depth` batches in flight: with 2, the host's work on one overlaps the device's on the other. fill_while_busy:
-        # a batch that would queue behind a running one fills until shortly before that one should end (`_hold_s`).
+        # a batch that would queue behind a running one fills until shortly before that one should end (`_choose`).
         self.depth, self.fill_while_busy = depth, fill_while_busy
         self._device_s = {b: ms / 1e3 for b, ms in clf.device_ms.items()}  # batch size → device time, a running mean
         self._busy_until = 0.0  # perf_counter when the device should be done with every launched batch
@@ -84,7 +84,7 @@ class EngineWorker(HealthChecks):
         """Wait until something is due, run it; False once the worker is closed. `_choose` decides, in this order: work
         that runs alone on the device (the release of a replaced configuration's memory, a reload's next build step):
         the batches in flight end first and nothing is launched meanwhile; a health probe; the next batch, once a slot
-        is free and the waiting queries stop gathering (`_hold_s`). The collector delivers a batch's results."""
+        is free and the waiting queries have gathered long enough. The collector delivers a batch's results."""
         with self._lock:
             what, wait_s = self._choose()
             while what is None:
@@ -120,18 +120,16 @@ class EngineWorker(HealthChecks):
         free = self._inflight < self.depth
         if free and self._probes:
             return "probe", None
-        hold = self._hold_s() if free and self._waiting else None
+        # with fill_while_busy, the waiting queries gather while the device is busy and no full batch waits, until
+        # shortly before the batch in flight should end: fuller batches, and the device does not wait
+        hold = None
+        if free and self._waiting:
+            gather = self.fill_while_busy and self._inflight and len(self._waiting) < self.max_batch
+            hold = self._launch_by - time.perf_counter() if gather else 0.0
         if hold is not None and hold <= 0:
             return "batch", None
         due = ([hold] if hold is not None else []) + ([self._step_at - now] if self._builds else [])
         return None, min(due + [r.collect_at - now for r in self._releases], default=None)
-
-    def _hold_s(self) -> float:
-        """How much longer the waiting queries may gather before their batch is launched: none when the device is idle
-        or a full batch waits; else until shortly before the batch in flight should end."""
-        if not self.fill_while_busy or self._inflight == 0 or len(self._waiting) >= self.max_batch:
-            return 0.0
-        return self._launch_by - time.perf_counter()
 
     # -- queries ---------------------------------------------------------------------------------------------------
 
