@@ -1,13 +1,9 @@
-"""A replica's hot reloads: its requests and their outcome (`Reloader`, `ReloadState`), and the records of the device
-work its worker does for one (`Build`, `Release`).
-
-Serve hands a replica its deployment's `user_config` through `reconfigure()` at start-up and whenever it changes
-(`serve deploy` with an edited user_config, `qcls reload`); its two forms, and what a reload may change, are set out in
-qcls/config/reloads.py. The Reloader composes the configuration asked for in a thread (Serve blocks the replica while
-reconfigure() runs) and hands it to the worker (`EngineWorker.reload`), which builds it beside the serving one on the
-same weights, one step at a time between batches, swaps it in between two batches, and gives the old one's memory
-back. A configuration that cannot be built (a typo, labels that cannot be told apart, a head for other prompts or that
-reads layers not loaded, no GPU memory left for the build) or that needs other weights or another deployment shape is
+"""A replica's hot reloads: the requests and their outcome (`Reloader`, `ReloadState`), and the records of the device
+work the worker does for one (`Build`, `Release`). Serve hands a replica its deployment's `user_config` through
+`reconfigure()` at start-up and whenever it changes (`serve deploy`, `qcls reload`; its forms and what a reload may
+change: qcls/config/reloads.py). The Reloader composes the configuration in a thread (Serve blocks the replica while
+reconfigure() runs) and hands it to `EngineWorker.reload`: built beside the serving one, swapped in, the old one's
+memory given back. A configuration that cannot be built or that needs other weights or another deployment shape is
 refused: the old one keeps serving and `state` (GET /v1/prompts, `qcls reload`) says why."""
 from __future__ import annotations
 
