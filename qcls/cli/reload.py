@@ -5,9 +5,9 @@ The overrides are the whole configuration, as for `qcls serve` (the same ones wi
 checked here first (a typo, a head file that does not fit the prompts), compared with the configuration the app
 serves (a change of model, backend or serving settings needs a new deployment and is refused: qcls/config/reloads.py),
 then sent as the deployment's user_config: Serve calls every replica's reconfigure(), each builds the new
-configuration beside the serving one and swaps (qcls/deployments/reload.py). The command waits until every replica
-serves it or one refused it; a refusal rolls the deployment's target back to the configuration still serving, and
-exits 2 with the reason.
+configuration beside the serving one and swaps (qcls/deployments/reload.py, EngineWorker.reload). The command waits
+until every replica serves it or one refused it; a refusal rolls the deployment's target back to the configuration
+still serving, and exits 2 with the reason.
 """
 from __future__ import annotations
 

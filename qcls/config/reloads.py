@@ -1,7 +1,8 @@
 """What a reload may change: the rules that tell a configuration a running deployment can take in place (a new
 prompt set, head file, scoring or limits on the weights its replicas hold) from one that needs a new deployment,
-and the configuration a deployment's user_config asks for. The replica's side (building it beside the serving one,
-then swapping) is qcls/deployments/reload.py; `qcls reload` is qcls/cli/reload.py.
+and the configuration a deployment's user_config asks for. The replica's side: qcls/deployments/reload.py (requests
+and outcome), EngineWorker.reload in qcls/deployments/worker.py (build beside the serving one, swap, memory given
+back); `qcls reload` is qcls/cli/reload.py.
 
 Serve hands a replica its deployment's `user_config` in two forms:
 

@@ -1,7 +1,8 @@
 """Ray Serve deployment of the Classifier: `app` (deployment + builder), `http` (FastAPI routes), `schemas`
 (request/response bodies), `encode` (response bytes), `api_key` (the bearer key every route but /healthz asks for),
-`worker` (the replica's device owner: batching, probes, a reload's build step by step), `health` (its health
-checks), `reload` (a new configuration built and swapped on the weights a replica holds), `metrics` (Prometheus),
+`worker` (the replica's device owner: `step()` chooses each batch, probe and build step; `reload()` builds a new
+configuration on the weights it holds, swaps it in, gives the old one's memory back), `health` (its probes), `reload`
+(reload requests and their outcome), `metrics` (Prometheus),
 `ingress` (Ray Serve flags, the proxy's 503 on a lost replica), `playground` (the page at `/`, static/, and its
 routes: GET /v1/check, PUT /v1/prompts).
 

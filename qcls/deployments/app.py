@@ -52,11 +52,11 @@ class QclsDeployment:
             log = cfg.serve.prediction_log
             self.predictions = PredictionLog(log, observer=self.metrics.prediction_log_rows) if log.folder else None
             self.faults = fault_injection(cfg)
-            self.clf = Classifier(cfg)
+            clf = Classifier(cfg)
         except QclsError as e:  # the clean message in the replica log; `qcls serve` shows it too (qcls/cli/serve.py)
             print(format_error(e, "qcls replica"), file=sys.stderr, flush=True)
             raise
-        self.worker = EngineWorker(self.clf, probe_idle_s=cfg.serve.health_probe_idle_s,
+        self.worker = EngineWorker(clf, probe_idle_s=cfg.serve.health_probe_idle_s,
                                    probe_timeout_s=0.8 * cfg.serve.health_check_timeout_s, observer=self.metrics,
                                    depth=cfg.serve.pipeline_depth, fill_while_busy=cfg.serve.fill_while_busy)
         # batch_wait_timeout_s=0 (the default): queries go straight to the worker's queue, so a lone query
@@ -65,8 +65,12 @@ class QclsDeployment:
         self._gather = cfg.serve.batch_wait_timeout_s > 0
         self._batched.set_max_batch_size(cfg.engine.max_batch_size)
         self._batched.set_batch_wait_timeout_s(cfg.serve.batch_wait_timeout_s)
-        self.reloader = Reloader(lambda: self.clf, self._swap, base or {}, self.metrics.reload_outcome,
-                                 self.worker.run_steps)
+        self.reloader = Reloader(self.worker, base or {}, self.metrics)
+
+    @property
+    def clf(self) -> Classifier:
+        """The active Classifier (the worker's: a reload swaps it)."""
+        return self.worker.clf
 
     @property
     def cfg(self) -> QclsConfig:
@@ -75,13 +79,8 @@ class QclsDeployment:
 
     def reconfigure(self, user_config: dict[str, Any] | None) -> None:
         """Serve calls this with the deployment's user_config at start-up and whenever it changes: the new
-        configuration is built in a thread beside the serving one, which keeps answering (reload.py)."""
+        configuration is built beside the serving one, which keeps answering (reload.py, EngineWorker.reload)."""
         self.reloader.request(user_config)
-
-    def _swap(self, clf: Classifier) -> None:
-        self.worker.swap(clf)
-        self.clf = clf
-        self.metrics.cache_size(0)
 
     def __serve_build_asgi_app__(self):
         return build_http_app(self)

@@ -1,8 +1,8 @@
-"""A replica's health: a batch that makes the engine raise fails only the queries that raise (its queries are
-retried one by one) and makes the engine suspect; the health checks decide when a real forward is worth running,
-when a stuck device step is evidence enough, and what gets logged before Serve replaces the replica (every thread's
-stack: the replaced process leaves nothing else to tell where its threads were stuck). A mixin of EngineWorker,
-whose threads mark their device steps."""
+"""A replica's health probes: when a real forward is worth running (after an engine error or a long idle spell), when a
+stuck device step is evidence enough, and what gets logged before Serve replaces the replica (every thread's stack: the
+replaced process leaves nothing else to tell where its threads were stuck). A mixin of EngineWorker: its step() runs a
+probe between batches (`_run_probe`), its batches report engine errors and good forwards here, and its threads mark
+their device steps (`_device_step`)."""
 from __future__ import annotations
 
 import asyncio
@@ -12,30 +12,25 @@ import sys
 import threading
 import time
 import traceback
+from concurrent.futures import Future
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
 
-from qcls.classifier import WARMUP_QUERY, Classifier
-from qcls.results.requests import failed, finish_batch, start_batch
-from qcls.results import QueryResult
-
-if TYPE_CHECKING:
-    from qcls.deployments.worker import Pending
+from qcls.classifier import WARMUP_QUERY
 
 log = logging.getLogger("qcls.serve")
 
 
 class HealthChecks:
-    """Needs `clf`, `observer` and `_on_device` (run a function on the launcher thread between batches) from the
-    worker; `_init_health` sets the rest."""
+    """Needs `clf`, `observer`, `_lock`, `_work`, `_probes` and `_settled` from the worker; `_init_health` sets the
+    rest."""
 
     def _init_health(self, probe_idle_s: float, probe_timeout_s: float) -> None:
         self.probe_idle_s, self.probe_timeout_s = probe_idle_s, probe_timeout_s
         self.last_ok = time.monotonic()
         self.suspect: str | None = None  # an engine error since the last good forward: probe before trusting
         self.broken: str | None = None  # the probe failed: this replica cannot serve and must be replaced
-        # thread name → when its current device step (a launch, a job, a wait for a forward's end) began; a step
-        # older than a probe may take fails the health check (off while a test holds the forwards on purpose)
+        # thread name → when its current device step (a launch, a probe, a build step, a wait for a forward's end)
+        # began; one older than a probe may take fails the health check (off while a test holds forwards on purpose)
         self._step_since: dict[str, float] = {}
         self.watch_steps = True
 
@@ -61,7 +56,7 @@ class HealthChecks:
         if self.suspect is None and time.monotonic() - self.last_ok < self.probe_idle_s:
             return
         try:
-            await asyncio.wait_for(self._on_device(self._probe), self.probe_timeout_s)
+            await asyncio.wait_for(asyncio.wrap_future(self._ask_probe()), self.probe_timeout_s)
         except Exception as e:
             timeout = isinstance(e, TimeoutError)
             self._unusable(f"no answer within {self.probe_timeout_s:g}s" if timeout else f"{type(e).__name__}: {e}",
@@ -76,6 +71,23 @@ class HealthChecks:
         self._report("unusable")
         raise RuntimeError(f"engine unusable: {self.broken}") from None
 
+    def _ask_probe(self) -> Future:
+        """A probe, run by the worker's step() between batches."""
+        done: Future = Future()
+        with self._lock:
+            self._probes.append(done)
+            self._work.notify()
+        return done
+
+    def _run_probe(self, done: Future) -> None:
+        if done.set_running_or_notify_cancel():  # (not once the check stopped waiting)
+            try:
+                with self._device_step("launch"):
+                    done.set_result(self._probe())
+            except BaseException as e:  # noqa: BLE001 - handed to the waiting check
+                done.set_exception(e)
+        self._settled()
+
     def _probe(self) -> None:
         r = self.clf.classify([WARMUP_QUERY])[0]
         if not r.ok:
@@ -84,30 +96,9 @@ class HealthChecks:
         if bad:
             raise RuntimeError(f"non-finite scores for prompts {bad}")
 
-    def _start(self, queries: list[str], clf: Classifier):
-        """(clf, the started batch | the answers already known (engine unusable) | the exception starting
-        raised)."""
-        if self.broken:
-            return clf, [failed(q, f"engine unusable: {self.broken}") for q in queries]
-        return clf, start_batch(clf, queries)
-
-    def _finish(self, items: list[Pending], batch, started: float) -> list[QueryResult]:
-        """Results of a started batch; a query that makes the engine raise fails alone, and the engine is suspect
-        until a probe answers. queue_wait = arrival at the replica to the batch's launch, plus the time its forward
-        waited for the device."""
-        clf, batch = batch
-        if isinstance(batch, list):
-            results = batch
-        else:
-            results = finish_batch(clf, [it.query for it in items], batch, self._failed, wait_is_queue=True)
-            if any(r.ok for r in results):
-                self._ok()
-        for it, r in zip(items, results):
-            waited = r.timings_ms.pop("device_wait", 0.0)
-            r.timings_ms["queue_wait"] = round((started - it.arrived) * 1e3 + waited, 4)
-        return results
-
-    def _failed(self, kind: str, e: Exception) -> None:
+    def _engine_error(self, kind: str, e: Exception) -> None:
+        """A batch whose forward raised ("batch") makes the engine suspect until a probe answers; then each query
+        that raised on its own ("query")."""
         if kind == "batch":
             self.suspect = f"{type(e).__name__}: {e}"
         self._report(kind)

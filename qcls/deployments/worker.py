@@ -1,9 +1,9 @@
-"""The engine side of a replica and the one owner of its device: one Classifier, the two threads that drive the device
-(one launches batches, one collects them, so that a batch is prepared while the one before it runs), and every other
-piece of device work the replica does, run by the launcher between batches: health probes (health.py), a reload's
-build one step at a time (`run_steps`: Classifier.in_steps) and the release of a replaced configuration's memory.
-Per-query failure isolation: health.py; which queries reach it: Classifier.open. Free of Ray and HTTP, so it is the
-same object under a handle, a route or a unit test.
+"""The engine side of a replica and the one owner of its device: the active Classifier and all device work. `step()`
+makes every decision: what is due (a reload's build step, the release of a replaced configuration's memory, a health
+probe, the next batch), then runs it; `reload()` asks for a new configuration. The launcher thread loops on `step()`;
+the collector thread waits for each launched batch's forward, builds its results and delivers them, so that the next
+batch is prepared while the one before it runs. Probes: health.py; which queries reach the worker: Classifier.open.
+Free of Ray and HTTP: the same object under a handle, a route or a unit test.
 """
 from __future__ import annotations
 
@@ -11,42 +11,39 @@ import asyncio
 import logging
 import threading
 import time
+import weakref
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Callable, Generator, Protocol
+from typing import TYPE_CHECKING
 
-from qcls.classifier import Classifier
 from qcls.deployments.health import HealthChecks
+from qcls.deployments.reload import Build, Release, give_back
 from qcls.results import QueryResult
+from qcls.results.requests import failed, finish_batch, start_batch
+
+if TYPE_CHECKING:
+    from qcls.classifier import Classifier
+    from qcls.config import QclsConfig
+    from qcls.deployments.metrics import ReplicaMetrics
 
 log = logging.getLogger("qcls.serve")
 
-# While one batch runs, the next is launched this long before the running one should end (at least
-# LEAD_MIN_S, else LEAD_SHARE of its device time): enough for the host to tokenize and queue it (and for a
-# busy event loop to hand the launcher the interpreter), so the device does not wait.
+# While one batch runs, the next is launched this long before the running one should end (at least LEAD_MIN_S, else
+# LEAD_SHARE of its device time): enough for the host to tokenize and queue it, so the device does not wait.
 LEAD_MIN_S, LEAD_SHARE = 1e-3, 0.25
-# A build's next step waits at most this long, after its last one, for the queries and jobs that waited meanwhile
-# (a health probe, above all) to be launched; then no batch is launched until it has run.
+# A build's next step waits at most this long after its last one for the queries and probes that waited meanwhile to
+# be launched; then no batch is launched until it has run.
 GIVE_S = 0.05
 # Steps of a build run back to back while their turn is shorter than this: a step this short costs the queries less
 # than a drain of the batches in flight would cost the build; longer turns would add to a query's wait.
 SLICE_S = 0.005
 
 
-class Observer(Protocol):
-    """What the worker reports (qcls.deployments.metrics.ReplicaMetrics records it for Prometheus)."""
-
-    def after_batch(self, results: list[QueryResult]) -> None: ...
-
-    def engine_error(self, kind: str) -> None: ...
-
-
 @dataclass
 class Pending:
-    """One query waiting for a batch; `arrived` (perf_counter) is when its request reached the replica; `clf`
-    the Classifier active when it was queued (set by `submit`): a reload swaps the active one, and the queries
-    queued before the swap still run on theirs."""
+    """One query waiting for a batch; `arrived` (perf_counter) is when its request reached the replica; `clf` the
+    Classifier active when it was queued (set by `submit`): the queries queued before a reload's swap run on theirs."""
 
     query: str
     arrived: float
@@ -55,47 +52,91 @@ class Pending:
 
 class EngineWorker(HealthChecks):
     def __init__(self, clf: Classifier, probe_idle_s: float = 60.0, probe_timeout_s: float = 20.0,
-                 observer: Observer | None = None, depth: int = 2, fill_while_busy: bool = True):
-        self.clf = clf
-        self.observer = observer
-        self.max_batch = clf.cfg.engine.max_batch_size
+                 observer: ReplicaMetrics | None = None, depth: int = 2, fill_while_busy: bool = True):
+        self.clf, self.observer, self.max_batch = clf, observer, clf.cfg.engine.max_batch_size
         self._init_health(probe_idle_s, probe_timeout_s)
-        # Two threads own the device, never the replica's event loop (which keeps answering health checks and
-        # taking requests meanwhile). The launcher takes the next batch as soon as fewer than `depth` are in
-        # flight, tokenizes it and queues its forward behind the running one; the collector waits for each
-        # forward in turn, builds its results and hands them back. With depth 2 the host's work on one batch
-        # overlaps the device's on the other; depth 1 runs one batch at a time. With fill_while_busy, a batch
-        # that would queue behind a running one waits to fill (up to max_batch queries) until shortly before
-        # the running one should end, by the device times measured so far: fuller batches at no latency cost,
-        # since the device is busy meanwhile. An idle device takes a lone query at once either way.
+        # `depth` batches in flight: with 2, the host's work on one overlaps the device's on the other. fill_while_busy:
+        # a batch that would queue behind a running one fills until shortly before that one should end (`_choose`).
         self.depth, self.fill_while_busy = depth, fill_while_busy
-        # batch size → its device time (forward + score): measured at start-up, then a running mean
-        self._device_s = {b: ms / 1e3 for b, ms in clf.device_ms.items()}
+        self._device_s = {b: ms / 1e3 for b, ms in clf.device_ms.items()}  # batch size → device time, a running mean
         self._busy_until = 0.0  # perf_counter when the device should be done with every launched batch
         self._launch_by = 0.0  # perf_counter by which the next batch should be on its way to the device
-        self._lock = threading.Lock()
-        self._work = threading.Condition(self._lock)  # the launcher waits here: queries, jobs or a free slot
+        self._lock = threading.RLock()  # (re-entered by a replaced Classifier's finalizer: `_wake`)
+        self._work = threading.Condition(self._lock)  # step() waits here for something to be due
         self._ready = threading.Condition(self._lock)  # the collector waits here: a launched batch
         self._waiting: deque[tuple[Pending, asyncio.Future, asyncio.AbstractEventLoop]] = deque()
-        self._jobs: deque[tuple[Callable, tuple, Future]] = deque()  # probes and run_batch calls, first
+        self._probes: deque[Future] = deque()  # health probes asked for
         self._launched: deque[tuple[list, object, float]] = deque()  # (chunk, started batch, launch time)
-        self._inflight = 0  # batches launched and not yet answered, jobs included
-        # builds whose steps run here, one at a time, each step with nothing else on the device (run_steps)
-        self._builds: deque[tuple[Generator, Future, list]] = deque()
+        self._inflight = 0  # batches launched and not yet answered, probes included
+        self._builds: deque[Build] = deque()  # reloads' builds, the first one building; earlier ones superseded
         self._step_at = 0.0  # monotonic time by which the next build step runs even if queries wait
+        self._releases: list[Release] = []  # replaced configurations whose memory goes back once they are dropped
         self.give_s, self.slice_s = GIVE_S, SLICE_S
         self._closed = False
         threading.Thread(target=self._launch_loop, name="qcls-launch", daemon=True).start()
         threading.Thread(target=self._collect_loop, name="qcls-collect", daemon=True).start()
 
-    # -- queries -----------------------------------------------------------------------------------------
+    def _launch_loop(self) -> None:
+        while self.step():
+            pass
+
+    def step(self) -> bool:
+        """Wait until something is due, run it; False once the worker is closed. `_choose` decides, in this order: work
+        that runs alone on the device (the release of a replaced configuration's memory, a reload's next build step):
+        the batches in flight end first and nothing is launched meanwhile; a health probe; the next batch, once a slot
+        is free and the waiting queries have gathered long enough. The collector delivers a batch's results."""
+        with self._lock:
+            what, wait_s = self._choose()
+            while what is None:
+                self._work.wait(wait_s)
+                what, wait_s = self._choose()
+            probe = self._probes.popleft() if what == "probe" else None
+            chunk = self._take() if what == "batch" else []
+            self._inflight += bool(probe or chunk)
+        if what == "closed":
+            for build in self._builds:  # (reload() takes no new ones once closed)
+                build.steps.close()
+                build.done.set_exception(RuntimeError("the replica is shutting down"))
+            return False
+        if what == "release":
+            self._release_memory()
+        elif what == "build":
+            self._build_turn()
+        elif probe is not None:
+            self._run_probe(probe)
+        elif chunk:
+            self._launch(chunk)
+        return True
+
+    def _choose(self) -> tuple[str | None, float | None]:
+        """Under the lock: what is due, or (None, seconds until something may be; None: until notified)."""
+        if self._closed:
+            return "closed", None
+        now, queued = time.monotonic(), bool(self._waiting or self._probes)
+        alone = ("release" if any(r.dropped or now >= r.collect_at for r in self._releases) else
+                 "build" if self._builds and (not queued or now >= self._step_at) else None)
+        if alone:
+            return (alone, None) if self._inflight == 0 else (None, None)  # woken once a batch is answered
+        free = self._inflight < self.depth
+        if free and self._probes:
+            return "probe", None
+        # with fill_while_busy, the waiting queries gather while the device is busy and no full batch waits, until
+        # shortly before the batch in flight should end: fuller batches, and the device does not wait
+        hold = None
+        if free and self._waiting:
+            gather = self.fill_while_busy and self._inflight and len(self._waiting) < self.max_batch
+            hold = self._launch_by - time.perf_counter() if gather else 0.0
+        if hold is not None and hold <= 0:
+            return "batch", None
+        due = ([hold] if hold is not None else []) + ([self._step_at - now] if self._builds else [])
+        return None, min(due + [r.collect_at - now for r in self._releases], default=None)
+
+    # -- queries ---------------------------------------------------------------------------------------------------
 
     def submit(self, items: list[Pending]) -> list[asyncio.Future]:
-        """Queue queries for the device; each future resolves to its QueryResult.
-
-        A query that finds the device idle starts at once. Queries that arrive while a forward runs wait
-        here, and the next forward takes up to engine.max_batch_size of them together (whichever request or
-        @serve.batch call they came from): batches fill from the load itself, with no timer."""
+        """Queue queries for the device; each future resolves to its QueryResult. A query that finds the device idle
+        starts at once; those that arrive while a forward runs wait, and the next forward takes up to max_batch_size of
+        them together (whichever request they came from): batches fill from the load itself, with no timer."""
         loop = asyncio.get_running_loop()
         futures = [loop.create_future() for _ in items]
         with self._lock:
@@ -105,124 +146,49 @@ class EngineWorker(HealthChecks):
             self._work.notify()
         return futures
 
-    def run_steps(self, steps: Generator) -> Any:
-        """Run `steps` (a reload's Classifier.in_steps, a release of memory: device work that must not run beside a
-        batch) on the launcher, one step at a time between batches: each step with no batch in flight and none
-        launched, and between two steps the queries and jobs that waited meanwhile. Blocks the calling thread until
-        the last step; returns the generator's value, or raises what a step raised."""
-        done: Future = Future()
+    def _take(self) -> list:
+        """The next batch: up to max_batch waiting queries of one Classifier (those queued before a swap form the last
+        batches of the old one)."""
+        chunk = []
+        while self._waiting and len(chunk) < self.max_batch:
+            if chunk and self._waiting[0][0].clf is not chunk[0][0].clf:
+                break
+            item = self._waiting.popleft()
+            if not item[1].done():  # a cancelled request gives up its slot
+                chunk.append(item)
+        return chunk
+
+    def _launch(self, chunk: list) -> None:
+        """Start a batch (tokenize, queue its forward behind the running one) and hand it to the collector."""
+        started, clf, queries = time.perf_counter(), chunk[0][0].clf, [it.query for it, _, _ in chunk]
+        with self._device_step("launch"):  # the answers already known when the engine is unusable
+            batch = clf, ([failed(q, f"engine unusable: {self.broken}") for q in queries] if self.broken
+                          else start_batch(clf, queries))
         with self._lock:
-            if self._closed:
-                raise RuntimeError("the replica is shutting down")
-            if not self._builds:
-                self._step_at = time.monotonic() + self.give_s
-            self._builds.append((steps, done, []))  # [] gathers (seconds, name) per step
-            self._work.notify()
-        return done.result()
+            self._launched.append((chunk, batch, started))
+            self._ready.notify()
+            device_s = self._device_s.get(len(chunk), 0.0)
+            self._busy_until = max(time.perf_counter(), self._busy_until) + device_s
+            self._launch_by = self._busy_until - max(LEAD_MIN_S, LEAD_SHARE * device_s)
 
-    def _launch_loop(self) -> None:
-        while True:
-            with self._lock:
-                build = False
-                while not self._closed:
-                    due = self._step_due()
-                    if due == 0.0:  # a build step: the batches in flight end first, nothing new is launched
-                        if self._inflight == 0:
-                            build = True
-                            break
-                        self._work.wait()
-                        continue
-                    free = self._inflight < self.depth
-                    hold = self._hold_s() if free and self._waiting else None
-                    if free and (self._jobs or (hold is not None and hold <= 0)):
-                        break
-                    waits = [t for t in (hold, due) if t is not None]
-                    self._work.wait(min(waits) if waits else None)  # None: until notified
-                if self._closed:
-                    return self._end_builds()
-                job = self._jobs.popleft() if self._jobs and not build else None
-                chunk = [] if job or build else self._take()
-                if job or chunk:
-                    self._inflight += 1
-            if build:
-                self._build_turn()
-            elif job is not None:
-                fn, args, done = job
-                if done.set_running_or_notify_cancel():
-                    try:
-                        with self._device_step("launch"):
-                            done.set_result(fn(*args))
-                    except BaseException as e:  # noqa: BLE001 - handed to the awaiting caller
-                        done.set_exception(e)
-                self._settled()
-            elif chunk:
-                started = time.perf_counter()
-                with self._device_step("launch"):
-                    batch = self._start([it.query for it, _, _ in chunk], chunk[0][0].clf)
-                with self._lock:
-                    self._launched.append((chunk, batch, started))
-                    self._ready.notify()
-                    device_s = self._device_s.get(len(chunk), 0.0)
-                    self._busy_until = max(time.perf_counter(), self._busy_until) + device_s
-                    self._launch_by = self._busy_until - max(LEAD_MIN_S, LEAD_SHARE * device_s)
-            # an idle replica must not keep the last batch's Classifier alive: after a reload, the replaced one
-            chunk = batch = job = None
-
-    def _step_due(self) -> float | None:
-        """Seconds until a build's next step runs: None without a build, 0.0 when due (nothing waits, or the
-        queries that waited had their GIVE_S)."""
-        if not self._builds:
-            return None
-        if not (self._waiting or self._jobs):
-            return 0.0
-        return max(0.0, self._step_at - time.monotonic())
-
-    def _build_turn(self) -> None:
-        """One turn of the first build: its next step, and more while the turn is shorter than SLICE_S."""
-        steps, done, took = self._builds[0]
-        turn, end = time.monotonic(), None
-        with self._device_step("launch"):
-            while end is None:
-                t0 = time.perf_counter()
-                try:
-                    name = next(steps)
-                except StopIteration as stop:
-                    end, name = (stop.value, None), "the last step"
-                except BaseException as e:  # noqa: BLE001 - handed to the caller of run_steps
-                    end, name = (None, e), "a failed step"
-                took.append((time.perf_counter() - t0, name))
-                if time.monotonic() - turn >= self.slice_s:
-                    break
-        with self._lock:
-            self._step_at = time.monotonic() + self.give_s
-            if end is not None:
-                self._builds.popleft()
-        if end is not None:
-            top = sorted(took, key=lambda t: -t[0])[:3]
-            # a graph capture is the one step that cannot be cut finer: the floor of what a step costs the queries
-            capture = max((t for t in took if str(t[1]).endswith("graph captured")), key=lambda t: t[0], default=None)
-            log.warning("device owner: a build of %d steps, %.2f s on the device; its longest step %.1f ms (%s); "
-                        "then %s%s", len(took), sum(t for t, _ in took), top[0][0] * 1e3, top[0][1],
-                        ", ".join(f"{t * 1e3:.1f} ms ({name})" for t, name in top[1:]) or "none",
-                        f"; its longest graph capture {capture[0] * 1e3:.1f} ms ({capture[1]})" if capture else "")
-            if end[1] is not None:
-                done.set_exception(end[1])
-            else:
-                done.set_result(end[0])
-        steps = done = end = None  # (the built Classifier lives on in the caller, not in this frame)
-
-    def _end_builds(self) -> None:
-        while self._builds:
-            steps, done, _ = self._builds.popleft()
-            steps.close()
-            done.set_exception(RuntimeError("the replica is shutting down"))
-
-    def _hold_s(self) -> float:
-        """How much longer the waiting queries may gather before their batch is launched: none when the device
-        is idle or a full batch waits; else until shortly before the batch in flight should end."""
-        if not self.fill_while_busy or self._inflight == 0 or len(self._waiting) >= self.max_batch:
-            return 0.0
-        return self._launch_by - time.perf_counter()
+    def _finish(self, items: list[Pending], batch, started: float) -> list[QueryResult]:
+        """A started batch's results (a batch whose forward raises is retried query by query: only the queries that
+        raise fail). queue_wait: arrival at the replica to the launch, plus the forward's wait for the device."""
+        clf, batch = batch
+        if isinstance(batch, list):
+            results = batch
+        else:
+            results = finish_batch(clf, [it.query for it in items], batch, self._engine_error, wait_is_queue=True)
+            if any(r.ok for r in results):
+                self._ok()
+        for it, r in zip(items, results):
+            waited = r.timings_ms.pop("device_wait", 0.0)
+            r.timings_ms["queue_wait"] = round((started - it.arrived) * 1e3 + waited, 4)
+        t = next((r.timings_ms for r in results if r.ok and "forward" in r.timings_ms), None)
+        if t is not None:  # the running mean of this batch size's device time (a forward's time barely varies)
+            b, s = results[0].batch_size or len(results), (t["forward"] + t.get("score", 0.0)) / 1e3
+            self._device_s[b] = s if b not in self._device_s else 0.8 * self._device_s[b] + 0.2 * s
+        return results
 
     def _collect_loop(self) -> None:
         while True:
@@ -237,8 +203,6 @@ class EngineWorker(HealthChecks):
                     answer: list[QueryResult] | BaseException = self._finish([it for it, _, _ in chunk], batch, started)
             except BaseException as e:  # noqa: BLE001 - never leave a caller waiting forever
                 answer = e
-            else:
-                self._learn(answer)
             self._settled()
             for loop in {lp for _, _, lp in chunk}:
                 mine = [(i, fut) for i, (_, fut, lp) in enumerate(chunk) if lp is loop]
@@ -246,38 +210,12 @@ class EngineWorker(HealthChecks):
                     loop.call_soon_threadsafe(self._deliver, mine, answer)
                 except RuntimeError:  # that caller's event loop is gone
                     pass
-            chunk = batch = mine = None  # (as in the launcher: nothing of the last batch outlives it)
-
-    def _learn(self, results: list[QueryResult]) -> None:
-        """Update the running mean of the device time of this batch size (a forward's time barely varies)."""
-        t = next((r.timings_ms for r in results if r.ok and "forward" in r.timings_ms), None)
-        if t is not None:
-            b, s = results[0].batch_size or len(results), (t["forward"] + t.get("score", 0.0)) / 1e3
-            self._device_s[b] = s if b not in self._device_s else 0.8 * self._device_s[b] + 0.2 * s
+            chunk = batch = mine = None  # an idle replica keeps no Classifier alive: after a swap, the replaced one
 
     def _settled(self) -> None:
         with self._lock:
             self._inflight -= 1
             self._work.notify()
-
-    def _take(self) -> list:
-        """The next batch: up to max_batch waiting queries of one Classifier (those queued before a reload
-        form the last batches of the old one)."""
-        chunk = []
-        while self._waiting and len(chunk) < self.max_batch:
-            if chunk and self._waiting[0][0].clf is not chunk[0][0].clf:
-                break
-            item = self._waiting.popleft()
-            if not item[1].done():  # a cancelled request gives up its slot
-                chunk.append(item)
-        return chunk
-
-    def swap(self, clf: Classifier) -> None:
-        """Make `clf` (built beside the active one on the same weights) answer the queries queued from now on;
-        batches launched or queued before finish on the old one, which is dropped once they are answered."""
-        with self._lock:
-            self.clf = clf
-            self._device_s = {b: ms / 1e3 for b, ms in clf.device_ms.items()}
 
     def _deliver(self, mine: list[tuple[int, asyncio.Future]], answer) -> None:
         for i, fut in mine:
@@ -291,28 +229,67 @@ class EngineWorker(HealthChecks):
             # after the answers, whose callbacks are already scheduled
             asyncio.get_running_loop().call_soon(self.observer.after_batch, [answer[i] for i, _ in mine])
 
-    def classify_batch(self, items: list[Pending]) -> list[QueryResult]:
-        """One batch in one forward, started and finished here (tests, probes and callers that batch
-        themselves; served queries take the same two steps on the launcher and collector threads)."""
-        started = time.perf_counter()
-        clf = items[0].clf if items and items[0].clf is not None else self.clf
-        return self._finish(items, self._start([it.query for it in items], clf), started)
+    # -- reloads ------------------------------------------------------------------------------------------------------
 
-    async def run_batch(self, items: list[Pending]) -> list[QueryResult]:
-        """classify_batch on the launcher thread (a job between batches), awaited (tests, and callers that
-        batch themselves)."""
-        return await self._on_device(self.classify_batch, items)
-
-    async def _on_device(self, fn, *args):
+    def reload(self, cfg: QclsConfig) -> Future:
+        """Serve `cfg` on the active configuration's weights: its build (Classifier.in_steps) runs one step at a time
+        between batches (`_build_turn`), then it is swapped in between two batches (queries queued before finish on
+        the old one), and the old one's device memory goes back once nothing holds it (`_release_memory`). A failed
+        build leaves the old configuration serving and its memory is given back; a later reload supersedes a build at
+        its next step. The future: the Classifier serving `cfg` (the active one if it is `cfg` already), or why not."""
         done: Future = Future()
         with self._lock:
-            self._jobs.append((fn, args, done))
+            if self._closed:
+                raise RuntimeError("the replica is shutting down")
+            for build in self._builds:
+                build.superseded = True
+            if cfg == self.clf.cfg:
+                done.set_result(self.clf)
+                return done
+            if not self._builds:
+                self._step_at = time.monotonic() + self.give_s
+            self._builds.append(Build(type(self.clf).in_steps(cfg, loaded=self.clf.loaded), done))
             self._work.notify()
-        return await asyncio.wrap_future(done)
+        return done
+
+    def _build_turn(self) -> None:
+        """The first build's next steps, alone on the device (Build.turn); after its last one, the swap."""
+        build = self._builds[0]
+        with self._device_step("launch"):
+            built, error = build.turn(self.slice_s)
+        with self._lock:
+            self._step_at = time.monotonic() + self.give_s
+            if built is None and error is None:
+                return  # its next steps in a later turn
+            self._builds.popleft()
+            replaced = self.clf
+            if built is not None:
+                self.clf, self._device_s = built, {b: ms / 1e3 for b, ms in built.device_ms.items()}
+        # the replaced configuration's memory goes back once nothing holds it; what a failed build left, at once
+        self._releases.append(Release(weakref.finalize(replaced, self._wake) if built is not None else None))
+        if error is not None:
+            build.done.set_exception(error)
+        else:
+            build.done.set_result(built)
+
+    def _wake(self) -> None:  # a replaced Classifier was dropped
+        with self._lock:
+            self._work.notify()
+
+    def _release_memory(self) -> None:
+        """What the dropped configurations held goes back to the device (empty_cache: a device-wide synchronization);
+        one still held gets its next garbage collection, if due (Release.collect)."""
+        for r in [r for r in self._releases if not r.dropped and time.monotonic() >= r.collect_at]:
+            if not r.collect():
+                self._releases.remove(r)
+        dropped = [r for r in self._releases if r.dropped]
+        self._releases = [r for r in self._releases if r not in dropped]
+        if dropped:
+            with self._device_step("launch"):
+                give_back(dropped, self.clf)
 
     def close(self) -> None:
-        """Stop the device threads once the batches in flight are answered (Serve calls this once the
-        replica drained)."""
+        """Stop the device threads once the batches in flight are answered (Serve calls this once drained)."""
         with self._lock:
             self._closed = True
             self._work.notify_all()

@@ -240,22 +240,24 @@ def test_with_a_key_the_page_is_open_and_its_json_routes_are_not():
 
 
 class Replica:
-    """The parts of a QclsDeployment the playground's routes use: the serving Classifier and its Reloader."""
+    """The parts of a QclsDeployment the playground's routes use: the serving Classifier, its worker and Reloader."""
 
     def __init__(self, clf):
         from qcls.deployments.reload import Reloader
+        from qcls.deployments.worker import EngineWorker
 
-        self.clf, self.replicas = clf, 1
-        self.reloader = Reloader(lambda: self.clf, self._swap, {})
+        self.worker, self.replicas = EngineWorker(clf), 1
+        self.reloader = Reloader(self.worker, {})
         self.reloader.request(None)  # Serve's reconfigure() at start-up: later requests build in a thread
+
+    @property
+    def clf(self):
+        return self.worker.clf
 
     @property
     def cfg(self):  # as deployed with `self.replicas` replicas
         serve = self.clf.cfg.serve.model_copy(update={"num_replicas": self.replicas})
         return self.clf.cfg.model_copy(update={"serve": serve})
-
-    def _swap(self, clf):
-        self.clf = clf
 
     def reload_state(self):
         return self.reloader.state.as_dict()

@@ -33,7 +33,7 @@ def test_each_answered_query_of_a_replica_is_one_row(tmp_path):
     clf.cfg.max_queries_per_request, clf.cache = 16, ResultCache(10)
     replica = QclsDeployment.func_or_class.__mro__[1]  # qcls's class, under Serve's ingress wrapper
     svc = replica.__new__(replica)  # the replica's attributes that classify() reads, without its model
-    svc.clf, svc.worker, svc._gather = clf, EngineWorker(clf), False
+    svc.worker, svc._gather = EngineWorker(clf), False
     svc.metrics = SimpleNamespace(refused_query=lambda why: None, cache_use=lambda *counts: None,
                                   gc=SimpleNamespace(close=lambda: None))
     svc.predictions = PredictionLog(PredictionLogSpec(folder=str(tmp_path / "log")), replica="r",

@@ -1,4 +1,5 @@
-"""EngineWorker without Ray: per-query isolation of engine errors and the health probe's rules."""
+"""EngineWorker without Ray: batches (two in flight, filling while the device is busy), per-query isolation of engine
+errors, the health probe's rules, and a swap that lets the queries queued before it finish on the old configuration."""
 from __future__ import annotations
 
 import asyncio
@@ -25,11 +26,12 @@ class FakeClassifier:
     the device is free, then until `gate` is open (a test holds a batch on the device by closing it), then
     `delay` seconds. Raises for queries in `poison`, or for everything once `dead`. `log` records every start
     and finish in order, `started_at` and `finished` when; `device_wait` is what the batch waited for the
-    one before it, measured."""
+    one before it, measured. A reload builds another one from `cfg.build()`, the test's steps (`in_steps`)."""
 
-    def __init__(self):
+    def __init__(self, cfg=None, loaded=None):
         self.tokenizer = FakeTokenizer()
-        self.cfg = SimpleNamespace(max_query_tokens=8, engine=SimpleNamespace(max_batch_size=4))
+        self.cfg = cfg or fake_cfg()
+        self.loaded = loaded
         self.encoder = QueryEncoder(self.tokenizer, 8)  # as Classifier builds it (no fast backend here)
         self.poison, self.dead, self.calls, self.delay = set(), False, [], 0.0
         self.gate: threading.Event | None = None
@@ -64,6 +66,11 @@ class FakeClassifier:
     def classify(self, queries):
         return self.finish(self.start(queries))
 
+    @classmethod
+    def in_steps(cls, cfg, loaded=None):  # as Classifier.in_steps
+        yield from cfg.build()
+        return cls(cfg, loaded)
+
     def open(self, queries, cache=False):  # as Classifier.open
         return Request.open(queries, self.encoder, getattr(self, "cache", None) if cache else None,
                             getattr(self, "fingerprint", ""))
@@ -72,15 +79,26 @@ class FakeClassifier:
         return ("start", queries) in self.log
 
 
+def fake_cfg(build=lambda: iter(())) -> SimpleNamespace:
+    """A FakeClassifier's configuration; `build()`: the steps of a reload's build to it."""
+    return SimpleNamespace(max_query_tokens=8, engine=SimpleNamespace(max_batch_size=4), build=build)
+
+
 def run(coro):
     return asyncio.run(coro)
+
+
+def answer(w: EngineWorker, queries: list[str]) -> list[QueryResult]:
+    async def served():
+        return await asyncio.gather(*w.submit([Pending(q, 0.0) for q in queries]))
+    return run(served())
 
 
 def test_poisoned_query_fails_alone_and_the_probe_clears_suspicion():
     clf = FakeClassifier()
     clf.poison = {"bad"}
     w = EngineWorker(clf)
-    out = run(w.run_batch([Pending(q, 0.0) for q in ["a", "bad", "c"]]))
+    out = answer(w, ["a", "bad", "c"])
     assert [r.ok for r in out] == [True, False, True]
     assert error_kind(out[1]) == INTERNAL_ERROR and "CUDA error" in out[1].error
     assert clf.calls == [["a", "bad", "c"], ["a"], ["bad"], ["c"]]
@@ -96,14 +114,14 @@ def test_dead_engine_fails_the_probe_and_stays_unhealthy():
     run(w.check())  # no error and not idle: no probe at all
     assert clf.calls == []
     clf.dead = True
-    out = run(w.run_batch([Pending("a", 0.0)]))
+    out = answer(w, ["a"])
     assert not out[0].ok
     with pytest.raises(RuntimeError, match="engine unusable"):
         run(w.check())
     clf.dead = False
     with pytest.raises(RuntimeError, match="engine unusable"):  # a replica that broke is replaced, not trusted
         run(w.check())
-    assert "engine unusable" in run(w.run_batch([Pending("a", 0.0)]))[0].error
+    assert "engine unusable" in answer(w, ["a"])[0].error
 
 
 def test_queries_arriving_during_a_forward_share_the_next_one():
@@ -256,19 +274,21 @@ def test_device_times_are_learnt_from_served_batches():
 def test_a_swap_lets_the_queued_queries_finish_on_the_old_classifier():
     """A reload swaps the active Classifier between two batches: the queries queued before it run on the old one
     (never in a batch with later ones), those queued after on the new one, and none fails."""
-    old, new = FakeClassifier(), FakeClassifier()
+    old = FakeClassifier()
     old.gate = threading.Event()  # the old one's first batch holds the device while the test queues and swaps
     w = EngineWorker(old, depth=1)
 
     async def scenario():
         before = w.submit([Pending(q, time.perf_counter()) for q in "abcdef"])
         await until_async(lambda: old.started(*"abcd"), "the first batch on the device")
-        w.swap(new)
-        after = w.submit([Pending(q, time.perf_counter()) for q in "xy"])
+        w.give_s = 0.0  # the build's one step runs once the batches in flight are answered
+        built = w.reload(fake_cfg(build=lambda: iter(["the one step"])))
         old.gate.set()
-        return await asyncio.gather(*before, *after)
+        await until_async(built.done, "the swap")
+        after = w.submit([Pending(q, time.perf_counter()) for q in "xy"])
+        return built.result(), await asyncio.gather(*before, *after)
 
-    out = run(scenario())
+    new, out = run(scenario())
     assert [r.query for r in out] == list("abcdefxy") and all(r.ok for r in out)
     assert [q for kind, q in old.log if kind == "start"] == [tuple("abcd"), tuple("ef")]
     assert [q for kind, q in new.log if kind == "start"] == [tuple("xy")]
