@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from qcls.check.served import T4_BW, T4_BW_EFF, t4_projection  # noqa: F401 - the T4 model (docs/design.md §8)
-from qcls.eval.timing import commit  # the commit measured: git, or QCLS_BENCH_COMMIT on a copy without .git
+from qcls.sweep.timing import commit  # the commit measured: git, or QCLS_BENCH_COMMIT on a copy without .git
 
 # QCLS_BENCH_RESULTS: another file to append to (the smoke tests write there, never into the log)
 RESULTS = Path(os.environ.get("QCLS_BENCH_RESULTS") or Path(__file__).resolve().parent / "RESULTS.md")

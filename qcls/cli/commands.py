@@ -40,7 +40,7 @@ collisions) prints one `qcls: error:` paragraph with the way out and exits 2; `q
 QCLS_DEBUG=1) adds the traceback. `qcls check` shows label token costs and every backend's memory fit."""
 
 # commands that parse their own command line (sweep is a Hydra app)
-ROUTED = {"sweep": "qcls.eval.sweep", "calibrate": "qcls.fitting.calibrate", "label-next": "qcls.cli.label_next",
+ROUTED = {"sweep": "qcls.sweep.sweep", "calibrate": "qcls.fitting.calibrate", "label-next": "qcls.cli.label_next",
           "audit": "qcls.fitting.audit"}
 ROUTED_HELP = {"label-next": "the queries of a log or file most worth labelling next for a head, as a CSV to fill in",
                "audit": "the labels of a labelled file that a held-out head finds unlikely, most doubtful first"}
@@ -229,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
 def version_text() -> str:
     """The installed version, and the commit when qcls runs from a git checkout."""
     from qcls import __version__
-    from qcls.eval.timing import commit
+    from qcls.sweep.timing import commit
     sha = commit()
     return f"qcls {__version__}" + (f" (commit {sha})" if sha != "unknown" else "")
 

@@ -61,7 +61,7 @@ eval.fit_method) and reports accuracy / macro-F1 / NLL / ECE / Brier with and wi
 
 Launchers: the default (basic) launcher runs jobs one after another in this process, which allows the
 model reuse. hydra/launcher=joblib (pip install 'qcls[sweep]') runs jobs in parallel processes (CPU).
-Several GPUs: python -m qcls.eval.sweep_gpus --devices 0,1,2,3 -- -m … splits the jobs, runs one
+Several GPUs: python -m qcls.sweep.sweep_gpus --devices 0,1,2,3 -- -m … splits the jobs, runs one
 sweep per GPU (CUDA_VISIBLE_DEVICES=i) and merges them (`qcls sweep --report DIR1 DIR2 --out D`).
 Details: docs/evaluation.md. Hydra's own options: qcls sweep --hydra-help."""
 
@@ -71,7 +71,7 @@ def _task(cfg) -> dict:
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
-    from qcls.eval import job
+    from qcls.sweep import job
     hc = HydraConfig.get()
     info = {"num": OmegaConf.select(hc, "job.num", default=0),
             "id": OmegaConf.select(hc, "job.id", default=None), "pid": os.getpid()}
@@ -84,8 +84,8 @@ def report_main(argv: list[str]) -> int:
     ap.add_argument("--report", nargs="+", required=True, metavar="DIR", help="sweep folder(s) to read")
     ap.add_argument("--out", metavar="DIR", help="where to write the report (default: the first DIR)")
     args = ap.parse_args(argv)
-    from qcls.eval.callback import write_report
-    from qcls.eval.report import build
+    from qcls.sweep.callback import write_report
+    from qcls.sweep.report import build
     if len(args.report) == 1 and args.out is None:
         write_report(Path(args.report[0]))
     else:
