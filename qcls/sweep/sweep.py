@@ -10,7 +10,9 @@ import os
 import sys
 from pathlib import Path
 
-HELP = """usage: qcls sweep [-m] [OVERRIDE ...]
+from qcls.errors import ConfigError
+
+HELP = """usage: qcls sweep [-m] [--out DIR] [OVERRIDE ...]
        qcls sweep --report DIR [DIR ...] [--out DIR]
 
 Score qcls configurations on a gold-labelled query set: one Hydra job per configuration, one report.
@@ -38,7 +40,7 @@ means no gold label for that prompt; refusals name the row (docs/evaluation.md).
   eval.batch1_queries=N   queries also timed alone (batch 1); eval.agreement_with_exact=false skips the
                      extra exact pass that trie / first_token jobs need for winner agreement
 
-Each job (in its Hydra folder: multirun/DATE/TIME/N/) builds the Classifier, reusing the model already
+Each job (in its Hydra folder: multirun/DATE/TIME/N/, or DIR/N/ with --out DIR) builds the Classifier, reusing the model already
 loaded by an earlier job of the same process when only scoring / prompts / engine / calibration differ,
 classifies the set in batches of engine.max_batch_size, times batch1_queries queries alone, and writes
 result.json (per prompt accuracy, macro-F1, confusion matrix, NLL, Brier, ECE over 15 bins; their means;
@@ -93,6 +95,25 @@ def report_main(argv: list[str]) -> int:
         print(f"[qcls] report of {out['jobs']} jobs ({out['failed']} failed): {out['dir'] / 'summary.md'}",
               file=sys.stderr)
     return 0
+
+
+def with_out(argv: list[str]) -> list[str]:
+    """`--out DIR`, as every command that writes files takes it: the sweep's folder (hydra.run.dir and
+    hydra.sweep.dir)."""
+    rest, out, it = [], None, iter(argv)
+    for a in it:
+        if a == "--out" or a.startswith("--out="):
+            out = a.partition("=")[2] or next(it, "")
+            if not out:
+                raise ConfigError("--out needs a folder", "give --out DIR")
+        else:
+            rest.append(a)
+    if out is None:
+        return argv
+    if any(a.split("=", 1)[0].lstrip("+~") in ("hydra.run.dir", "hydra.sweep.dir") for a in rest):
+        raise ConfigError(f"--out {out} and hydra.run.dir / hydra.sweep.dir both name the sweep's folder",
+                          "give one of them")
+    return [*rest, f"hydra.run.dir={out}", f"hydra.sweep.dir={out}"]
 
 
 def preflight(argv: list[str], files: bool = True) -> None:
@@ -152,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     import hydra
 
     from qcls.config.compose import conf_dir
+    argv = with_out(argv)
     preflight(argv)  # a bad override or value is one ConfigError (exit 2 in the CLI) before any job runs
     app = hydra.main(config_path=str(conf_dir()), config_name="sweep", version_base="1.3")(_task)
     saved = sys.argv
