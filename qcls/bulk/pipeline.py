@@ -5,9 +5,8 @@ are read, full batches of engine.max_batch_size are queued with two in flight (`
 batch's forward behind the running one), and a finished batch is collected only once the device is done with
 it (`Classifier.done`). `process_chunk` runs one chunk of rows through it slice by slice: between slices it
 feeds the device, and it builds the records of the slices whose queries are answered while the device works on
-later ones. So the device waits for the host only at a chunk's end (its last, partial batch), where before it
-waited while a whole chunk was read and while all of its records were built (with them in turn, the file command ran at
-0.84 × the engine's rate).
+later ones. So the device waits for the host only at a chunk's end (its last, partial batch), not while a whole
+chunk is read nor while its records are built.
 
 A chunk's batches are the ones a one-shot run over its distinct new queries would make (full batches in order
 of first appearance, the remainder last), whatever the slicing: a resumed run puts the same queries in the
