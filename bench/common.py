@@ -1,4 +1,4 @@
-"""Shared benchmark helpers: random-weight models and checkpoints of real shapes, random head files, timing,
+"""Shared benchmark helpers: random-weight models and checkpoints of real shapes, timing,
 kernel profiles, score comparisons, the T4 projection, RESULTS.md records."""
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import os
 import re
 import statistics
 import subprocess
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -19,7 +18,7 @@ import numpy as np
 import torch
 
 from qcls.check.served import T4_BW, T4_BW_EFF, t4_projection  # noqa: F401 - the T4 model (docs/design.md §8)
-from qcls.eval.timing import commit  # the commit measured: git, or QCLS_BENCH_COMMIT on a copy without .git
+from qcls.sweep.timing import commit  # the commit measured: git, or QCLS_BENCH_COMMIT on a copy without .git
 
 # QCLS_BENCH_RESULTS: another file to append to (the smoke tests write there, never into the log)
 RESULTS = Path(os.environ.get("QCLS_BENCH_RESULTS") or Path(__file__).resolve().parent / "RESULTS.md")
@@ -109,29 +108,6 @@ def checkpoint_overrides(shape: str) -> list[str]:
     """Hydra overrides that load random_checkpoint(shape) (the family's config for everything but the weights)."""
     return [f"model={family(shape)}", "model.source=local", f"model.path={random_checkpoint(shape)}",
             f"model.name=random_{shape}", "model.head=null"]
-
-
-def random_head_file(model, cfg, read, with_scores: bool, seed: int, scale: float, bias_sd: float = 1.0,
-                     scores_sd: float = 0.3) -> Path:
-    """A learned-head file with N(0, scale) weights on the hidden state that fits `model` and `cfg`'s prompts."""
-    from qcls.heads import weights_fingerprint as fp
-    from qcls.heads.files import template_sha256
-    from qcls.heads.head import Head, PromptHead
-    hidden = fp.hidden_size(model.config)
-    rng = np.random.default_rng(seed)
-    prompts = {p.name: PromptHead(list(p.labels), rng.normal(0, bias_sd, len(p.labels)),
-                                  rng.normal(0, scores_sd, (len(p.labels),) * 2) if with_scores else None,
-                                  rng.normal(0, scale, (len(p.labels), hidden * len(read.taps))), read,
-                                  {"template_sha256": template_sha256(p.template, p.label_prefix)})
-               for p in cfg.prompts}
-    cut = getattr(model, "qcls_truncation", None)  # a model built with its first layers: the whole one's config
-    whole = model.config if cut is None else cut.source_config
-    meta = {"model": cfg.model.name, "hidden_size": hidden, "num_layers": fp.num_layers(whole),
-            "fingerprint": {"config": fp.config_fingerprint(whole), "weights": fp.weights_fingerprint(model)},
-            "strategy": cfg.strategy, "fitted_on": "random values (bench)"}
-    path = Path(tempfile.mkdtemp(prefix="qcls_bench_")) / f"head_{read.kind}_{read.layer}.yaml"
-    Head(prompts, "head", meta).save(path)
-    return path
 
 
 def scores(results) -> list[list[list[float]]]:

@@ -145,19 +145,7 @@ mode_backends() {  # bench/backends.py: memory, start-up, latency, scores per ba
     step "$(size 60 420)" backends python -m bench.backends ${QUICK:+fp16 bnb-nf4 --shape qwen3_4b --iters 10}
 }
 
-mode_prefix() {  # bench/prefix.py: what a long prompt costs
-    step "$(size 60 240)" prefix python -m bench.prefix ${QUICK:+--iters 30}
-}
-
-mode_exit() {  # bench/layer_exit.py: the forward at each depth a head can stop it (under `all`: Qwen3-4B)
-    step "$(size 120 300)" exit python bench/layer_exit.py --models qwen3_4b $(size "" gemma3_4b) --iters "$(size 20 50)"
-}
-
-mode_fidelity() {  # bench/fidelity.py: fp16 against fp32, per strategy and with a learned head
-    step "$(size 120 480)" fidelity python bench/fidelity.py --model qwen3_4b ${QUICK:+--queries 4 --head-queries 2}
-}
-
-ALL="tests latency exit host serving bulk prefix fidelity backends replicas ops"
+ALL="tests latency host serving bulk backends replicas ops"
 modes=("$@")
 [ ${#modes[@]} -eq 0 ] && [ ${#lanes[@]} -eq 0 ] && modes=(all)
 for arg in "${modes[@]}"; do

@@ -108,7 +108,7 @@ def tables(sizes, acc, seeds, until) -> tuple[str, dict]:
 
 
 def plot(sizes, acc, until, path: Path) -> None:
-    from qcls.eval.plots import _pyplot, saved
+    from qcls.sweep.plots import _pyplot, saved
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(acc["random"]), figsize=(5 * len(acc["random"]), 4), squeeze=False)
     for ax, p in zip(axes[0], acc["random"]):

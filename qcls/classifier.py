@@ -25,7 +25,7 @@ from qcls.results import QueryResult
 from qcls.results.answer_fingerprint import answer_fingerprint
 from qcls.results.building import ResultBuilder, check_finite, fill_batch
 from qcls.results.cache import ResultCache
-from qcls.results.requests import Request, refused
+from qcls.results.requests import Request, finish_batch, refused, start_batch
 from qcls.scoring.reference import ReferenceEngine
 from qcls.scoring.strategies import get_strategy
 from qcls.scoring.tokenization import QueryEncoder, encode_query, tokenized
@@ -37,7 +37,6 @@ WARMUP_QUERY = "warm up query"
 class Batch:
     """A started batch (Classifier.start): the results to fill, the tokenized good queries (index into
     results, ids, tokenize ms) and the engine's handle on its queued forward."""
-
     results: list[QueryResult]
     good: list[tuple[int, list[int], float]]
     launched: Any
@@ -78,9 +77,7 @@ class Classifier:
         step_note(self.heads.line())  # per prompt: a head or the LLM's own label scores
         loaded = self._settle_depth(loaded, backend, given)
         step_note(self.depth.line())
-        self.heads_meta = self.heads.meta()
-        self._layers_meta = self.depth.as_dict()
-        self.loaded = loaded
+        self.heads_meta, self._layers_meta, self.loaded = self.heads.meta(), self.depth.as_dict(), loaded
         # names the configuration in every result; keys the result cache (classify(cache=True), the server)
         self.fingerprint = answer_fingerprint(cfg, self.head_path)
         self.cache = ResultCache(cfg.engine.result_cache_entries)
@@ -204,9 +201,8 @@ class Classifier:
         if self.cfg.engine.kind == "reference":
             self.engine.run([ids])
             return
-        # On the CPU there are no graphs to capture and every bucket runs the same eager kernels: the request
-        # path below pages the weights in; a pass per bucket would cost seconds each and make a demo's first
-        # command minutes longer.
+        # On the CPU no graph is captured and every bucket runs the same eager kernels: the request path below pages
+        # the weights in; a pass per bucket would cost seconds each and make a demo's first command minutes longer.
         keys = sorted(self.engine.buckets) if self.engine.device.type == "cuda" else []
         for b, total in keys:
             lengths = [total // b + (i < total % b) for i in range(b)]  # b queries with `total` tokens
@@ -244,15 +240,13 @@ class Classifier:
         return meta
 
     def classify(self, queries: list[str], cache: bool = False) -> list[QueryResult]:
-        """Classify queries under every prompt; a bad query gets an error result and the rest proceed. With
-        cache=True a query this Classifier has answered before is answered from `self.cache` (no forward; its
+        """Classify queries under every prompt; a bad query gets an error result and the rest proceed, and a batch
+        whose forward raises is retried query by query, as a server and `qcls bulk` retry it (results/requests.py).
+        With cache=True a query this Classifier has answered before is answered from `self.cache` (no forward; its
         meta["cache"] says "hit") and the new answers are kept there (engine.result_cache_entries of them)."""
-        req = self.open(queries, cache)
-        results, good = self._tokenize(req.todo)
-        step_ = self.cfg.engine.max_batch_size
-        for c in range(0, len(good), step_):
-            self.finish(self._launch(results, good[c:c + step_]))
-        return req.close(results)
+        req, n = self.open(queries, cache), self.cfg.engine.max_batch_size
+        chunks = [req.todo[c:c + n] for c in range(0, len(req.todo), n)]
+        return req.close([r for chunk in chunks for r in finish_batch(self, chunk, start_batch(self, chunk))])
 
     def open(self, queries: list, cache: bool = False) -> Request:
         """The request path's first step (results/requests.py), for `classify` and a server alike: the queries
@@ -295,21 +289,19 @@ class Classifier:
         return fill_batch(batch.results, batch.good, built, stages, post, meta, wait if wait_is_queue else None)
 
     def _tokenize(self, queries: list[str]) -> tuple[list[QueryResult], list[tuple[int, list[int], float]]]:
-        results = [QueryResult(query=q) for q in queries]
-        good: list[tuple[int, list[int], float]] = []
+        results, good = [QueryResult(query=q) for q in queries], []
         for i, q in enumerate(queries):
             t0 = time.perf_counter()
             ids, why = tokenized(self.encoder, q)
             if why is not None:
                 results[i] = refused(q, why)
-                continue
-            results[i].query_tokens = len(ids)
-            good.append((i, ids, (time.perf_counter() - t0) * 1e3))
+            else:
+                results[i].query_tokens = len(ids)
+                good.append((i, ids, (time.perf_counter() - t0) * 1e3))
         return results, good
 
     def _launch(self, results: list[QueryResult], good: list[tuple[int, list[int], float]]) -> Batch:
-        launched = self.engine.launch([ids for _, ids, _ in good]) if good else None
-        return Batch(results, good, launched)
+        return Batch(results, good, self.engine.launch([ids for _, ids, _ in good]) if good else None)
 
     def read_states(self, queries: list[str]) -> tuple[list[QueryResult], list["torch.Tensor | None"]]:
         """Results and, per query, the hidden states of every tap [taps, prompts, H] (None for a refused
@@ -320,10 +312,9 @@ class Classifier:
         states: list[torch.Tensor | None] = [None] * len(queries)
         n_p, step_ = len(self.layouts), self.cfg.engine.max_batch_size
         for c in range(0, len(good), step_):
-            chunk = good[c:c + step_]
-            batch = self._launch(results, chunk)
+            batch = self._launch(results, good[c:c + step_])
             self.finish(batch)  # one batch at a time: its taps are still in the buffer
             st = self.engine.states(batch.launched)
-            for k, (i, _, _) in enumerate(chunk):
+            for k, (i, _, _) in enumerate(batch.good):
                 states[i] = st[:, k * n_p:(k + 1) * n_p]
         return results, states

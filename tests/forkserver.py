@@ -23,7 +23,7 @@ from pathlib import Path
 WARM = ("torch", "numpy", "transformers", "transformers.models.gemma3.modeling_gemma3",
         "transformers.models.llama.modeling_llama", "transformers.models.qwen3.modeling_qwen3", "qcls.cli.commands",
         "qcls.classifier", "qcls.config.compose", "qcls.backends", "qcls.engine", "qcls.fitting.calibrate",
-        "qcls.eval.sweep")  # never bench.common: it reads QCLS_BENCH_RESULTS when imported
+        "qcls.sweep.sweep")  # never bench.common: it reads QCLS_BENCH_RESULTS when imported
 
 CLIENT = """#!{python}
 import json, os, socket, struct, sys

@@ -13,7 +13,7 @@ import yaml
 from qcls.classifier import Classifier
 from qcls.cli import main
 from qcls.config.compose import compose
-from qcls.eval import models
+from qcls.sweep import models
 from tests.conftest import prompt
 
 KINDS = {"dress": ["dress", "sundress", "gown"], "jeans": ["jeans", "denim pants", "slim jeans"],

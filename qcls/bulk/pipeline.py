@@ -5,9 +5,8 @@ are read, full batches of engine.max_batch_size are queued with two in flight (`
 batch's forward behind the running one), and a finished batch is collected only once the device is done with
 it (`Classifier.done`). `process_chunk` runs one chunk of rows through it slice by slice: between slices it
 feeds the device, and it builds the records of the slices whose queries are answered while the device works on
-later ones. So the device waits for the host only at a chunk's end (its last, partial batch), where before it
-waited while a whole chunk was read and while all of its records were built (with them in turn, the file command ran at
-0.84 × the engine's rate).
+later ones. So the device waits for the host only at a chunk's end (its last, partial batch), not while a whole
+chunk is read nor while its records are built.
 
 A chunk's batches are the ones a one-shot run over its distinct new queries would make (full batches in order
 of first appearance, the remainder last), whatever the slicing: a resumed run puts the same queries in the
@@ -26,7 +25,7 @@ from qcls.bulk.outputs import Columns, Result
 from qcls.bulk.progress import Tally
 from qcls.bulk.readers import Row
 from qcls.results import QueryResult
-from qcls.results.requests import finish_batch, start_batch
+from qcls.results.requests import error_kind, finish_batch, start_batch
 
 log = logging.getLogger("qcls.bulk")
 
@@ -34,21 +33,6 @@ log = logging.getLogger("qcls.bulk")
 # its records) stays well under one batch's device time (≈ 8 ms at batch 4 on an H100); 256 rows take a few ms
 # on a slow 2-core machine
 SLICE_ROWS = 256
-
-ERROR_KINDS = ("empty", "too_long", "undecodable", "missing", "not_text", "malformed", "internal")
-
-
-_PREFIXES = (("empty query", "empty"), ("undecodable bytes", "undecodable"), ("malformed:", "malformed"),
-             ("missing:", "missing"), ("not text:", "not_text"), ("internal error", "internal"))
-
-
-def error_kind(error: str) -> str:
-    """The kind of a row's error, from its text (the readers' and the Classifier's messages; a resumed run
-    counts the errors of its part files this way)."""
-    for prefix, kind in _PREFIXES:
-        if error.startswith(prefix):
-            return kind
-    return "too_long" if "over max_query_tokens" in error else "other"
 
 
 class Feed:
@@ -65,9 +49,14 @@ class Feed:
         self.flushing = False  # the queries added so far may go in a partial last batch
 
     def add(self, queries: list[str]) -> int:
-        """Queue queries; returns the mark `answered` reaches once all of them are answered."""
-        self.todo.extend(queries)
+        """Queue queries; returns the mark `answered` reaches once all of them are answered. They take the request
+        path's first step as every caller's do (`Classifier.open`): a refused query is answered here, with no
+        batch slot. (No result cache there: `process_chunk` hands over only queries its own map has not answered.)"""
+        req = self.clf.open(queries)
+        self.results.update((q, r) for q, r in zip(req.queries, req.results) if r is not None)
+        self.todo.extend(req.todo)
         self.added += len(queries)
+        self.answered += len(queries) - len(req.todo)
         self.flushing = False
         self.pump()
         return self.added

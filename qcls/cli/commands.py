@@ -24,7 +24,7 @@ EPILOG = """examples:
   qcls classify --json "hoodie for boys" scoring=exact
   qcls classify model=qwen3_4b model.source=local model.path=/models/Qwen3-4B "slim jeans"
   echo "summer dress" | qcls repl
-  qcls bulk queries.csv predictions.parquet prompts=ecommerce8 --all-labels   # a file in, a file out
+  qcls bulk queries.csv --out predictions.parquet prompts=ecommerce8 --all-labels   # a file in, a file out
   qcls serve model=qwen3_4b serve.num_gpus=1
   qcls reload model=qwen3_4b serve.num_gpus=1 prompts=ecommerce8_fewshot   # the running app, no restart
   qcls check model=qwen3_8b model.source=local model.path=/models/Qwen3-8B gpu=t4   # no weights, no GPU
@@ -40,7 +40,7 @@ collisions) prints one `qcls: error:` paragraph with the way out and exits 2; `q
 QCLS_DEBUG=1) adds the traceback. `qcls check` shows label token costs and every backend's memory fit."""
 
 # commands that parse their own command line (sweep is a Hydra app)
-ROUTED = {"sweep": "qcls.eval.sweep", "calibrate": "qcls.fitting.calibrate", "label-next": "qcls.cli.label_next",
+ROUTED = {"sweep": "qcls.sweep.sweep", "calibrate": "qcls.fitting.calibrate", "label-next": "qcls.cli.label_next",
           "audit": "qcls.fitting.audit"}
 ROUTED_HELP = {"label-next": "the queries of a log or file most worth labelling next for a head, as a CSV to fill in",
                "audit": "the labels of a labelled file that a held-out head finds unlikely, most doubtful first"}
@@ -136,10 +136,12 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_bulk(args: argparse.Namespace) -> int:
     stray, overrides = split_args(args.items, args.literal)
-    if len(stray) != 2:
-        raise ValueError(f"qcls bulk takes INPUT OUTPUT and overrides (key=value), got {stray}")
+    if len(stray) + (args.out is not None) != 2 or not stray:
+        raise ValueError(f"qcls bulk takes INPUT, then OUTPUT or --out OUTPUT (not both), and overrides (key=value); "
+                         f"got {stray}" + (f" and --out {args.out}" if args.out is not None else ""))
     from qcls.bulk.options import BulkOptions
-    opts = BulkOptions(stray[0], stray[1], overrides, column=args.column, all_labels=args.all_labels,
+    output = args.out if args.out is not None else stray[1]
+    opts = BulkOptions(stray[0], output, overrides, column=args.column, all_labels=args.all_labels,
                        quiet=args.quiet, ray=args.ray, actors=args.actors, address=args.address,
                        shuffle=False if args.no_shuffle else None,
                        **{k: v for k, v in (("batch_size", args.batch_size), ("chunk_rows", args.chunk_rows),
@@ -206,6 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Classify every row of INPUT (.txt one query a line, .csv/.tsv with a query "
                        "column, .jsonl, .parquet) into OUTPUT (.jsonl, .csv, .tsv or .parquet): each distinct query "
                        "once, bad rows as error rows, resumable after a kill (same command again).")
+    b.add_argument("--out", metavar="OUTPUT", help="the output file (or give it after INPUT)")
     b.add_argument("--column", help="the query column or key (default: query)")
     b.add_argument("--all-labels", action="store_true", help="every label's probability, not only the winner's")
     b.add_argument("--quiet", action="store_true", help="no progress line and no summary on stderr")
@@ -219,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--address", metavar="A", help="an existing Ray cluster (implies --ray), e.g. auto")
     b.add_argument("--no-shuffle", action="store_true", help="with several actors, stream the rows to them in "
                    "input order instead of sending each distinct query to one actor (each then dedupes only its own)")
-    b.add_argument("items", nargs="*", metavar="INPUT OUTPUT|OVERRIDE")
+    b.add_argument("items", nargs="*", metavar="INPUT [OUTPUT]|OVERRIDE")
     b.set_defaults(fn=cmd_bulk)
     for name in ROUTED:
         sub.add_parser(name, help=ROUTED_HELP.get(name, f"see qcls {name} --help"), add_help=False)
@@ -229,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
 def version_text() -> str:
     """The installed version, and the commit when qcls runs from a git checkout."""
     from qcls import __version__
-    from qcls.eval.timing import commit
+    from qcls.sweep.timing import commit
     sha = commit()
     return f"qcls {__version__}" + (f" (commit {sha})" if sha != "unknown" else "")
 

@@ -1,5 +1,5 @@
 """`qcls label-next`: the queries of a pool most worth labelling next for the head being improved, written as a
-labelled-set CSV to fill in (the rule: qcls/fitting/label_next.py; the pool: qcls/predictions/pool.py)."""
+labelled-set CSV to fill in (the rule: qcls/fitting/label_next.py; the pool: qcls/bulk/pool.py)."""
 from __future__ import annotations
 
 import argparse
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace, overrides: list[str], pool_arg: str) -> dict[s
     from qcls.config.compose import compose
     from qcls.eval.dataset import load_eval_set
     from qcls.fitting.label_next import Candidates, choose
-    from qcls.predictions.pool import normalised, read_pool
+    from qcls.bulk.pool import normalised, read_pool
 
     cfg = compose(overrides)
     out = check_options(args, cfg)

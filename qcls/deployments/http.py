@@ -29,7 +29,7 @@ from qcls.deployments.playground import add_playground
 from qcls.deployments.schemas import (ClassifyRequest, ClassifyResponse, CompactClassifyResponse, ErrorResponse,
                                       HealthResponse, PromptInfo, PromptsResponse, QueryOut, ReloadInfo,
                                       is_json_error, validation_messages)
-from qcls.results.requests import QUERY_ERROR, error_kind
+from qcls.results.requests import INTERNAL_ERROR, error_kind
 from qcls.results import QueryResult
 
 if TYPE_CHECKING:
@@ -93,7 +93,7 @@ def check_results(results: list[QueryResult], broken: str | None) -> None:
     detail = errors[0] if len(errors) == 1 else "no query could be classified: " + "; ".join(
         f"queries[{i}]: {e}" for i, e in enumerate(errors))
     outs = [QueryOut.of(r) for r in results]
-    if all(k == QUERY_ERROR for k in kinds):
+    if INTERNAL_ERROR not in kinds:  # every error is the query's own
         raise ApiError(422, detail, errors, outs)
     raise ApiError(503 if broken else 500, detail, errors, outs)
 

@@ -36,8 +36,6 @@ triton = K.triton
 # The T4 envelope: no FlashAttention, no cuDNN attention (sm_80+ only).
 T4_SDPA = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 TILE = K.TILE  # tokens per row-kernel program (tile entries are written by layout.Packer)
-TILES = K.TILES
-TILE_FIELDS = 5  # token start, token count, row start, row length, prompt
 LOG2E = 1.4426950408889634
 
 
@@ -153,7 +151,7 @@ class TreeAttention:
                 G=g, GP=gp, D=d, BQ=t.bq, BN=t.bn, QB=t.qb, WINDOW=window > 0, UNMASKED=t.unmasked, **fused,
                 num_warps=t.warps, num_stages=t.stages)
         hs = head_split(t, g)  # the row kernel's programs per KV head and tile
-        R.row_kernel[(ds["tiles"].shape[0] // TILE_FIELDS, nkv * hs)](
+        R.row_kernel[(ds["tiles"].shape[0] // K.TILE_FIELDS, nkv * hs)](
             q, k, v, self.out, ds["seq"], ds["anc"], ds["tslot"], ds["pos"], ds["tiles"], plan.runs,
             plan.inline_runs, plan.n_splits, self.part, self.ml, qr, kr, vr, cos, sin, qw, kw, self.pool_len,
             plan.runs.stride(0), q.stride(0), q.stride(1), self.out.stride(0), k.stride(0), split_stride, qr_s0,

@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from qcls.engine.attention import TILE_FIELDS, TILES
 from qcls.config import PromptSpec
 from qcls.engine.prefix_cache import PrefixPlan
+from qcls.engine.tree_kernels import TILE_FIELDS, TILES
 from qcls.errors import LabelSetError
 from qcls.scoring.strategies import ScorePlan, unscored
 from qcls.scoring.tokenization import PromptTokens, check_first_tokens, encode_prompt

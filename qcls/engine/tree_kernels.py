@@ -43,6 +43,7 @@ WORK_FIELDS = 7  # first slot, keys, position of the first key, split index, pro
 RUN_FIELDS = 3  # a prefix run of contiguous pool slots: first slot, keys, position of the first key
 TILE = 16  # row kernel: tokens per program (tile entries are written by layout.Packer)
 TILES = (TILE, 2 * TILE)  # the tile sizes a bucket's plan may pick (tree_plan.Tuning.row_tile, wide_tile)
+TILE_FIELDS = 5  # a tile entry (layout.Packer writes them): token start, token count, row start, row length, prompt
 
 
 if triton is not None:

@@ -29,15 +29,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
 
 import torch
 
+from qcls.engine.layout import Packer
 from qcls.engine.prefix_cache import PrefixPlan
 from qcls.engine.tree_kernels import RUN_FIELDS, TILE, WORK_FIELDS
-
-if TYPE_CHECKING:  # layout imports the attention, which imports this plan
-    from qcls.engine.layout import Packer
 
 
 @dataclass(frozen=True)
@@ -251,7 +248,7 @@ def inline_reads(prefix_len: list[int], prompt_tokens: list[int], b: int, tile: 
     return max([n * max(b, -(-t // tile)) for n, t in zip(prefix_len, prompt_tokens)] + [0])
 
 
-def plan_tree(packer: "Packer", b: int, query_tokens: int, group: int, tuning: Tuning, kv_heads: int = 0) -> TreePlan:
+def plan_tree(packer: Packer, b: int, query_tokens: int, group: int, tuning: Tuning, kv_heads: int = 0) -> TreePlan:
     """The plan of the bucket of b queries with `query_tokens` query tokens in all, for a model whose
     `kv_heads` KV heads each serve `group` query heads (kv_heads 0: no bucket counts as crowded)."""
     order, prefix_len = packer.order, packer.prefix_len

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from qcls.config.compose import ConfigError, validate
 from qcls.config import QclsConfig
 from qcls.eval.dataset import DatasetError
+from qcls.heads.files import FIT_METHODS
 
 
 class HeadSpec(BaseModel):
@@ -38,7 +39,7 @@ class EvalSpec(BaseModel):
     limit: int | None = Field(default=None, ge=1)  # at most this many queries of each split (eval and fit_on)
     # a second split to fit calibration on inside the job (the "with calibration" columns); null = none
     fit_on: str | None = None
-    fit_method: str = "temperature_bias"  # temperature_bias | temperature | bias | head (qcls/fitting/calibration.py, heads.py)
+    fit_method: str = "temperature_bias"  # temperature_bias | temperature | bias | head (qcls/heads/files.py)
     head: HeadSpec = HeadSpec()  # with fit_method=head
     batch1_queries: int = Field(default=32, ge=0)  # queries also timed alone (batch 1)
     # winner agreement with scoring=exact; trie / first_token jobs need an extra exact pass for it
@@ -68,7 +69,6 @@ def split_config(cfg: DictConfig | dict[str, Any]) -> tuple[EvalSpec, QclsConfig
     except ValidationError as e:
         lines = [f"  eval.{'.'.join(str(p) for p in err['loc']) or ''}: {err['msg']}" for err in e.errors()]
         raise ConfigError("invalid eval config:\n" + "\n".join(lines)) from None
-    from qcls.fitting.calibration import FIT_METHODS
     if spec.fit_method not in (*FIT_METHODS, "head"):
         raise ConfigError(f"eval.fit_method={spec.fit_method!r}: use one of {[*FIT_METHODS, 'head']}")
     return spec, validate(data)

@@ -42,7 +42,7 @@ prompts and scoring strategy it was fitted under; a head for the model's weights
 sets (refused at start-up otherwise). The metrics printed are on the split it was fitted on (optimistic;
 a head's CV accuracy is held out within the split); `qcls sweep -m ... eval=test` reports held-out numbers.
 Beside them: the majority class and a character n-gram TF-IDF + logistic regression per prompt, cross-validated
-on the split with the head's folds (qcls/eval/baseline.py).
+on the split with the head's folds (qcls/fitting/baseline.py).
 Thresholds (--target-precision, --target-coverage): per prompt the least probability the winner needs, else
 the prompt abstains (no label, or --fallback); chosen on the split's out-of-fold head probabilities (a
 calibration's in-sample ones) as the lowest threshold whose answered queries reach the target precision
@@ -118,7 +118,7 @@ def default_out(cfg, method: str) -> Path:
 def run(args: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
     from qcls.classifier import Classifier
     from qcls.config.compose import compose
-    from qcls.eval import baseline, calibrated_metrics
+    from qcls.fitting import baseline, calibrated_metrics
     from qcls.fitting.calibration import contextual
     from qcls.eval.dataset import load_eval_set
     from qcls.eval.scores import by_prompt, classify_set
@@ -167,7 +167,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
 
 
 def fit_head(args: argparse.Namespace, cfg, data, out: Path, targets=None) -> dict[str, Any]:
-    from qcls.eval import calibrated_metrics
+    from qcls.fitting import calibrated_metrics
     from qcls.fitting import head_fitting
     from qcls.eval.scores import PromptScores
     from qcls.heads import files
@@ -240,7 +240,7 @@ def format_table(res: dict[str, Any]) -> str:
 
 
 def _baseline_lines(res: dict[str, Any], llm: dict[str, float] | None = None, name: str = "") -> list[str]:
-    from qcls.eval import baseline
+    from qcls.fitting import baseline
     return baseline.table(res["baseline"], llm, name) if res.get("baseline") else []
 
 

@@ -12,10 +12,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from qcls.heads.files import now
+from qcls.heads.files import FIT_METHODS, now
 from qcls.heads.head import Head, PromptHead
-
-FIT_METHODS = ("temperature_bias", "temperature", "bias")
 
 # ---- fitting on dev scores ---------------------------------------------------------------------------
 def _nll(s: torch.Tensor, y: torch.Tensor, log_t: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

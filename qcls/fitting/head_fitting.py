@@ -142,7 +142,8 @@ def sweep_block(spec, cfg, loaded, per: dict, fit_data: EvalSet, data: EvalSet, 
     head.yaml + head.safetensors in the job folder, scored on `data` against the raw scores (`per`), with the
     learning curve. Returns (the result's `calibration` block, per prompt head probabilities)."""
     from qcls.classifier import Classifier
-    from qcls.eval import calibrated_metrics, metrics
+    from qcls.fitting import calibrated_metrics
+    from qcls.eval import metrics
     from qcls.heads import files
     hs = spec.head
     n_layers = fp.num_layers(loaded.model.config)

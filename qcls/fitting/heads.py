@@ -81,7 +81,7 @@ class Fitted:
 def fit_affine(x, y: np.ndarray, n_labels: int, C: float, standardise: bool = True) -> Fitted:
     """Standardise, fit the L2 logistic regression, fold the scaling back: logits = W x + c for every label
     (a label absent from y gets zero weights and a bias it can never win with). `standardise=False` fits on x as
-    it is (a sparse TF-IDF matrix: qcls/eval/baseline.py)."""
+    it is (a sparse TF-IDF matrix: qcls/fitting/baseline.py)."""
     present = np.unique(y)
     if len(present) == 1:  # nothing to separate (a small learning-curve subset): that label, always
         c = np.full(n_labels, ABSENT)
@@ -111,7 +111,7 @@ def cross_validate(x, y: np.ndarray, n_labels: int, Cs: Sequence[float], folds: 
     folds of (x, y), and each fold's mean log-loss (`fold_log_loss`: the one-SE rule's standard error,
     qcls/fitting/head_depth.py). Each fold walks the Cs from the strongest penalty up, starting every solve from
     the previous optimum (the same optimum, fewer steps). `standardise=False` fits on x as it is (a sparse TF-IDF
-    matrix: qcls/eval/baseline.py)."""
+    matrix: qcls/fitting/baseline.py)."""
     from qcls.eval.metrics import macro_f1
     StratifiedKFold, _ = _sklearn()
     losses: dict[float, list] = {C: [] for C in Cs}

@@ -19,7 +19,7 @@ The rule, in order:
    labels never covered; uncertainty alone never picks those.
 
 The two kinds are interleaved evenly in the output. Exact and normalised duplicates (case and whitespace) and
-already-labelled queries are gone before this point (qcls/predictions/pool.py).
+already-labelled queries are gone before this point (qcls/bulk/pool.py).
 """
 from __future__ import annotations
 

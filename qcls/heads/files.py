@@ -35,6 +35,7 @@ from qcls.heads.head import FINAL, Head, PromptHead, Read
 from qcls.heads.thresholds import ThresholdEntry, threshold_of
 
 METHODS = ("temperature_bias", "temperature", "bias", "contextual", "head")
+FIT_METHODS = ("temperature_bias", "temperature", "bias")  # fitted on raw scores: qcls/fitting/calibration.py
 HEADER = ("# qcls head: per prompt, head logits = W_s · scores + W_f · read state + c (a temperature/bias\n"
           "# calibration is (score + bias) / temperature); probabilities are their softmax over the prompt's\n"
           "# labels. Load it with the override calibration=<this file>.\n")

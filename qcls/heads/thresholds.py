@@ -13,7 +13,7 @@ Applied on the host while results are built (`apply`): a prompt whose winner fal
 probability, is marked `abstained` and reports no winner (or the fallback).
 
 Fitting (`fit_precision`, `fit_coverage`) works on one prompt's winner probabilities and whether each winner
-was right, from held-out predictions (out-of-fold for a head: qcls/eval/out_of_fold.py). The candidate
+was right, from held-out predictions (out-of-fold for a head: qcls/fitting/threshold_fitting.py). The candidate
 thresholds are the distinct winner probabilities; threshold t answers the queries whose winner probability is
 ≥ t (its coverage) and its precision is the share of those answered correctly. For a target precision the
 threshold chosen is the LOWEST candidate whose precision is ≥ the target: of all thresholds that reach the

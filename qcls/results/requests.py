@@ -3,7 +3,11 @@
 HTTP) or that this configuration answered before (the result cache), and leaves the rest to forwards; `close` puts
 their answers in place and keeps them in the cache. A batch whose forward raises is retried query by query
 (`start_batch`, `finish_batch`), and a query that still makes the engine raise gets a `failed` result (a 5xx);
-`error_kind` tells the two apart."""
+`error_kind` names what went wrong, for a result and for the message alone (what a `qcls bulk` part file keeps).
+
+`qcls bulk` opens its requests without the cache: its map of answered queries changes once per chunk, in input
+order, so that a resumed run rebuilds it exactly from the parts already written (qcls/results/cache.py), where a
+request's cache changes as its forwards finish."""
 from __future__ import annotations
 
 import logging
@@ -16,22 +20,40 @@ from qcls.scoring.tokenization import QueryEncoder, refusal
 
 log = logging.getLogger("qcls")
 
-# QueryResult.meta["error_kind"]: "query" = the query itself was refused (a 4xx over HTTP);
-# "internal" = the engine raised while running it (a 5xx).
-QUERY_ERROR, INTERNAL_ERROR = "query", "internal"
+# An error's kind by the start of its message: the one rule for a server's status code, `qcls bulk`'s summary and
+# a resumed bulk run counting the rows of its part files. Every kind but "internal" is the query's own fault (a 4xx
+# over HTTP; the undecodable, malformed and missing rows come from bulk's readers); "internal" = the engine raised
+# while running it, or the engine is unusable (a 5xx).
+INTERNAL_ERROR = "internal"
+KINDS = (("empty query", "empty"), ("a query must be a string", "not_text"), ("not text:", "not_text"),
+         ("query cannot be tokenized", "untokenizable"), ("undecodable bytes", "undecodable"),
+         ("malformed:", "malformed"), ("missing:", "missing"), ("internal error", INTERNAL_ERROR),
+         ("engine unusable", INTERNAL_ERROR))
+
+
+def error_kind(error: QueryResult | str | None) -> str | None:
+    """None for a good result; else the kind of its error, by its message (`too_long` by the limit it names,
+    "other" for a message no rule knows). A `failed` result is internal whatever its message says."""
+    if isinstance(error, QueryResult):
+        if error.ok:
+            return None
+        if error.meta.get("error_kind") == INTERNAL_ERROR:
+            return INTERNAL_ERROR
+        error = error.error or ""
+    if error is None:
+        return None
+    for prefix, kind in KINDS:
+        if error.startswith(prefix):
+            return kind
+    return "too_long" if "over max_query_tokens" in error else "other"
 
 
 def refused(query: str, why: str) -> QueryResult:
-    return QueryResult(query=query, error=why, meta={"error_kind": QUERY_ERROR})
+    return QueryResult(query=query, error=why, meta={"error_kind": error_kind(why)})
 
 
 def failed(query: str, why: str) -> QueryResult:
     return QueryResult(query=query, error=why, meta={"error_kind": INTERNAL_ERROR})
-
-
-def error_kind(r: QueryResult) -> str | None:
-    """None for a good result; Classifier's own refusals (empty, too long) count as query errors."""
-    return None if r.ok else r.meta.get("error_kind", QUERY_ERROR)
 
 
 @dataclass
@@ -93,7 +115,7 @@ def finish_batch(clf, queries: list[str], started, on_error: Callable[[str, Exce
     out = []
     for q in queries:
         try:
-            out.extend(clf.classify([q]))
+            out.extend(clf.finish(clf.start([q])))
         except Exception as e:  # noqa: BLE001
             log.exception("query failed on its own")
             if on_error is not None:

@@ -30,13 +30,12 @@ def dry(tmp_path: Path, *modes: str) -> subprocess.CompletedProcess:
 def test_every_mode_of_the_index_runs_its_bench(tmp_path: Path):
     index = (ROOT / "bench" / "README.md").read_text(encoding="utf-8")
     modes = re.findall(r"^\| `(\w+)` \|", index, re.M)
-    assert {"tests", "latency", "host", "serving", "replicas", "bulk", "prefix", "fidelity", "backends"} <= set(modes)
+    assert {"tests", "latency", "host", "serving", "replicas", "bulk", "backends", "ops"} <= set(modes)
     run = dry(tmp_path, "all")
     assert run.returncode == 0, run.stdout + run.stderr
     for m in modes:
         assert f"== {m}" in run.stdout, f"mode {m} did not run under all:\n{run.stdout}"
-    for bench in ("bench/latency.py", "bench/host.py", "bench/load.py", "bench/bulk.py", "bench.prefix",
-                  "bench/fidelity.py", "bench.backends", "-m gpu"):
+    for bench in ("bench/latency.py", "bench/host.py", "bench/load.py", "bench/bulk.py", "bench.backends", "-m gpu"):
         assert bench in run.stdout
     assert (tmp_path / "out" / "RESULTS.md").is_file() and (tmp_path / "out" / "logs.tgz").is_file()
 
@@ -86,11 +85,11 @@ def test_the_index_links_and_paths_resolve():
 
 
 def test_lanes_run_their_modes_side_by_side_one_gpu_each(tmp_path: Path):
-    run = dry(tmp_path, "lanes", "tests", "quick exit prefix")
+    run = dry(tmp_path, "lanes", "tests", "quick latency host")
     assert run.returncode == 0, run.stdout + run.stderr
-    lane0, lane1 = run.stdout.split("#### lane 1 (GPU 1): quick exit prefix")
-    assert "#### lane 0 (GPU 0): tests" in lane0 and "== tests" in lane0 and "== exit" not in lane0
-    assert "== exit" in lane1 and "== prefix" in lane1 and "--iters 20" in lane1  # quick: the sizes of `all`
+    lane0, lane1 = run.stdout.split("#### lane 1 (GPU 1): quick latency host")
+    assert "#### lane 0 (GPU 0): tests" in lane0 and "== tests" in lane0 and "== latency" not in lane0
+    assert "== latency" in lane1 and "== host" in lane1 and "--iters 20" in lane1  # quick: the sizes of `all`
     assert (tmp_path / "out" / "RESULTS.md").is_file() and (tmp_path / "out" / "logs.tgz").is_file()
 
 

@@ -33,7 +33,7 @@ def smokes() -> list[str]:
 
 def test_the_index_lists_a_smoke_for_every_script():
     scripts = {p.stem for p in (ROOT / "bench").glob("*.py")} - {"__init__", "common", "paths", "http_client",
-                                                                  "prefix_cases", "querylog", "compare", "load_ops"}
+                                                                  "querylog", "compare", "load_ops"}
     named = {script(c) for c in smokes()}
     assert named == scripts
 

@@ -18,6 +18,9 @@ from qcls.bulk.progress import Tally
 from qcls.bulk.readers import Row
 from qcls.bulk.runner import Slices
 from qcls.results import LabelScore, PromptResult, QueryResult
+from qcls.results.requests import Request, error_kind
+from qcls.scoring.tokenization import QueryEncoder
+from tests.results.test_requests import ByteTokenizer
 
 PROMPTS = [("category", ("dress", "tee"))]
 
@@ -30,6 +33,9 @@ class FakeClassifier:
         self.cfg = SimpleNamespace(engine=SimpleNamespace(max_batch_size=step))
         self.auto, self.batches, self.released, self.max_inflight, self.inflight = auto, [], 0, 0, 0
         self.waited = 0  # finish() calls that had to wait
+
+    def open(self, queries):
+        return Request.open(queries, QueryEncoder(ByteTokenizer(), 64), None, "fake")
 
     def start(self, queries):
         assert len(queries) <= self.cfg.engine.max_batch_size
@@ -221,3 +227,15 @@ def test_counts_grow_slice_by_slice_for_the_progress_line():
     process_chunk(Feed(FakeClassifier(step=2)), [rows[i:i + 10] for i in range(0, 40, 10)], cols, ResultCache(10),
                   tally, ["category"], tick=lambda: seen.append((tally.rows, tally.classified)))
     assert seen == [(10, 7), (20, 7), (30, 7), (40, 7)] and tally.cached == 33
+
+
+def test_a_refused_query_is_answered_by_the_request_path_without_a_batch_slot():
+    clf = FakeClassifier(step=2)
+    feed = Feed(clf)
+    mark = feed.add(["a", "  ", "b", "c"])
+    assert clf.batches == [["a", "b"]] and list(feed.todo) == ["c"]  # the blank query took no slot
+    assert error_kind(feed.results["  "]) == "empty" and feed.answered == 1  # answered at once
+    feed.flush()
+    while feed.inflight:
+        feed.wait()
+    assert feed.answered == mark == 4 and clf.batches == [["a", "b"], ["c"]]

@@ -66,7 +66,7 @@ def _check(argv: list[str]) -> None:
     if not argv or argv[0] in ("-h", "--help", "--version"):
         return
     if argv[0] == "sweep":
-        from qcls.eval.sweep import preflight
+        from qcls.sweep.sweep import preflight
         if "--report" in argv[1:] or "-h" in argv or "--help" in argv:
             return
         preflight(argv[1:], files=False)  # (the user's data files are not here, as model.path's directory is not)

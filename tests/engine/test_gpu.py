@@ -136,7 +136,7 @@ def test_no_allocation_or_capture_on_request_path(tiny_dirs, monkeypatch):
 @pytest.fixture(scope="module")
 def sharp_dir(tmp_path_factory):
     """A deeper random Qwen3 (8 layers, hidden 256) with the final norm ×4: logits about as large as a trained
-    model's (top logits ~30), so fp16 rounding shows in the scores (bench/fidelity.py's comparison)."""
+    model's (top logits ~30), so fp16 rounding shows in the scores."""
     from qcls.testing.tiny_models import make_tiny_model_dir, tiny_byte_tokenizer
     d = make_tiny_model_dir(tmp_path_factory.mktemp("sharp") / "qwen3", "qwen3", tiny_byte_tokenizer(), seed=3,
                             hidden_size=256, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,
@@ -154,7 +154,7 @@ def test_fast_fp16_is_as_close_to_fp32_as_transformers_fp16(sharp_dir, strategy)
     """|Δ score| against the fp32 reference: the fast fp16 engine's mean ≤ transformers' own fp16 forward's (the
     reference scorer on the fp16 model), and it keeps the fp32 winner wherever transformers does. The mean, not
     the max: on a small model the largest of ~150 errors is a coin flip between two paths of similar error
-    (bench/fidelity.py holds Qwen3-4B to the max)."""
+    (on Qwen3-4B the max is in bench/RESULTS.md, "fidelity")."""
     prompts = [prompt("a", MULTI), prompt("b", SHARED, system="B?"), prompt("c", SINGLE, system="C?")]
     cuda = {"device": "cuda"}
     fast = Classifier(tiny_cfg(sharp_dir, prompts, scoring={"name": strategy}, backend=cuda))

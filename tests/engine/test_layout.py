@@ -132,7 +132,7 @@ def _reference_layout(packer, lengths, n, tile):
     the packer's layout must equal."""
     import numpy as np
 
-    from qcls.engine.attention import TILE_FIELDS
+    from qcls.engine.tree_kernels import TILE_FIELDS
     from qcls.engine.layout import FIELDS, QROW
     n_p = len(packer.prompts)
     cols, reads, tiles, row_start, row_len, where, off = [], [], [], [], [], [], 0

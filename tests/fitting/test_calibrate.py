@@ -7,11 +7,11 @@ import json
 import numpy as np
 import pytest
 
-from qcls.eval import models
+from qcls.sweep import models
 from qcls.fitting.calibrate import main
 from qcls.heads.files import load as load_head
 from qcls.eval.metrics import softmax
-from qcls.eval.sweep import main as sweep_main
+from qcls.sweep.sweep import main as sweep_main
 from tests.eval.sweep_helpers import EVAL10, FIT10, read_jsonl, tiny, write_set
 
 

@@ -69,7 +69,7 @@ def test_unit_states_standardise_each_prompt_and_weigh_prompts_alike():
 
 
 def test_the_pool_is_distinct_queries_with_counts_from_a_file_a_bulk_output_or_a_log(tmp_path):
-    from qcls.predictions.pool import read_pool
+    from qcls.bulk.pool import read_pool
     (tmp_path / "q.txt").write_text("red dress\nRed  Dress\nred dress\n\njeans\n", encoding="utf-8")
     pool = read_pool(tmp_path / "q.txt")
     assert (pool.queries, pool.counts, pool.kind, pool.rows, pool.skipped) == (["red dress", "jeans"], [3, 1],

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from qcls.fitting import heads as H
-from qcls.eval import models
-from qcls.eval.sweep import main as sweep_main
+from qcls.sweep import models
+from qcls.sweep.sweep import main as sweep_main
 from qcls.fitting.calibrate import main
 from qcls.fitting.threshold_fitting import out_of_fold
 from qcls.heads.files import load as load_head

@@ -154,8 +154,8 @@ def test_a_sweep_job_scores_the_mix(tiny_dirs, tmp_path):
     """A sweep job under calibration=model whose head fits `category` only: the calibrated columns are the
     head's for category and the raw scores' for audience; result.json says which."""
     from qcls.config.compose import compose
-    from qcls.eval import models
-    from qcls.eval.sweep import main as sweep_main
+    from qcls.sweep import models
+    from qcls.sweep.sweep import main as sweep_main
     from tests.eval.sweep_helpers import EVAL10, FIT10, tiny, write_set
     spec = next(p for p in compose(tiny(tiny_dirs["qwen3"])).prompts if p.name == "category")
     model = AutoModelForCausalLM.from_pretrained(tiny_dirs["qwen3"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from qcls.results import LabelScore, PromptResult, QueryResult
 from qcls.results.cache import ResultCache
-from qcls.results.requests import QUERY_ERROR, Request, error_kind
+from qcls.results.requests import INTERNAL_ERROR, Request, error_kind, failed
 from qcls.scoring.tokenization import QueryEncoder, refusal
 
 
@@ -33,9 +33,24 @@ def test_a_request_refuses_answers_from_the_cache_and_leaves_the_rest_to_forward
     assert req.todo == ["new", "new"] and req.hits == 1
     hit, bad, _, empty, _ = req.results
     assert hit.meta["cache"] == "hit" and hit.batch_size == 0 and "cache" in hit.timings_ms
-    assert error_kind(bad) == error_kind(empty) == QUERY_ERROR and "empty query" in empty.error
+    assert (error_kind(bad), error_kind(empty)) == ("not_text", "empty") and "empty query" in empty.error
     out = req.close([answer("new"), answer("new")])
     assert [r.query for r in out] == ["seen", 3, "new", "  ", "new"] and out[2].meta["cache"] == "miss"
     assert Request.open(["new"], enc, cache, "f").hits == 1  # kept
     assert Request.open(["new"], enc, cache, "another configuration").hits == 0
     assert Request.open(["seen"], enc, None, "f").todo == ["seen"]  # no cache asked for
+
+
+def test_one_error_kind_for_a_result_and_for_the_message_a_part_file_keeps():
+    enc = QueryEncoder(ByteTokenizer(), 8)
+    refusals = [Request.open([q], enc, None, "f").results[0] for q in ("  ", "x" * 9, 3)]
+    assert [error_kind(r) for r in refusals] == ["empty", "too_long", "not_text"]
+    assert [error_kind(r.error) for r in refusals] == ["empty", "too_long", "not_text"]  # the text alone
+    assert [r.meta["error_kind"] for r in refusals] == ["empty", "too_long", "not_text"]
+    rows = ["undecodable bytes: the line (line 3) is not valid UTF-8", "malformed: line 2 is not JSON (x)",
+            "missing: no value in column 'query'", "not text: column 'query' holds a int"]
+    assert [error_kind(e) for e in rows] == ["undecodable", "malformed", "missing", "not_text"]
+    internal = failed("q", "engine unusable: probe failed")
+    assert error_kind(internal) == error_kind(internal.error) == INTERNAL_ERROR
+    assert error_kind(failed("q", "a message no rule knows")) == INTERNAL_ERROR  # failed is internal whatever it says
+    assert error_kind(answer("ok")) is None and error_kind("something else") == "other"

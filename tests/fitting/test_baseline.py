@@ -1,4 +1,4 @@
-"""The TF-IDF + logistic regression and majority baselines (qcls/eval/baseline.py), recomputed by hand: the
+"""The TF-IDF + logistic regression and majority baselines (qcls/fitting/baseline.py), recomputed by hand: the
 features of three tiny strings from the TF-IDF formula, and accuracy / macro-F1 / majority on a toy set whose
 predictions are forced; plus the sweep report's per-prompt baseline section."""
 from __future__ import annotations
@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from qcls.config import PromptSpec
-from qcls.eval import baseline, report
+from qcls.fitting import baseline
+from qcls.sweep import report
 from qcls.eval.dataset import EvalSet, Example
 from qcls.fitting.heads import CS
 from tests.conftest import prompt

@@ -1,5 +1,5 @@
 """The report's "Baselines per prompt" section: per prompt the majority class and the TF-IDF baseline
-(qcls/eval/baseline.py) beside the best job's accuracy with raw scores and with its head or calibration, and
+(qcls/fitting/baseline.py) beside the best job's accuracy with raw scores and with its head or calibration, and
 which one wins. One table per baseline source (the splits it was fitted and scored on)."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""qcls/eval/sweep_gpus.py's split of one multirun over several devices: every job runs on exactly one device, and
+"""qcls/sweep/sweep_gpus.py's split of one multirun over several devices: every job runs on exactly one device, and
 the split key keeps model loads apart when it can. (The processes themselves: run the script, docs/serving.md.)"""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("hydra")
 
-from qcls.eval.sweep_gpus import plan, swept  # noqa: E402
+from qcls.sweep.sweep_gpus import plan, swept  # noqa: E402
 
 
 def jobs(args: list[str]) -> set[frozenset[str]]:

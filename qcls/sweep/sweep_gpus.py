@@ -2,11 +2,11 @@
 one `qcls sweep` process runs per device (CUDA_VISIBLE_DEVICES=<id>: it sees one card; the basic launcher runs
 its jobs one after another and reuses the loaded model across them), then one merged report.
 
-    python -m qcls.eval.sweep_gpus --devices 0,1,2,3 --out multirun/gpus -- \\
+    python -m qcls.sweep.sweep_gpus --devices 0,1,2,3 --out multirun/gpus -- \\
         -m scoring=trie,first_token,exact,mean_logprob prompts=default,ecommerce8 model=qwen3_4b \\
         model.source=local model.path=/models/Qwen3-4B eval=dev
-    python -m qcls.eval.sweep_gpus --devices 0,1 --one-gpu ...      # also the whole sweep on device 0 alone, timed
-    python -m qcls.eval.sweep_gpus --devices cpu,cpu ...             # two CPU processes (checks the splitting)
+    python -m qcls.sweep.sweep_gpus --devices 0,1 --one-gpu ...      # also the whole sweep on device 0 alone, timed
+    python -m qcls.sweep.sweep_gpus --devices cpu,cpu ...             # two CPU processes (checks the splitting)
 
 The split key: a swept model-loading key (model, backend, gpu, model.* / backend.*) when it has a value for every
 device, so that no device loads a model another one needs; else the swept key with the most values (ties: a
@@ -26,7 +26,7 @@ from itertools import product
 from pathlib import Path
 
 
-LOADING = ("model", "backend", "gpu")  # keys whose values need another model load (qcls.eval.models reuses the rest)
+LOADING = ("model", "backend", "gpu")  # keys whose values need another model load (qcls.sweep.models reuses the rest)
 
 
 def swept(argv: list[str]) -> list[tuple[int, str, list[str]]]:
@@ -108,8 +108,8 @@ def jobs_of(d: Path) -> dict:
 
 def report(a, key: str, jobs: int, wall: float, outcome: list[dict], one: tuple[float, list[dict]] | None,
            merged: str) -> str:
-    from qcls.eval.timing import commit
-    lines = [f"## sweep over {len(outcome)} devices (python -m qcls.eval.sweep_gpus)", "", f"- commit: {commit()}",
+    from qcls.sweep.timing import commit
+    lines = [f"## sweep over {len(outcome)} devices (python -m qcls.sweep.sweep_gpus)", "", f"- commit: {commit()}",
              f"- devices: {', '.join(o['device'] for o in outcome)} ({_device()})",
              f"- sweep: `{' '.join(a.sweep)}`: {jobs} jobs, split by `{key}`", f"- merged report: {merged}", "",
              "| device | jobs | ok | model loads | sum of job s | done after s | exit |", "|---" * 7 + "|"]

@@ -1,7 +1,7 @@
 """What abstaining costs and buys, on the scored (test) split: per prompt the precision–coverage curve of the
 winner's probability, and at the thresholds of the loaded head file (qcls/heads/thresholds.py, fitted on the
 fitting split) the coverage, the precision of the answered queries and the share of the errors avoided,
-beside the TF-IDF baseline (qcls/eval/baseline.py) answering the same share of queries, its most confident
+beside the TF-IDF baseline (qcls/fitting/baseline.py) answering the same share of queries, its most confident
 ones. Nothing here is tuned on the scored split: the head's thresholds come from the file; the baseline's
 cut-off is set to match the head's coverage on this split so the two precisions compare like for like (a
 comparison, not a fit)."""
@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from qcls.eval import baseline
+from qcls.fitting import baseline
 from qcls.eval.metrics import softmax
 from qcls.fitting import heads as H
 from qcls.heads import thresholds as T

@@ -10,9 +10,10 @@ import shutil
 import numpy as np
 import pytest
 
-from qcls.eval import metrics, models
+from qcls.eval import metrics
+from qcls.sweep import models
 from qcls.heads.files import load as load_head
-from qcls.eval.sweep import main
+from qcls.sweep.sweep import main
 from tests.eval.sweep_helpers import EVAL10, FIT10, read_jsonl, tiny, write_set
 
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -1,10 +1,10 @@
-"""The report's accuracy-against-forward-cost section (qcls/eval/report_depth.py) from hand-made job results."""
+"""The report's accuracy-against-forward-cost section (qcls/sweep/report_depth.py) from hand-made job results."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from qcls.eval import report_depth as R
-from qcls.eval.report import Job
+from qcls.sweep import report_depth as R
+from qcls.sweep.report import Job
 
 
 def job(name: str, layer, acc: float, n: int = 12) -> tuple[dict, Job]:

@@ -12,7 +12,9 @@ from typing import Any
 import numpy as np
 
 from qcls.config import QclsConfig
-from qcls.eval import agreement, baseline, calibrated_metrics, coverage, metrics, models, timing
+from qcls.sweep import agreement, coverage, models, timing
+from qcls.fitting import baseline, calibrated_metrics
+from qcls.eval import metrics
 from qcls.eval.dataset import EvalSet, load_eval_set
 from qcls.eval.scores import PromptScores, by_prompt, classify_set
 from qcls.eval.spec import EvalSpec, resolve_path, split_config

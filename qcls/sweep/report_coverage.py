@@ -1,4 +1,4 @@
-"""The report's "Abstention" section (from the jobs' `coverage` blocks, qcls/eval/coverage.py): at the
+"""The report's "Abstention" section (from the jobs' `coverage` blocks, qcls/sweep/coverage.py): at the
 thresholds of a job's head file, per prompt the coverage, the precision of the answered queries and the share
 of errors avoided beside the TF-IDF baseline answering as many; the precision–coverage curve of the best job
 as a table and a plot."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from qcls.eval.report_baselines import dig
+from qcls.sweep.report_baselines import dig
 
 
 def _f(v: Any) -> str:
@@ -67,7 +67,7 @@ def section(ok: list[dict[str, Any]], by_job: dict[str, Any], out_dir: Path) -> 
 
 def plot(c: dict[str, Any], path: Path, title: str) -> Path:
     """Per prompt precision against coverage; the fitted threshold's point marked."""
-    from qcls.eval.plots import _pyplot, saved
+    from qcls.sweep.plots import _pyplot, saved
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 5))
     for p, b in c["per_prompt"].items():

@@ -2,9 +2,9 @@
 output, or any query file.
 
 - A **folder** is a prediction log: its parts `*.jsonl` (and `*.parquet`, read with pyarrow) are read in name
-  order, each row one request. A part must hold the log's columns (`query` and `pred:<prompt>` ones: schema.py);
-  a part that does not (a file from elsewhere) or that has a row that is not a JSON object (a part cut short by
-  a crash) is refused, naming the file and the row. Parts written under different configurations (before and
+  order, each row one request. A part must hold the log's columns (`query` and `pred:<prompt>` ones:
+  qcls/predictions/schema.py); a part that does not (a file from elsewhere) or that has a row that is not a JSON
+  object (a part cut short by a crash) is refused, naming the file and the row. Parts written under different configurations (before and
   after a reload) are read alike: only the queries are used.
 - A **file** is read as `qcls bulk` reads its input (qcls/bulk/readers.py: `.txt` one query a line, `.csv` /
   `.tsv` with a header, `.jsonl`, `.parquet`), the query in column `query` or the one named; a bulk output
@@ -19,6 +19,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from qcls.bulk.readers import Reader
 from qcls.errors import ConfigError, missing_package
 from qcls.predictions.schema import QUERY, prediction_columns
 
@@ -74,7 +75,6 @@ def _log(folder: Path) -> Pool:
 
 
 def _reader(path: Path, column: str | None, way_out: str | None = None):
-    from qcls.bulk.readers import Reader
     try:
         return Reader(path, column or QUERY)
     except ImportError as e:  # a Parquet part without pyarrow

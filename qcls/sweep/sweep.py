@@ -10,7 +10,9 @@ import os
 import sys
 from pathlib import Path
 
-HELP = """usage: qcls sweep [-m] [OVERRIDE ...]
+from qcls.errors import ConfigError
+
+HELP = """usage: qcls sweep [-m] [--out DIR] [OVERRIDE ...]
        qcls sweep --report DIR [DIR ...] [--out DIR]
 
 Score qcls configurations on a gold-labelled query set: one Hydra job per configuration, one report.
@@ -38,7 +40,7 @@ means no gold label for that prompt; refusals name the row (docs/evaluation.md).
   eval.batch1_queries=N   queries also timed alone (batch 1); eval.agreement_with_exact=false skips the
                      extra exact pass that trie / first_token jobs need for winner agreement
 
-Each job (in its Hydra folder: multirun/DATE/TIME/N/) builds the Classifier, reusing the model already
+Each job (in its Hydra folder: multirun/DATE/TIME/N/, or DIR/N/ with --out DIR) builds the Classifier, reusing the model already
 loaded by an earlier job of the same process when only scoring / prompts / engine / calibration differ,
 classifies the set in batches of engine.max_batch_size, times batch1_queries queries alone, and writes
 result.json (per prompt accuracy, macro-F1, confusion matrix, NLL, Brier, ECE over 15 bins; their means;
@@ -61,7 +63,7 @@ eval.fit_method) and reports accuracy / macro-F1 / NLL / ECE / Brier with and wi
 
 Launchers: the default (basic) launcher runs jobs one after another in this process, which allows the
 model reuse. hydra/launcher=joblib (pip install 'qcls[sweep]') runs jobs in parallel processes (CPU).
-Several GPUs: python -m qcls.eval.sweep_gpus --devices 0,1,2,3 -- -m … splits the jobs, runs one
+Several GPUs: python -m qcls.sweep.sweep_gpus --devices 0,1,2,3 -- -m … splits the jobs, runs one
 sweep per GPU (CUDA_VISIBLE_DEVICES=i) and merges them (`qcls sweep --report DIR1 DIR2 --out D`).
 Details: docs/evaluation.md. Hydra's own options: qcls sweep --hydra-help."""
 
@@ -71,7 +73,7 @@ def _task(cfg) -> dict:
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
-    from qcls.eval import job
+    from qcls.sweep import job
     hc = HydraConfig.get()
     info = {"num": OmegaConf.select(hc, "job.num", default=0),
             "id": OmegaConf.select(hc, "job.id", default=None), "pid": os.getpid()}
@@ -84,8 +86,8 @@ def report_main(argv: list[str]) -> int:
     ap.add_argument("--report", nargs="+", required=True, metavar="DIR", help="sweep folder(s) to read")
     ap.add_argument("--out", metavar="DIR", help="where to write the report (default: the first DIR)")
     args = ap.parse_args(argv)
-    from qcls.eval.callback import write_report
-    from qcls.eval.report import build
+    from qcls.sweep.callback import write_report
+    from qcls.sweep.report import build
     if len(args.report) == 1 and args.out is None:
         write_report(Path(args.report[0]))
     else:
@@ -93,6 +95,25 @@ def report_main(argv: list[str]) -> int:
         print(f"[qcls] report of {out['jobs']} jobs ({out['failed']} failed): {out['dir'] / 'summary.md'}",
               file=sys.stderr)
     return 0
+
+
+def with_out(argv: list[str]) -> list[str]:
+    """`--out DIR`, as every command that writes files takes it: the sweep's folder (hydra.run.dir and
+    hydra.sweep.dir)."""
+    rest, out, it = [], None, iter(argv)
+    for a in it:
+        if a == "--out" or a.startswith("--out="):
+            out = a.partition("=")[2] or next(it, "")
+            if not out:
+                raise ConfigError("--out needs a folder", "give --out DIR")
+        else:
+            rest.append(a)
+    if out is None:
+        return argv
+    if any(a.split("=", 1)[0].lstrip("+~") in ("hydra.run.dir", "hydra.sweep.dir") for a in rest):
+        raise ConfigError(f"--out {out} and hydra.run.dir / hydra.sweep.dir both name the sweep's folder",
+                          "give one of them")
+    return [*rest, f"hydra.run.dir={out}", f"hydra.sweep.dir={out}"]
 
 
 def preflight(argv: list[str], files: bool = True) -> None:
@@ -152,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     import hydra
 
     from qcls.config.compose import conf_dir
+    argv = with_out(argv)
     preflight(argv)  # a bad override or value is one ConfigError (exit 2 in the CLI) before any job runs
     app = hydra.main(config_path=str(conf_dir()), config_name="sweep", version_base="1.3")(_task)
     saved = sys.argv

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from qcls.eval import plots
-from qcls.eval import report_baselines as baselines
-from qcls.eval import report_coverage
-from qcls.eval import report_depth as depth
-from qcls.eval.report_baselines import dig as _get
+from qcls.sweep import plots
+from qcls.sweep import report_baselines as baselines
+from qcls.sweep import report_coverage
+from qcls.sweep import report_depth as depth
+from qcls.sweep.report_baselines import dig as _get
 
 CAL = ("accuracy", "nll", "ece")
 
@@ -240,7 +240,7 @@ def _markdown(rows: list[dict[str, Any]], fixed: list[str], jobs: list[Job], ima
               "equal-width bins of the winner's probability. `(cal/head)`: on the same split after a per-prompt "
               "temperature/bias calibration or learned head (fitted on `eval.fit_on` with `eval.fit_method`, or "
               "the config's `calibration` file). `majority acc`, `TF-IDF acc`, `TF-IDF F1`: the baselines of "
-              "qcls/eval/baseline.py (the fitting split's most frequent label; a character n-gram TF-IDF + "
+              "qcls/fitting/baseline.py (the fitting split's most frequent label; a character n-gram TF-IDF + "
               "logistic regression fitted on `eval.fit_on`, else cross-validated on the scored split). "
               "`forward cost`: layers run / N of the forward the heads need (the deepest read; all N without a "
               "head, for raw scores or a calibration). `agree exact`: share of queries whose winner equals the "

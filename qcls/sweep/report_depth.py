@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from qcls.eval.plots import _pyplot, pareto_front, saved
-from qcls.eval.report_baselines import dig
+from qcls.sweep.plots import _pyplot, pareto_front, saved
+from qcls.sweep.report_baselines import dig
 
 
 def points(ok: list[dict[str, Any]], by_job: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:

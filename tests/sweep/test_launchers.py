@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from qcls.eval.sweep import main
+from qcls.sweep.sweep import main
 from tests.eval.sweep_helpers import EVAL10, tiny, write_set
 
 pytest.importorskip("hydra_plugins.hydra_joblib_launcher")

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from qcls.classifier import Classifier
-from qcls.eval import models
+from qcls.sweep import models
 from tests.conftest import prompt, tiny_cfg
 
 PROMPTS = [prompt("kind", ["cat", "car", "boy"]), prompt("aud", ["boy", "girl", "man", "woman"])]

@@ -18,7 +18,7 @@ class SweepReport(Callback):
 
 
 def write_report(sweep_dir: Path) -> dict[str, Any]:
-    from qcls.eval.report import build
+    from qcls.sweep.report import build
     out = build([sweep_dir])
     failed = [x for x in out["rows"] if x["status"] != "ok"]
     lines = [f"[qcls] sweep done: {out['jobs']} jobs, {len(failed)} failed; report: {sweep_dir / 'summary.md'}"]
