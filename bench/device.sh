@@ -145,7 +145,11 @@ mode_backends() {  # bench/backends.py: memory, start-up, latency, scores per ba
     step "$(size 60 420)" backends python -m bench.backends ${QUICK:+fp16 bnb-nf4 --shape qwen3_4b --iters 10}
 }
 
-ALL="tests latency host serving bulk backends replicas ops"
+mode_int8() {  # bench/int8.py: backend=int8 against fp16 alternated on one card, Qwen3-4B, Qwen3-8B, Gemma3-4B
+    step "$(size 150 560)" int8 python bench/int8.py --shapes qwen3_4b $(size "" "qwen3_8b gemma3_4b") --iters "$(size 15 40)"
+}
+
+ALL="tests latency host serving bulk backends int8 replicas ops"
 modes=("$@")
 [ ${#modes[@]} -eq 0 ] && [ ${#lanes[@]} -eq 0 ] && modes=(all)
 for arg in "${modes[@]}"; do

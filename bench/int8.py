@@ -1,0 +1,128 @@
+"""backend=int8 against fp16 on one card: forward and request p50 at 1 and 4 queries, timed in alternation (both
+classifiers held, requests interleaved), GPU memory of each alone, score agreement, and the T4 projection.
+
+    python bench/int8.py --shapes qwen3_4b qwen3_8b gemma3_4b
+    python bench/int8.py --shapes tiny --iters 3 --no-append        # CPU: checks the script
+
+Random weights of the real shapes (bench/common.py): latency depends on shapes, not values; random weights put
+labels near ties, so winner agreement is reported, not judged.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from bench.common import checkpoint_overrides, free, header, median, parser, report, score_diff, scores, sync
+from qcls.check.served import T4_BW, T4_BW_EFF, T4_FLOP_EFF, T4_FLOPS
+
+QUERIES = ["red summer dress for women", "boys winter hoodie", "cheap black jeans", "vintage trench coat",
+           "孕妇连衣裙 夏季", "男童 卫衣 加厚", "premium knit sweater grey", "pink skirt girl"]
+T4_INT8_OPS = 2 * T4_FLOPS  # 130 TOP/s int8 against 65 TFLOP/s fp16, at the same efficiency
+
+
+def t4_ms(params: int, tokens: int, int8: bool) -> float:
+    """The T4 model of docs/design.md §8 for `params` layer parameters: bytes at 1 (int8) or 2 (fp16) a weight."""
+    nbytes = params * (1 if int8 else 2)
+    rate = (T4_INT8_OPS if int8 else T4_FLOPS) * T4_FLOP_EFF
+    return (nbytes / (T4_BW * T4_BW_EFF) + 2 * params * tokens / rate) * 1e3
+
+
+def build(shape: str, backend: str, extra: list[str]):
+    from qcls.backends.device_memory import measured
+    from qcls.classifier import Classifier
+    from qcls.config.compose import compose
+    free()
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
+    t0 = time.perf_counter()
+    clf = Classifier(compose(overrides(shape) + ["prompts=ecommerce8", "scoring=trie", f"backend={backend}"] + extra))
+    mem = measured(clf.loaded.device) or {}
+    held = (torch.cuda.memory_allocated() - before) if torch.cuda.is_available() else 0
+    return clf, {"startup_s": round(time.perf_counter() - t0, 1), "held_gib": held / 2**30,
+                 "peak_gib": mem.get("gpu_peak", 0) / 2**30, "notes": clf.notes}
+
+
+def overrides(shape: str) -> list[str]:
+    if shape != "tiny":
+        return checkpoint_overrides(shape)
+    from pathlib import Path
+
+    from qcls.testing.tiny_models import make_tiny_model_dir, tiny_byte_tokenizer
+    d = make_tiny_model_dir(Path("/tmp/qcls-bench/tiny-qwen3"), "qwen3", tiny_byte_tokenizer())
+    return ["model=qwen3_4b", "model.source=local", f"model.path={d}", "model.head=null", "max_query_tokens=32",
+            "engine.query_buckets=[16,32]", "engine.warmup_requests=1"]
+
+
+def alternate(a, b, batch: int, iters: int) -> dict:
+    """Requests of a and b interleaved: per side the request and forward-stage p50 (ms), and the median ratio b / a."""
+    out = {k: [] for k in ("a_req", "b_req", "a_fwd", "b_fwd")}
+    for k in range(iters + 3):
+        qs = [QUERIES[(k * batch + j) % len(QUERIES)] for j in range(batch)]
+        for side, clf in (("a", a), ("b", b)):
+            sync()
+            t0 = time.perf_counter()
+            res = clf.classify(qs)
+            sync()
+            if k >= 3:
+                out[f"{side}_req"].append((time.perf_counter() - t0) * 1e3)
+                out[f"{side}_fwd"].append(res[0].timings_ms["forward"])
+    return {"fp16_req": median(out["a_req"]), "int8_req": median(out["b_req"]), "fp16_fwd": median(out["a_fwd"]),
+            "int8_fwd": median(out["b_fwd"]),
+            "fwd_ratio": median([y / x for x, y in zip(out["a_fwd"], out["b_fwd"])]),
+            "req_ratio": median([y / x for x, y in zip(out["a_req"], out["b_req"])]),
+            "tokens": res[0].meta.get("tokens_per_forward")}
+
+
+def run(shape: str, iters: int) -> dict:
+    q8, m8 = build(shape, "int8", [])  # alone first: its memory without fp16 beside it
+    fp, m16 = build(shape, "fp16", [])
+    row = {"shape": shape, "int8": m8, "fp16": m16}
+    d = score_diff(scores(q8.classify(QUERIES)), scores(fp.classify(QUERIES)))
+    row["max_delta"], row["winners_equal"] = d["max_abs_diff"], d["winners_equal"]
+    params = sum(p.numel() for p in fp.loaded.model.model.layers.parameters())
+    for b in (1, 4):
+        r = alternate(fp, q8, b, iters)
+        r["t4_fp16"], r["t4_int8"] = t4_ms(params, r["tokens"] or 0, False), t4_ms(params, r["tokens"] or 0, True)
+        r["t4_int8_half"] = t4_ms(params // 2, r["tokens"] or 0, True)  # a head at half depth (layer 18 of 36)
+        row[f"b{b}"] = r
+    del q8, fp
+    free()
+    return row
+
+
+def table(rows: list[dict]) -> str:
+    out = ["| model | queries | tokens | forward p50 fp16 / int8 ms (ratio) | request p50 fp16 / int8 ms (ratio) | "
+           "T4 projection fp16 / int8 / int8 at half depth ms | GPU GiB held fp16 / int8 | start-up s fp16 / int8 | "
+           "max \\|Δ score\\| / winners = fp16 |", "|" + "---|" * 9]
+    for r in rows:
+        for b in (1, 4):
+            x = r[f"b{b}"]
+            out.append(f"| {r['shape']} | {b} | {x['tokens']} | {x['fp16_fwd']:.2f} / {x['int8_fwd']:.2f} "
+                       f"({x['fwd_ratio']:.3f}) | {x['fp16_req']:.2f} / {x['int8_req']:.2f} ({x['req_ratio']:.3f}) | "
+                       f"{x['t4_fp16']:.1f} / {x['t4_int8']:.1f} / {x['t4_int8_half']:.1f} | "
+                       f"{r['fp16']['held_gib']:.2f} / {r['int8']['held_gib']:.2f} | {r['fp16']['startup_s']} / "
+                       f"{r['int8']['startup_s']} | {r['max_delta']:.3f} / {100 * r['winners_equal']:.0f} % |")
+    notes = [f"- {r['shape']}: {n}" for r in rows for n in r["int8"]["notes"] if n.startswith("int8:")]
+    return "\n".join(out + [""] + notes) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = parser(__doc__)
+    ap.add_argument("--shapes", nargs="+", default=["qwen3_4b", "qwen3_8b", "gemma3_4b"])
+    ap.add_argument("--iters", type=int, default=40)
+    args = ap.parse_args(argv)
+    from qcls.progress import set_quiet
+    set_quiet(True)
+    rows = []
+    for s in args.shapes:
+        rows.append(run(s, args.iters))
+        print(rows[-1], flush=True)
+    text = header("int8 (W8A8) against fp16, alternated on one card: random weights, ecommerce8, scoring=trie",
+                  f"shapes={args.shapes}, {args.iters} timed requests per side and batch size, interleaved")
+    report(text + table(rows), args.no_append, "int8", rows)
+
+
+if __name__ == "__main__":
+    main()
