@@ -80,6 +80,8 @@ class Int8Backend(Backend):
         model = sources.load_model(src, dtype, layers)  # on the CPU; each layer moves once it is its turn
         ids, mask = cal.calibration_batch(cfg, tokenizer, queries, int(opts["calibration_tokens"]))
         report = cal.quantize_model(model, ids, mask, device, opts["alphas"], float(opts["max_error"]))
+        if opts["calibration_queries"]:
+            report.source = f"the queries of {opts['calibration_queries']}"
         model.to(device)  # what is still on the CPU: nothing but placeholders, normally
         total = sum(len(g) for g in cal.GROUPS) * len(model.model.layers)
         memory = module_bytes(model)

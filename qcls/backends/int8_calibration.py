@@ -42,13 +42,14 @@ class Int8Report:
     alphas: dict[float, int] = field(default_factory=dict)
     kept: list[str] = field(default_factory=list)  # "layer 3 down_proj (error 0.21)"
     worst: float = 0.0
+    source: str = "the built-in queries"
 
     def line(self, total: int, max_error: float) -> str:
         alphas = ", ".join(f"α {a:g}: {n}" for a, n in sorted(self.alphas.items()))
         kept = (f"; kept in fp16 (output error over {max_error:g} on the calibration text): " + "; ".join(self.kept)
                 if self.kept else "")
         return (f"int8: {self.int8} of {total} decoder linears in W8A8, calibrated on {self.tokens} tokens of the "
-                f"prompts' text ({alphas}; largest output error {self.worst:.3f}){kept}")
+                f"prompts' text around {self.source} ({alphas}; largest output error {self.worst:.3f}){kept}")
 
 
 def read_queries(path: str) -> list[str]:

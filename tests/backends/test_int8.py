@@ -50,7 +50,7 @@ def test_calibration_queries_from_a_file(tiny_dirs, tmp_path):
     f.write_text("query,category\nred dress,dress\nblue jeans,jeans\n")
     loaded = get_backend("int8").load(cfg(tiny_dirs["qwen3"], "int8", {"calibration_queries": str(f),
                                                                        "calibration_tokens": 128}))
-    assert "calibrated on 128 tokens" in loaded.notes[0]
+    assert "calibrated on 128 tokens" in loaded.notes[0] and f"the queries of {f}" in loaded.notes[0]
 
 
 @pytest.mark.parametrize("options, match", [
