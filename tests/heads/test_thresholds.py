@@ -75,13 +75,13 @@ def test_bound_rule_needs_more_than_the_point_estimate():
 
 def test_bound_rule_abstains_where_the_point_estimate_answers():
     """The hand-worked six: 0.9 answers one right query (point precision 1.0 ≥ 0.95), but one query cannot
-    certify 0.95 at 90 %: the bound rule reaches nothing and reports the best bound (3 of 4 at 0.7, above
-    1 of 1's 0.1)."""
+    certify 0.95 at 90 %: the bound rule reaches nothing and reports the best bound (4 of 6 answering
+    every query, above 1 of 1's 0.1)."""
     got = thresholds.fit_precision(PROB, RIGHT, 0.95)
     assert not got["reached"] and got["best_lower_bound"] == pytest.approx(0.3332, abs=1e-3)
     # only 0.9's all-right share could be certified: 45 answered of 45 (0.1 ** (1 / 45) ≥ 0.95), so 44 more at
     # its coverage of 1 in 6
-    assert got["best_precision"] == 0.75 and got["more_needed"] == 44 * 6
+    assert got["best_precision"] == pytest.approx(2 / 3) and got["more_needed"] == 44 * 6
     assert thresholds.fit_precision(PROB, RIGHT, 0.95, confidence=None)["reached"]
 
 
