@@ -214,8 +214,10 @@ def run(args: argparse.Namespace, labelled: str, overrides: list[str]) -> dict:
     out = out_path(args, path)
     fitted = head_options.fit(args, cfg, data)
     flagged, prompts = [], {}
+    from qcls.fitting.threshold_fitting import head_probs
+    first = head_probs(fitted.head, fitted.sets, fitted.taps, args.cv_splittings, outcome=fitted.nested)
     for name, (found, probs, given, labels) in audit(fitted.head, fitted.sets, fitted.taps, args.cv_splittings,
-                                                     args.passes, args.filter).items():
+                                                     args.passes, args.filter, first).items():
         queries = [e.query for e, g in zip(data.examples, fitted.sets[name].gold) if g >= 0]
         ph = fitted.head.prompts[name]
         prompts[name] = {"rows": len(given), "flagged": len(found.flagged), "estimated_wrong": round(found.estimate, 1),
