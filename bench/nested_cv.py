@@ -142,10 +142,11 @@ def summary(rows: list[dict]) -> str:
                        f"{np.median(cov) if cov else 0:.3f} ({np.median(cov_all):.3f}) | {gap.mean():+.4f} "
                        f"({np.abs(gap).mean():.4f}) |")
     sec = {m: (np.mean([r["seconds_selection"] for r in rows if r["model"] == m]),
-               np.mean([r["seconds_nested"] for r in rows if r["model"] == m])) for m in MODELS}
+               np.mean([r["seconds_nested"] for r in rows if r["model"] == m])) for m in MODELS
+           if any(r["model"] == m for r in rows)}
     out.append("")
     out.append("Cost per fit (one process, 151 queries, every candidate read): " + "; ".join(
-        f"{m}: the search {s:.0f} s, the nested cross-validation {x:.0f} s more" for m, (s, x) in sec.items() if s == s))
+        f"{m}: the search {s:.0f} s, the nested cross-validation {x:.0f} s more" for m, (s, x) in sec.items()))
     return "\n".join(out)
 
 
@@ -154,7 +155,9 @@ def main() -> None:
     ap.add_argument("what", choices=["read-states", "simulate", "table"])
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
     ap.add_argument("--splits", type=int, default=30)
-    ap.add_argument("--json", default=str(STATES / "rows.json"), help="the per-pair rows (simulate writes, table reads)")
+    ap.add_argument("--json", default=str(STATES / "rows.json"), help="the per-pair rows (simulate writes, table "
+                    "reads; comma-separated files are joined)")
+    ap.add_argument("--where", default="", help="where the splits were simulated, for the record")
     args = ap.parse_args()
     if args.what == "read-states":
         for m in args.models:
@@ -170,7 +173,7 @@ def main() -> None:
             Path(os.environ["OUT"], Path(args.json).name).write_text(json.dumps(rows))
     rows = [r for f in args.json.split(",") for r in json.loads(Path(f).read_text())]
     config = (f"{args.splits} seeded stratified half-half splits of the 303 labelled queries; heads by `qcls calibrate "
-              f"--method head` (auto reads, {RULE}, {FOLDS} folds); target precision {TARGET}")
+              f"--method head` (auto reads, {RULE}, {FOLDS} folds); target precision {TARGET}; {args.where}")
     C.report(C.header("Precision targets and CV accuracy on the other half: nested CV and a bound against today's "
                       "rule", config) + summary(rows) + "\n", args.no_append)
 

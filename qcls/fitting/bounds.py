@@ -6,6 +6,7 @@
 - `wilson`: the two-sided Wilson score interval every reported share carries (95 % by default): it keeps its
   coverage near the nominal level for small n and shares near 0 or 1, where the normal interval does not.
 - `more_needed`: how many more labelled queries would let a bound reach a target, if the observed share held.
+- `promise`: whether a held-out precision keeps a certified target (`qcls sweep` on a labelled split).
 """
 from __future__ import annotations
 
@@ -55,6 +56,17 @@ def as_dict(k: int, n: int, confidence: float = 0.95) -> dict:
     lo, hi = wilson(k, n, confidence)
     return {"value": k / n if n else None, "low": round(lo, 4), "high": round(hi, 4), "n": int(n),
             "confidence": confidence}
+
+
+def promise(k: int, n: int, target: float, confidence: float) -> str:
+    """How k right of n answered held-out queries stand against a precision certified ≥ `target` at
+    `confidence`: `met` (observed ≥ target), `within` (below it, but the one-sided upper bound at that confidence
+    still reaches it: a shortfall the promise allows), `broken` (even the upper bound is under it), `none answered`."""
+    if n == 0:
+        return "none answered"
+    if k / n >= target:
+        return "met"
+    return "within" if clopper_pearson_upper(k, n, confidence) >= target else "broken"
 
 
 def more_needed(k: int, n: int, target: float, confidence: float, limit: int = 100_000) -> int | None:
