@@ -85,13 +85,13 @@ def sub(ss: StateSet, rows: np.ndarray) -> StateSet:
     return StateSet(ss.labels, ss.states[rows], ss.scores[rows], ss.gold[rows])
 
 
-def one_split(task: tuple[str, int]) -> list[dict]:
+def one_split(task: tuple[str, int, str]) -> list[dict]:
     """Per prompt: the other half's accuracy, the two CV estimates, and each rule's threshold scored there."""
-    model, seed = task
+    model, seed, kind = task
     sets, taps, n = load(model)
     a, b = halves(sets, seed)
     fit, other = {p: sub(ss, a) for p, ss in sets.items()}, {p: sub(ss, b) for p, ss in sets.items()}
-    reads = H.candidate_reads("auto", "auto", n)
+    reads = H.candidate_reads("auto", kind, n)
     t0 = time.perf_counter()
     tried = {p: H.cv_reads(ss.states, taps, ss.scores, ss.gold, len(ss.labels), reads, False, folds=FOLDS)
              for p, ss in fit.items()}
@@ -157,6 +157,9 @@ def main() -> None:
     ap.add_argument("--splits", type=int, default=30)
     ap.add_argument("--json", default=str(STATES / "rows.json"), help="the per-pair rows (simulate writes, table "
                     "reads; comma-separated files are joined)")
+    ap.add_argument("--read", default="auto", choices=["auto", "position"], help="the candidate reads' kinds "
+                    "(position: one kind per layer, a third of the search's cost)")
+    ap.add_argument("--workers", type=int, help="processes (default: one per CPU)")
     ap.add_argument("--where", default="", help="where the splits were simulated, for the record")
     args = ap.parse_args()
     if args.what == "read-states":
@@ -164,16 +167,17 @@ def main() -> None:
             read_states(m)
         return
     if args.what == "simulate":
-        tasks = [(m, s) for m in args.models for s in range(args.splits)]
-        with Pool(min(len(tasks), os.cpu_count() or 1)) as pool:
-            rows = [r for got in pool.imap_unordered(one_split, tasks) for r in got]
+        tasks = [(m, s, args.read) for s in range(args.splits) for m in args.models]
+        rows: list[dict] = []
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(rows))
-        if os.environ.get("OUT"):
-            Path(os.environ["OUT"], Path(args.json).name).write_text(json.dumps(rows))
+        with Pool(args.workers or os.cpu_count() or 1) as pool:
+            for got in pool.imap_unordered(one_split, tasks):  # saved as they come: a cut-short run keeps its rows
+                rows += got
+                Path(args.json).write_text(json.dumps(rows))
+                print(f"{len(rows) // 2} of {len(tasks)} splits", flush=True)
     rows = [r for f in args.json.split(",") for r in json.loads(Path(f).read_text())]
     config = (f"{args.splits} seeded stratified half-half splits of the 303 labelled queries; heads by `qcls calibrate "
-              f"--method head` (auto reads, {RULE}, {FOLDS} folds); target precision {TARGET}; {args.where}")
+              f"--method head` (--layer auto --read {args.read}, {RULE}, {FOLDS} folds); target precision {TARGET}; {args.where}")
     C.report(C.header("Precision targets and CV accuracy on the other half: nested CV and a bound against today's "
                       "rule", config) + summary(rows) + "\n", args.no_append)
 

@@ -87,9 +87,21 @@ def cmd_classify(args: argparse.Namespace) -> int:
     if not queries:
         print("qcls classify: give at least one query", file=sys.stderr)
         return 2
-    results = _classifier(overrides).classify(queries)
+    clf = _classifier(overrides)
+    _say_thresholds(clf)
+    results = clf.classify(queries)
     _emit(results, args.json)
     return 0 if all(r.ok for r in results) else 1
+
+
+def _say_thresholds(clf) -> None:
+    """On stderr, beside the start-up lines: each prompt's threshold and the promise it was fitted for."""
+    from qcls.heads.thresholds import described
+    limits = clf._build.limits
+    if any(t is not None for t in limits):
+        shown = "; ".join(f"{n}: {described(t) if t else 'none (answers every query)'}"
+                          for n, t in zip(clf.prompt_names, limits))
+        print(f"[qcls] abstention thresholds: {shown}", file=sys.stderr)
 
 
 def cmd_repl(args: argparse.Namespace) -> int:

@@ -87,6 +87,22 @@ def threshold_of(t: ThresholdEntry | None, labels: list[str], where: str) -> Thr
     return Threshold(t.min_prob, dict(t.labels), t.fallback, dict(t.fitted))
 
 
+def described(t: Threshold) -> str:
+    """One line on a threshold and the promise it was fitted for: '≥ 0.5870 (precision ≥ 0.95 certified at 90 %
+    confidence: lower bound 0.953 on 123 answered of n=151)'."""
+    f = t.fitted
+    out = f"≥ {t.min_prob:.4f}" + (f" (per label: {t.labels})" if t.labels else "")
+    if "target_precision" in f:
+        if f.get("confidence") is not None and f.get("lower_bound") is not None:
+            out += (f" (precision ≥ {f['target_precision']} certified at {f['confidence']:.0%} confidence: lower bound "
+                    f"{f['lower_bound']:.3f} on {f.get('answered', '?')} answered of n={f.get('n', '?')})")
+        else:
+            out += f" (precision ≥ {f['target_precision']} observed on n={f.get('n', '?')}, no confidence bound)"
+    elif "target_coverage" in f:
+        out += f" (coverage ≥ {f['target_coverage']} on n={f.get('n', '?')})"
+    return out
+
+
 def limits_of(head, prompts: list[str]) -> list[Threshold | None]:
     """Per prompt name, in order, the threshold of `head` (the served Head, or None), or None where it always
     answers: resolved once, when a Classifier is built."""
