@@ -210,7 +210,7 @@ def fit_head(args: argparse.Namespace, cfg, data, out: Path, targets=None) -> di
             "depth": depth,
             "heads": {p: {"read": ph.read.as_dict() if ph.read else None, "scores": ph.score_weights is not None,
                           **{k: v for k, v in ph.info.items() if k in ("n", "C", "cv_folds", "cv_accuracy",
-                                                                        "cv_log_loss")}}
+                                                                        "cv_log_loss", "selection_cv_accuracy")}}
                       for p, ph in head.prompts.items()}}
 
 
@@ -255,16 +255,19 @@ def _head_table(res: dict[str, Any]) -> str:
     """Per prompt the read chosen, the L2 strength and the cross-validated accuracy (held out within the split),
     beside the raw scores' accuracy on the split; then the depth table (qcls/fitting/head_depth.py)."""
     from qcls.fitting import head_depth
-    head = ("prompt", "n", "read", "C", "accuracy: raw scores", "head (cross-validated)")
+    from qcls.fitting.bounds import wilson
+    head = ("prompt", "n", "read", "C", "accuracy: raw scores", "head (nested CV) [95 %]")
     rows = []
     for p, h in res["heads"].items():
         read = "raw scores only" if h["read"] is None else f"{h['read']['kind']} @ layer {h['read']['layer']}"
+        lo, hi = wilson(int(round(h["cv_accuracy"] * h["n"])), h["n"])
         rows.append((p, str(h["n"]), read + (" + raw scores" if h["scores"] else ""), f"{h['C']:.3g}",
-                     f"{res['per_prompt'][p]['raw']['accuracy']:.3f}", f"{h['cv_accuracy']:.3f}"))
+                     f"{res['per_prompt'][p]['raw']['accuracy']:.3f}", f"{h['cv_accuracy']:.3f} [{lo:.3f}, {hi:.3f}]"))
     widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
-    lines = [f"head of {res['model']} on {res['split']} ({res['n_queries']} queries; the head's accuracy is "
+    lines = [f"head of {res['model']} on {res['split']} ({res['n_queries']} queries; the head's accuracy is nested "
              f"{res['heads'][next(iter(res['heads']))]['cv_folds'] if res['heads'] else 3}-fold cross-validated "
-             "within this split; `qcls sweep … eval=test eval.fit_method=head` measures it on held-out queries):"]
+             "within this split (read, C and exit chosen again without each fold), with its 95 % Wilson interval; "
+             "`qcls sweep … eval=test eval.fit_method=head` measures it on held-out queries):"]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [head] + rows]
     lines += head_depth.table_lines(res["depth"]) if res.get("depth") else []
     lines += _baseline_lines(res, {p: h["cv_accuracy"] for p, h in res["heads"].items()}, "head (cv)")
