@@ -160,7 +160,9 @@ def for_file(args, cfg, data, targets) -> dict[str, Any]:
         if fitting:
             served[name] = fitting[0]
     view = Head(served, head.method, head.meta)
-    taps = view.taps()
+    from qcls.fitting import nested  # the nested search reads every tap the fit tried, not only those chosen
+    taps = list(dict.fromkeys([*view.taps(), *H.taps_of([r for rs in nested.search_of(view).reads.values()
+                                                         for r in rs])]))
     clf = Classifier(cfg.model_copy(update={"calibration": None}), taps=taps)
     probs = head_probs(view, read_set(clf, data), taps)
     fits = fit(view, probs, *targets, args.fallback, "nested out-of-fold", args.confidence)  # sets the thresholds on the file's heads
