@@ -44,3 +44,10 @@ def test_bad_input_is_refused():
         bounds.wilson(5, 3)
     with pytest.raises(ValueError, match="confidence"):
         bounds.clopper_pearson_lower(1, 2, 1.0)
+
+
+def test_promise_of_a_held_out_precision():
+    assert bounds.promise(96, 100, 0.95, 0.9) == "met"
+    assert bounds.promise(92, 100, 0.95, 0.9) == "within"  # the 90 % upper bound of 0.92 on 100 is above 0.95
+    assert bounds.promise(85, 100, 0.95, 0.9) == "broken"
+    assert bounds.promise(0, 0, 0.95, 0.9) == "none answered"

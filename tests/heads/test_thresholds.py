@@ -174,3 +174,11 @@ def test_classifier_results_abstain(tiny_dirs, tmp_path):
     Head({"a": ph}, "temperature_bias").save(path)
     clf = Classifier(tiny_cfg(tiny_dirs["qwen3"], [prompt("a", labels)], calibration=str(path)), loaded=clf.loaded)
     assert not any(p.abstained for q in clf.classify(["red dress"]) for p in q.prompts)
+
+
+def test_described_says_the_promise():
+    t = Threshold(0.587, fitted={"target_precision": 0.95, "confidence": 0.9, "lower_bound": 0.9531, "answered": 123,
+                                 "n": 151})
+    assert thresholds.described(t) == ("≥ 0.5870 (precision ≥ 0.95 certified at 90% confidence: lower bound 0.953 on "
+                                       "123 answered of n=151)")
+    assert "no confidence bound" in thresholds.described(Threshold(0.5, fitted={"target_precision": 0.95, "n": 9}))
