@@ -96,8 +96,8 @@ def cmd_classify(args: argparse.Namespace) -> int:
 
 def _say_thresholds(clf) -> None:
     """On stderr, beside the start-up lines: each prompt's threshold and the promise it was fitted for."""
-    from qcls.heads.thresholds import described
-    limits = clf._build.limits
+    from qcls.heads.thresholds import described, limits_of
+    limits = limits_of(clf.head, clf.prompt_names)
     if any(t is not None for t in limits):
         shown = "; ".join(f"{n}: {described(t) if t else 'none (answers every query)'}"
                           for n, t in zip(clf.prompt_names, limits))
