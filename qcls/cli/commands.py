@@ -87,21 +87,13 @@ def cmd_classify(args: argparse.Namespace) -> int:
     if not queries:
         print("qcls classify: give at least one query", file=sys.stderr)
         return 2
+    from qcls.heads.thresholds import startup_line
     clf = _classifier(overrides)
-    _say_thresholds(clf)
+    if (line := startup_line(clf.head, clf.prompt_names)) is not None:  # stderr, beside the start-up lines
+        print(line, file=sys.stderr)
     results = clf.classify(queries)
     _emit(results, args.json)
     return 0 if all(r.ok for r in results) else 1
-
-
-def _say_thresholds(clf) -> None:
-    """On stderr, beside the start-up lines: each prompt's threshold and the promise it was fitted for."""
-    from qcls.heads.thresholds import described, limits_of
-    limits = limits_of(clf.head, clf.prompt_names)
-    if any(t is not None for t in limits):
-        shown = "; ".join(f"{n}: {described(t) if t else 'none (answers every query)'}"
-                          for n, t in zip(clf.prompt_names, limits))
-        print(f"[qcls] abstention thresholds: {shown}", file=sys.stderr)
 
 
 def cmd_repl(args: argparse.Namespace) -> int:

@@ -103,6 +103,15 @@ def described(t: Threshold) -> str:
     return out
 
 
+def startup_line(head, prompts: list[str]) -> str | None:
+    """'[qcls] abstention thresholds: …' per prompt of the served head (None when no prompt has one)."""
+    limits = limits_of(head, prompts)
+    if all(t is None for t in limits):
+        return None
+    return "[qcls] abstention thresholds: " + "; ".join(
+        f"{n}: {described(t) if t else 'none (answers every query)'}" for n, t in zip(prompts, limits))
+
+
 def limits_of(head, prompts: list[str]) -> list[Threshold | None]:
     """Per prompt name, in order, the threshold of `head` (the served Head, or None), or None where it always
     answers: resolved once, when a Classifier is built."""
