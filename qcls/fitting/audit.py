@@ -2,9 +2,9 @@
 suggests (docs/evaluation.md, "Finding wrong labels").
 
 The head is the one `qcls calibrate --method head` fits, with the same options (qcls/fitting/head_options.py); each
-row's probabilities are out of fold: from that head's read and L2 strength refitted without the row's fold,
-averaged over --cv-splittings stratified splittings (the first is the one that chose the strength;
-qcls/fitting/threshold_fitting.py `head_probs`). On them, per prompt, confident learning (Northcutt, Jiang & Chuang,
+row's probabilities are nested out of fold: from heads whose read, L2 strength, exit and weights were all
+chosen without the row's fold (qcls/fitting/nested.py), averaged over --cv-splittings stratified splittings
+(the first is the fit's own; qcls/fitting/threshold_fitting.py `head_probs`). On them, per prompt, confident learning (Northcutt, Jiang & Chuang,
 2021):
 
 - label j's threshold t_j = the mean out-of-fold probability of j over the rows given j;
