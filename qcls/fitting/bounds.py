@@ -46,7 +46,7 @@ def wilson(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
 def shown(k: int, n: int, confidence: float = 0.95, digits: int = 3) -> str:
     """'0.921 [0.866, 0.954] n=152': a share with its Wilson interval and n."""
     if n == 0:
-        return f"- n=0"
+        return "- n=0"
     lo, hi = wilson(k, n, confidence)
     return f"{k / n:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}] n={n}"
 
