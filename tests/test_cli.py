@@ -163,3 +163,15 @@ def test_bulk_refuses_a_file_that_is_not_what_its_name_says(demo_cfg_overrides, 
     monkeypatch.setattr(Classifier, "_load", load)
     p = cli(["bulk", str(inp), str(tmp_path / "out.jsonl")], demo_cfg_overrides, capsys, monkeypatch)
     assert p.returncode == 2 and f"{inp} line 1: no column 'query'" in p.stderr and "--column" in p.stderr
+
+
+def test_classify_says_each_threshold_and_its_promise():
+    from qcls.heads.head import Head, PromptHead
+    from qcls.heads.thresholds import Threshold, startup_line
+    ph = PromptHead.temperature_bias(["a", "b"], 1.0, [0.0, 0.0])
+    ph.threshold = Threshold(0.6, fitted={"target_precision": 0.95, "confidence": 0.9, "lower_bound": 0.951,
+                                          "answered": 80, "n": 151})
+    line = startup_line(Head({"p": ph}, "temperature_bias", {}), ["p", "q"])
+    assert "p: ≥ 0.6000 (precision ≥ 0.95 certified at 90% confidence: lower bound 0.951 on 80 answered" in line
+    assert "q: none (answers every query)" in line
+    assert startup_line(None, ["p"]) is None

@@ -87,7 +87,11 @@ def cmd_classify(args: argparse.Namespace) -> int:
     if not queries:
         print("qcls classify: give at least one query", file=sys.stderr)
         return 2
-    results = _classifier(overrides).classify(queries)
+    from qcls.heads.thresholds import startup_line
+    clf = _classifier(overrides)
+    if (line := startup_line(clf.head, clf.prompt_names)) is not None:  # stderr, beside the start-up lines
+        print(line, file=sys.stderr)
+    results = clf.classify(queries)
     _emit(results, args.json)
     return 0 if all(r.ok for r in results) else 1
 

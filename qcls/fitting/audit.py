@@ -2,9 +2,9 @@
 suggests (docs/evaluation.md, "Finding wrong labels").
 
 The head is the one `qcls calibrate --method head` fits, with the same options (qcls/fitting/head_options.py); each
-row's probabilities are out of fold: from that head's read and L2 strength refitted without the row's fold,
-averaged over --cv-splittings stratified splittings (the first is the one that chose the strength;
-qcls/fitting/threshold_fitting.py `head_probs`). On them, per prompt, confident learning (Northcutt, Jiang & Chuang,
+row's probabilities are nested out of fold: from heads whose read, L2 strength, exit and weights were all
+chosen without the row's fold (qcls/fitting/nested.py), averaged over --cv-splittings stratified splittings
+(the first is the fit's own; qcls/fitting/threshold_fitting.py `head_probs`). On them, per prompt, confident learning (Northcutt, Jiang & Chuang,
 2021):
 
 - label j's threshold t_j = the mean out-of-fold probability of j over the rows given j;
@@ -214,8 +214,10 @@ def run(args: argparse.Namespace, labelled: str, overrides: list[str]) -> dict:
     out = out_path(args, path)
     fitted = head_options.fit(args, cfg, data)
     flagged, prompts = [], {}
+    from qcls.fitting.threshold_fitting import head_probs
+    first = head_probs(fitted.head, fitted.sets, fitted.taps, args.cv_splittings, outcome=fitted.nested)
     for name, (found, probs, given, labels) in audit(fitted.head, fitted.sets, fitted.taps, args.cv_splittings,
-                                                     args.passes, args.filter).items():
+                                                     args.passes, args.filter, first).items():
         queries = [e.query for e, g in zip(data.examples, fitted.sets[name].gold) if g >= 0]
         ph = fitted.head.prompts[name]
         prompts[name] = {"rows": len(given), "flagged": len(found.flagged), "estimated_wrong": round(found.estimate, 1),

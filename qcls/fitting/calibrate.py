@@ -44,9 +44,12 @@ a head's CV accuracy is held out within the split); `qcls sweep -m ... eval=test
 Beside them: the majority class and a character n-gram TF-IDF + logistic regression per prompt, cross-validated
 on the split with the head's folds (qcls/fitting/baseline.py).
 Thresholds (--target-precision, --target-coverage): per prompt the least probability the winner needs, else
-the prompt abstains (no label, or --fallback); chosen on the split's out-of-fold head probabilities (a
-calibration's in-sample ones) as the lowest threshold whose answered queries reach the target precision
-(the most coverage), written into the file beside the prompt's head (qcls/heads/thresholds.py).
+the prompt abstains (no label, or --fallback); chosen on the split's nested out-of-fold head probabilities (a
+calibration's in-sample ones) as the lowest threshold whose answered queries' precision has a one-sided
+Clopper-Pearson lower bound at --confidence (default 0.9) >= the target (the most coverage the split
+certifies), written into the file beside the prompt's head with the bound, confidence and n
+(qcls/heads/thresholds.py). A head's CV accuracy is nested: read, L2 strength and exit chosen again inside each
+outer fold (qcls/fitting/nested.py).
 Load the file with the override calibration=FILE. See docs/evaluation.md."""
 
 
@@ -65,10 +68,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--append", action="store_true", help="head: add the heads to --out's (a file for several "
                     "prompt sets of one model), replacing heads fitted under the same templates")
     ap.add_argument("--target-precision", action="append", metavar="P|PROMPT=P",
-                    help="also fit per prompt an abstention threshold: the lowest whose answered queries reach this "
-                         "precision on the split's held-out (out-of-fold for a head) probabilities, so the most are "
-                         "answered; 0.95 for every prompt, category=0.9 for one (repeat or comma-separate). A target "
+                    help="also fit per prompt an abstention threshold: the lowest whose answered queries' precision "
+                         "on the split's held-out (nested out-of-fold for a head) probabilities is certified at "
+                         "--confidence to reach this, so the most are answered; 0.95 for every prompt, category=0.9 for one (repeat or comma-separate). A target "
                          "the split cannot reach is reported and no threshold is written for that prompt")
+    ap.add_argument("--confidence", type=float, default=0.9, metavar="C",
+                    help="the confidence a target precision is kept with (default 0.9): the threshold chosen is the "
+                         "lowest whose answered queries' precision has a one-sided Clopper–Pearson lower bound at C "
+                         "≥ the target; the head file records the bound, C and n")
     ap.add_argument("--target-coverage", action="append", metavar="C|PROMPT=C",
                     help="instead: the highest threshold that still answers this share of the split's queries")
     ap.add_argument("--fallback", metavar="LABEL", help="the label an abstaining prompt reports (default: none; "
@@ -150,7 +157,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
         from qcls.fitting import threshold_fitting
         probs = {p: (metrics.softmax(calibrated_metrics.apply(cal, p, ps.labelled()[0])), ps.labelled()[1],
                      ps.labels) for p, ps in per.items() if len(ps.labelled()[1])}
-        fits = threshold_fitting.fit(cal, probs, *targets, args.fallback, "in-sample (calibration)")
+        fits = threshold_fitting.fit(cal, probs, *targets, args.fallback, "in-sample (calibration)", args.confidence)
     out.parent.mkdir(parents=True, exist_ok=True)
     cal.save(out)
     cols = calibrated_metrics.fitted_columns(per, cal, f"{args.method} on {data.path}")
@@ -178,8 +185,8 @@ def fit_head(args: argparse.Namespace, cfg, data, out: Path, targets=None) -> di
     fits = None
     if targets:
         from qcls.fitting import threshold_fitting
-        fits = threshold_fitting.fit(head, threshold_fitting.head_probs(head, sets, taps), *targets, args.fallback,
-                                     "out-of-fold")
+        probs = threshold_fitting.head_probs(head, sets, taps, outcome=fitted.nested)
+        fits = threshold_fitting.fit(head, probs, *targets, args.fallback, "nested out-of-fold", args.confidence)
     if args.append and out.is_file():
         old = files.load(out)
         if (old.meta.get("fingerprint") or {}) != head.meta["fingerprint"]:
@@ -203,7 +210,7 @@ def fit_head(args: argparse.Namespace, cfg, data, out: Path, targets=None) -> di
             "depth": depth,
             "heads": {p: {"read": ph.read.as_dict() if ph.read else None, "scores": ph.score_weights is not None,
                           **{k: v for k, v in ph.info.items() if k in ("n", "C", "cv_folds", "cv_accuracy",
-                                                                        "cv_log_loss")}}
+                                                                        "cv_log_loss", "selection_cv_accuracy")}}
                       for p, ph in head.prompts.items()}}
 
 
@@ -248,16 +255,19 @@ def _head_table(res: dict[str, Any]) -> str:
     """Per prompt the read chosen, the L2 strength and the cross-validated accuracy (held out within the split),
     beside the raw scores' accuracy on the split; then the depth table (qcls/fitting/head_depth.py)."""
     from qcls.fitting import head_depth
-    head = ("prompt", "n", "read", "C", "accuracy: raw scores", "head (cross-validated)")
+    from qcls.fitting.bounds import wilson
+    head = ("prompt", "n", "read", "C", "accuracy: raw scores", "head (nested CV) [95 %]")
     rows = []
     for p, h in res["heads"].items():
         read = "raw scores only" if h["read"] is None else f"{h['read']['kind']} @ layer {h['read']['layer']}"
+        lo, hi = wilson(int(round(h["cv_accuracy"] * h["n"])), h["n"])
         rows.append((p, str(h["n"]), read + (" + raw scores" if h["scores"] else ""), f"{h['C']:.3g}",
-                     f"{res['per_prompt'][p]['raw']['accuracy']:.3f}", f"{h['cv_accuracy']:.3f}"))
+                     f"{res['per_prompt'][p]['raw']['accuracy']:.3f}", f"{h['cv_accuracy']:.3f} [{lo:.3f}, {hi:.3f}]"))
     widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
-    lines = [f"head of {res['model']} on {res['split']} ({res['n_queries']} queries; the head's accuracy is "
+    lines = [f"head of {res['model']} on {res['split']} ({res['n_queries']} queries; the head's accuracy is nested "
              f"{res['heads'][next(iter(res['heads']))]['cv_folds'] if res['heads'] else 3}-fold cross-validated "
-             "within this split; `qcls sweep … eval=test eval.fit_method=head` measures it on held-out queries):"]
+             "within this split (read, C and exit chosen again without each fold), with its 95 % Wilson interval; "
+             "`qcls sweep … eval=test eval.fit_method=head` measures it on held-out queries):"]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [head] + rows]
     lines += head_depth.table_lines(res["depth"]) if res.get("depth") else []
     lines += _baseline_lines(res, {p: h["cv_accuracy"] for p, h in res["heads"].items()}, "head (cv)")

@@ -118,8 +118,12 @@ def choose(tried: dict[str, Sequence[ReadCV]], num_layers: int, rule: str = "one
             notes.append(f"{full_depth}: the forward runs all {num_layers} layers whatever the read, so every prompt "
                          "keeps its most accurate read (the one-SE rule has no cost to save)")
     else:
-        exit_ = next(row["exit_layer"] for row in table if row["all_within_one_se"])
-        chosen = {p: _best_at(rs, exit_, num_layers) for p, rs in allowed.items()}
+        exit_ = next((row["exit_layer"] for row in table if row["all_within_one_se"]), None)
+        if exit_ is None:  # no finite log-loss to compare (a fold lacked a label: nested folds of a small split)
+            exit_, chosen = best_exit, best
+            notes.append("no exit has every prompt's log-loss finite and within one SE: the most accurate reads")
+        else:
+            chosen = {p: _best_at(rs, exit_, num_layers) for p, rs in allowed.items()}
     return DepthChoice(rule, max_layer, num_layers, exit_, chosen, best_exit, table, notes)
 
 

@@ -8,7 +8,7 @@ from typing import Sequence
 
 import numpy as np
 
-from qcls.fitting import head_depth
+from qcls.fitting import head_depth, nested
 from qcls.fitting import heads as H
 from qcls.eval.dataset import EvalSet
 from qcls.eval.scores import EvalRunError
@@ -66,6 +66,15 @@ def fit(clf, sets: dict[str, StateSet], taps: list[Tap], reads: Sequence[Read], 
         fitted_on: str, seed: int = 0, rule: str = "one-se", max_layer: int | None = None) -> Head:
     """Every prompt's head (prompts without labelled queries get none), its read chosen for the prompt set as a
     whole by `rule` (qcls/fitting/head_depth.py; recorded in `meta.depth`), and the metadata that pins the file."""
+    return fit_nested(clf, sets, taps, reads, with_scores, folds, fitted_on, seed, rule, max_layer)[0]
+
+
+def fit_nested(clf, sets: dict[str, StateSet], taps: list[Tap], reads: Sequence[Read], with_scores: bool,
+               folds: int, fitted_on: str, seed: int = 0, rule: str = "one-se",
+               max_layer: int | None = None) -> tuple[Head, nested.Outcome]:
+    """`fit`, and the nested cross-validation of the whole fit (qcls/fitting/nested.py): each prompt's
+    `info.cv_accuracy` / `cv_log_loss` are the nested ones (`selection_cv_accuracy`: the chosen read's in the
+    folds that chose it, optimistic), and its out-of-fold probabilities are returned for thresholds and audits."""
     cfg = clf.cfg
     fitted_on = _shown(fitted_on)
     specs = {p.name: p for p in cfg.prompts}
@@ -93,7 +102,14 @@ def fit(clf, sets: dict[str, StateSet], taps: list[Tap], reads: Sequence[Read], 
                             f"{'it' if len(unheaded) == 1 else 'them'} runs all {num_layers} layers")
     meta = pin(clf, fitted_on, with_scores, {n: int((s.gold >= 0).sum()) for n, s in sets.items()})
     meta["depth"] = choice.as_meta()
-    return Head(prompts, "head", meta)
+    outcome = nested.run(sets, taps, nested.Search({n: list(reads) for n in tried}, with_scores, folds, rule,
+                                                   max_layer, num_layers), seed)
+    for name, ph in prompts.items():
+        ph.info["selection_cv_accuracy"] = ph.info["cv_accuracy"]
+        ph.info["cv"] = "nested"
+        ph.info["cv_accuracy"] = round(outcome.accuracy(name), 4)
+        ph.info["cv_log_loss"] = round(outcome.log_loss(name), 4)
+    return Head(prompts, "head", meta), outcome
 
 
 def _shown(path: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from typing import Any
 
 from qcls.heads.head import Head, Tap
 
@@ -25,7 +26,8 @@ def add(ap: argparse.ArgumentParser, title: str) -> None:
                         "prompt by cross-validation)")
     g.add_argument("--with-scores", action="store_true", help="the raw label scores as features too")
     g.add_argument("--cv-folds", type=int, default=3, metavar="K", help="folds of the cross-validation that "
-                   "chooses the L2 strength (default 3; every label needs K examples)")
+                   "chooses the L2 strength, and of the nested one that judges the whole choice (default 3; every "
+                   "label needs K examples)")
 
 
 @dataclass
@@ -36,6 +38,7 @@ class FittedSplit:
     sets: dict  # prompt → qcls/fitting/head_fitting.py StateSet
     taps: list[Tap]
     notes: list[str]
+    nested: Any = None  # qcls/fitting/nested.py Outcome: the fit's nested out-of-fold probabilities
 
 
 def fit(args: argparse.Namespace, cfg, data) -> FittedSplit:
@@ -60,6 +63,6 @@ def fit(args: argparse.Namespace, cfg, data) -> FittedSplit:
     taps = H.taps_of(reads)
     clf = Classifier(cfg, taps=taps)
     sets = head_fitting.read_set(clf, data)
-    head = head_fitting.fit(clf, sets, taps, reads, args.with_scores, args.cv_folds, str(data.path),
-                            rule=args.layer_rule, max_layer=args.max_layer)
-    return FittedSplit(head, sets, taps, notes)
+    head, outcome = head_fitting.fit_nested(clf, sets, taps, reads, args.with_scores, args.cv_folds,
+                                            str(data.path), rule=args.layer_rule, max_layer=args.max_layer)
+    return FittedSplit(head, sets, taps, notes, outcome)

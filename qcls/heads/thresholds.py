@@ -13,17 +13,21 @@ Applied on the host while results are built (`apply`): a prompt whose winner fal
 probability, is marked `abstained` and reports no winner (or the fallback).
 
 Fitting (`fit_precision`, `fit_coverage`) works on one prompt's winner probabilities and whether each winner
-was right, from held-out predictions (out-of-fold for a head: qcls/fitting/threshold_fitting.py). The candidate
+was right, from held-out predictions (nested out-of-fold for a head: qcls/fitting/nested.py). The candidate
 thresholds are the distinct winner probabilities; threshold t answers the queries whose winner probability is
-≥ t (its coverage) and its precision is the share of those answered correctly. For a target precision the
-threshold chosen is the LOWEST candidate whose precision is ≥ the target: of all thresholds that reach the
-target it answers the most queries. Precision need not rise with t, so higher candidates may fall below the
-target again; the one chosen still reaches it on the fitting split. When that is the lowest candidate (every
-query answered already reaches the target) the threshold is 0: nothing needs to abstain, and a held-out query
-less confident than any fitting query is not refused for it. When no candidate reaches the target the
-fit says so (`reached` False, the best precision any threshold gives and its coverage) and no threshold is
-chosen: the target is never silently relaxed. For a target coverage the threshold chosen is the HIGHEST
-candidate whose coverage is ≥ the target (ties in probability may make the coverage exceed it).
+≥ t (its coverage) and its precision is the share of those answered correctly. For a target precision P at a
+confidence c the threshold chosen is the LOWEST candidate whose answered queries' precision has a one-sided
+Clopper–Pearson lower bound ≥ P at c (qcls/fitting/bounds.py): of all thresholds the split certifies it answers
+the most queries. The point estimate reaching P is not enough: on new queries it would fall under P about as often
+as over it. Precision need not rise with t, so higher candidates may fall below again; the one chosen is
+certified on the fitting split. When that is the lowest candidate (every query answered is certified already)
+the threshold is 0: nothing needs to abstain, and a held-out query less confident than any fitting query is not
+refused for it. When no candidate is certified the fit says so (`reached` False, the best precision and bound
+any threshold gives, and how many more labelled queries of the prompt would certify P if the best observed
+error rate held: `more_needed`) and no threshold is chosen: the target is never silently relaxed.
+`confidence=None` is the point-estimate rule (the lowest threshold whose observed precision reaches P), kept
+for comparison (bench/nested_cv.py). For a target coverage the threshold chosen is the HIGHEST candidate whose
+coverage is ≥ the target (ties in probability may make the coverage exceed it).
 """
 from __future__ import annotations
 
@@ -32,6 +36,8 @@ from typing import Annotated, Any, Iterable
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
+
+CONFIDENCE = 0.9  # the default confidence a target precision is certified at (--confidence)
 
 
 @dataclass(frozen=True)
@@ -79,6 +85,31 @@ def threshold_of(t: ThresholdEntry | None, labels: list[str], where: str) -> Thr
         raise CalibrationError(f"{where}: threshold.labels names {unknown}, which are not among its labels "
                                f"{labels}", "fix the label names or drop those entries")
     return Threshold(t.min_prob, dict(t.labels), t.fallback, dict(t.fitted))
+
+
+def described(t: Threshold) -> str:
+    """One line on a threshold and the promise it was fitted for: '≥ 0.5870 (precision ≥ 0.95 certified at 90 %
+    confidence: lower bound 0.953 on 123 answered of n=151)'."""
+    f = t.fitted
+    out = f"≥ {t.min_prob:.4f}" + (f" (per label: {t.labels})" if t.labels else "")
+    if "target_precision" in f:
+        if f.get("confidence") is not None and f.get("lower_bound") is not None:
+            out += (f" (precision ≥ {f['target_precision']} certified at {f['confidence']:.0%} confidence: lower bound "
+                    f"{f['lower_bound']:.3f} on {f.get('answered', '?')} answered of n={f.get('n', '?')})")
+        else:
+            out += f" (precision ≥ {f['target_precision']} observed on n={f.get('n', '?')}, no confidence bound)"
+    elif "target_coverage" in f:
+        out += f" (coverage ≥ {f['target_coverage']} on n={f.get('n', '?')})"
+    return out
+
+
+def startup_line(head, prompts: list[str]) -> str | None:
+    """'[qcls] abstention thresholds: …' per prompt of the served head (None when no prompt has one)."""
+    limits = limits_of(head, prompts)
+    if all(t is None for t in limits):
+        return None
+    return "[qcls] abstention thresholds: " + "; ".join(
+        f"{n}: {described(t) if t else 'none (answers every query)'}" for n, t in zip(prompts, limits))
 
 
 def limits_of(head, prompts: list[str]) -> list[Threshold | None]:
@@ -139,23 +170,43 @@ def summary(answered_: np.ndarray, correct: np.ndarray) -> dict[str, Any]:
             "errors_avoided": (errors - wrong) / errors if errors else None}
 
 
-def fit_precision(top_prob: np.ndarray, correct: np.ndarray, target: float) -> dict[str, Any]:
-    """The lowest threshold whose answered set has precision ≥ `target` (module docstring). Returns
-    {reached, threshold (None when not reached), precision, coverage, n, best_precision, best_coverage}."""
+def fit_precision(top_prob: np.ndarray, correct: np.ndarray, target: float,
+                  confidence: float | None = CONFIDENCE) -> dict[str, Any]:
+    """The lowest threshold whose answered set's precision is certified ≥ `target` at `confidence` (module
+    docstring). Returns {reached, threshold (None when not reached), precision, coverage, answered, n,
+    lower_bound, confidence, best_precision, best_coverage, best_lower_bound, more_needed}."""
+    from qcls.fitting.bounds import clopper_pearson_lower, more_needed
     if not 0.0 < target <= 1.0:
         raise ValueError(f"target precision {target}: give a share in (0, 1], e.g. 0.95")
+    if confidence is not None and not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence {confidence}: give a level in (0, 1), e.g. 0.9")
     c = curve(top_prob, correct)
-    ok = np.flatnonzero(c.precision >= target)
-    best = int(np.argmax(c.precision[::-1]))  # the best precision, at its largest coverage
-    best = len(c.precision) - 1 - best
-    out: dict[str, Any] = {"target_precision": float(target), "n": c.n,
+    answered_ = np.rint(c.coverage * c.n).astype(int)
+    hits = np.rint(c.precision * answered_).astype(int)
+    if confidence is None:
+        judged = c.precision
+    else:
+        judged = np.array([clopper_pearson_lower(int(k), int(m), confidence) for k, m in zip(hits, answered_)])
+    ok = np.flatnonzero(judged >= target)
+    best = len(judged) - 1 - int(np.argmax(judged[::-1]))  # the best bound (or precision), at its largest coverage
+    out: dict[str, Any] = {"target_precision": float(target), "confidence": confidence, "n": c.n,
                            "best_precision": float(c.precision[best]), "best_coverage": float(c.coverage[best])}
+    if confidence is not None:
+        out["best_lower_bound"] = float(judged[best])
     if not len(ok):
-        return {**out, "reached": False, "threshold": None, "precision": None, "coverage": None}
+        if confidence is not None:  # the fewest further labelled queries any candidate would need
+            needs = [more_needed(int(k), int(m), target, confidence) for k, m in zip(hits, answered_)]
+            needs = [int(np.ceil(x / cov)) for x, cov in zip(needs, c.coverage) if x is not None]
+            out["more_needed"] = min(needs) if needs else None
+        return {**out, "reached": False, "threshold": None, "precision": None, "coverage": None,
+                "answered": None, "lower_bound": None}
     k = ok[-1]
     t = 0.0 if k == len(c.thresholds) - 1 else float(c.thresholds[k])
-    return {**out, "reached": True, "threshold": t, "precision": float(c.precision[k]),
-            "coverage": float(c.coverage[k])}
+    got = {"reached": True, "threshold": t, "precision": float(c.precision[k]), "coverage": float(c.coverage[k]),
+           "answered": int(answered_[k])}
+    if confidence is not None:
+        got["lower_bound"] = float(judged[k])
+    return {**out, **got}
 
 
 def fit_coverage(top_prob: np.ndarray, correct: np.ndarray, target: float) -> dict[str, Any]:

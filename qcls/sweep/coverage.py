@@ -2,7 +2,9 @@
 winner's probability, and at the thresholds of the loaded head file (qcls/heads/thresholds.py, fitted on the
 fitting split) the coverage, the precision of the answered queries and the share of the errors avoided,
 beside the TF-IDF baseline (qcls/fitting/baseline.py) answering the same share of queries, its most confident
-ones. Nothing here is tuned on the scored split: the head's thresholds come from the file; the baseline's
+ones. Where the threshold certifies a target precision, `promise` says whether the precision on this split keeps
+it (qcls/fitting/bounds.py `promise`); every share carries its 95 % Wilson interval and n. Nothing here is tuned
+on the scored split: the head's thresholds come from the file; the baseline's
 cut-off is set to match the head's coverage on this split so the two precisions compare like for like (a
 comparison, not a fit)."""
 from __future__ import annotations
@@ -14,6 +16,7 @@ import numpy as np
 
 from qcls.fitting import baseline
 from qcls.eval.metrics import softmax
+from qcls.fitting import bounds
 from qcls.fitting import heads as H
 from qcls.heads import thresholds as T
 
@@ -35,6 +38,7 @@ def prompt_block(probs: np.ndarray, gold: np.ndarray, labels: list[str], thresho
     keep = np.unique(np.linspace(0, len(c.thresholds) - 1, min(POINTS, len(c.thresholds))).round().astype(int))
     out: dict[str, Any] = {
         "n": int(len(gold)), "accuracy": float(right.mean()),
+        "accuracy_interval": bounds.as_dict(int(right.sum()), len(gold)),
         "precision_at_coverage": {f"{lv:g}": precision_at(c, lv) for lv in LEVELS},
         "curve": {"threshold": c.thresholds[keep].round(5).tolist(), "coverage": c.coverage[keep].round(5).tolist(),
                   "precision": c.precision[keep].round(5).tolist()}}
@@ -47,6 +51,16 @@ def prompt_block(probs: np.ndarray, gold: np.ndarray, labels: list[str], thresho
         if threshold.labels:
             at["label_thresholds"] = dict(threshold.labels)
         at["fitted"] = dict(threshold.fitted)
+        at["intervals"] = {"coverage": bounds.as_dict(at["answered"], at["n"]),
+                           "precision": bounds.as_dict(int(round((at["precision"] or 0) * at["answered"])),
+                                                       at["answered"])}
+        target, conf = at["fitted"].get("target_precision"), at["fitted"].get("confidence")
+        if target is not None:
+            k = int(round((at["precision"] or 0) * at["answered"]))
+            at["promise"] = {"target_precision": target, "confidence": conf,
+                             "fitted_lower_bound": at["fitted"].get("lower_bound"),
+                             "verdict": bounds.promise(k, at["answered"], target, conf) if conf else
+                             ("met" if at["answered"] and k / at["answered"] >= target else "not certified")}
         if base_probs is not None and at["answered"]:
             bc_at = T.fit_coverage(base_probs.max(1), base_probs.argmax(1) == gold, at["coverage"])
             at["tfidf"] = {"coverage": bc_at["coverage"], "precision": bc_at["precision"]}

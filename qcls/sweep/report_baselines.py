@@ -19,6 +19,15 @@ def _f(v: Any) -> str:
     return "" if v is None else f"{v:.3f}"
 
 
+def _ci(v: float | None, n: int) -> str:
+    """A share of n with its 95 % Wilson interval: '0.733 [0.556, 0.858]'."""
+    from qcls.fitting.bounds import wilson
+    if v is None or not n or abs(v * n - round(v * n)) > 1e-6:  # not a share of these n (scored on others)
+        return _f(v)
+    lo, hi = wilson(int(round(v * n)), n)
+    return f"{v:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
 def _best(ok: list[dict[str, Any]], key: str) -> tuple[float | None, str]:
     got = [(x[key], x["job"]) for x in ok if x.get(key) is not None]
     if not got:
@@ -41,7 +50,8 @@ def section(ok: list[dict[str, Any]], by_job: dict[str, Any]) -> list[str]:
         lines += ["", f"## Baselines per prompt ({source})", "",
                   f"{b['method']}; C chosen by {b['folds']}-fold cross-validation on the fitting split, as a head's. "
                   "`LLM` columns: the best job of this table (its job folder in brackets), raw scores and with its "
-                  "head or calibration. `winner`: the higher accuracy.", ""]
+                  "head or calibration. `winner`: the higher accuracy. Accuracies with their 95 % Wilson interval over "
+                  "the n queries.", ""]
         lines += ["| prompt | n | majority acc | TF-IDF acc | TF-IDF macro-F1 | LLM acc, raw | LLM acc, head/cal | "
                   "winner |", "|---|---|---|---|---|---|---|---|"]
         for p, v in b["per_prompt"].items():
@@ -53,7 +63,8 @@ def section(ok: list[dict[str, Any]], by_job: dict[str, Any]) -> list[str]:
                 winner = v.get("error", "")
             else:
                 winner = "TF-IDF" if base > llm else "tie" if base == llm else "LLM"
-            lines.append(f"| {p} | {v.get('n', 0)} | {_f(v.get('majority_accuracy'))} | {_f(base)} | "
-                         f"{_f(v.get('macro_f1'))} | {_f(raw)}{f' ({raw_job})' if raw_job else ''} | "
-                         f"{_f(cal)}{f' ({cal_job})' if cal_job else ''} | {winner} |")
+            n = v.get("n", 0)
+            lines.append(f"| {p} | {n} | {_f(v.get('majority_accuracy'))} | {_ci(base, n)} | "
+                         f"{_f(v.get('macro_f1'))} | {_ci(raw, n)}{f' ({raw_job})' if raw_job else ''} | "
+                         f"{_ci(cal, n)}{f' ({cal_job})' if cal_job else ''} | {winner} |")
     return lines

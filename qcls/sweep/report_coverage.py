@@ -24,6 +24,14 @@ def row_fields(result: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _ci(block: dict[str, Any], key: str, where: str | None = None) -> str:
+    """'0.921 [0.867, 0.954] n=152' from a share and its interval (the share alone where none was recorded)."""
+    iv = block.get(where) if where else dig(block, "intervals", key)
+    if not iv or block.get(key) is None:
+        return _f(block.get(key))
+    return f"{_f(block[key])} [{iv['low']:.3f}, {iv['high']:.3f}] n={iv['n']}"
+
+
 def section(ok: list[dict[str, Any]], by_job: dict[str, Any], out_dir: Path) -> tuple[list[str], dict[str, Path]]:
     """Markdown lines and the plot written (empty when no job has a coverage block). `ok`: the report's rows
     of successful jobs, best first; `by_job`: row job → Job."""
@@ -36,9 +44,11 @@ def section(ok: list[dict[str, Any]], by_job: dict[str, Any], out_dir: Path) -> 
         lines += ["At the thresholds of each job's head file (fitted on the fitting split: `qcls calibrate "
                   "--target-precision`), on this split: the share of queries answered, the precision of those, the "
                   "share of the errors (wrong winners when answering every query) avoided, and the TF-IDF baseline "
-                  "answering the same share of queries (its most confident ones).", "",
-                  "| job | prompt | target | threshold | coverage | precision answered | errors avoided | "
-                  "accuracy, all answered | TF-IDF precision at that coverage |", "|---" * 9 + "|"]
+                  "answering the same share of queries (its most confident ones); shares with their 95 % Wilson "
+                  "interval and n. A target precision certified at a confidence is `met` on this split, `within` "
+                  "the promise (below the target, but by no more than that confidence allows) or `broken`.", "",
+                  "| job | prompt | target | threshold | coverage | precision answered | promise | errors avoided | "
+                  "accuracy, all answered | TF-IDF precision at that coverage |", "|---" * 10 + "|"]
         for x, c in fitted:
             for p, b in c["per_prompt"].items():
                 at = b.get("at_threshold")
@@ -46,10 +56,12 @@ def section(ok: list[dict[str, Any]], by_job: dict[str, Any], out_dir: Path) -> 
                     continue
                 target = at["fitted"].get("target_precision", at["fitted"].get("target_coverage"))
                 kind = "precision" if "target_precision" in at["fitted"] else "coverage"
-                lines.append(f"| {x['job']} | {p} | {f'{kind} {target}' if target is not None else ''} | "
-                             f"{at['threshold']:.4f} | {_f(at['coverage'])} | {_f(at['precision'])} | "
-                             f"{_f(at['errors_avoided'])} | {_f(b['accuracy'])} | "
-                             f"{_f(dig(at, 'tfidf', 'precision'))} |")
+                conf = at["fitted"].get("confidence")
+                lines.append(f"| {x['job']} | {p} | {f'{kind} {target}' if target is not None else ''}"
+                             f"{f' at {conf:.0%}' if conf and kind == 'precision' else ''} | "
+                             f"{at['threshold']:.4f} | {_ci(at, 'coverage')} | {_ci(at, 'precision')} | "
+                             f"{dig(at, 'promise', 'verdict') or ''} | {_f(at['errors_avoided'])} | "
+                             f"{_ci(b, 'accuracy', 'accuracy_interval')} | {_f(dig(at, 'tfidf', 'precision'))} |")
     x, c = jobs[0]
     levels = c["levels"]
     lines += ["", f"Precision of the answered queries at each coverage (the highest threshold answering at least "

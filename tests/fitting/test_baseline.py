@@ -92,8 +92,8 @@ def test_report_section_names_the_winner_per_prompt(tmp_path):
     report.build([tmp_path])
     md = (tmp_path / "summary.md").read_text(encoding="utf-8")
     assert "## Baselines per prompt (fitted on dev, scored on test)" in md
-    assert "| category | 10 | 0.200 | 0.700 | 0.600 | 0.600 (1) | 0.750 (0) | LLM |" in md
-    assert "| audience | 10 | 0.500 | 0.800 | 0.500 | 0.900 (0) | 0.850 (0) | LLM |" in md
+    assert "| category | 10 | 0.200 | 0.700 [0.397, 0.892] | 0.600 | 0.600 [0.313, 0.832] (1) | 0.750 (0) | LLM |" in md
+    assert "| audience | 10 | 0.500 | 0.800 [0.490, 0.943] | 0.500 | 0.900 [0.596, 0.982] (0) | 0.850 (0) | LLM |" in md
     assert any(x.startswith("| job |") and "| majority acc | TF-IDF acc | TF-IDF F1 |" in x for x in md.splitlines())
     base["per_prompt"]["audience"]["accuracy"] = 0.95
     (tmp_path / "0" / "result.json").write_text(json.dumps({**json.loads((tmp_path / "0" / "result.json")
@@ -101,5 +101,5 @@ def test_report_section_names_the_winner_per_prompt(tmp_path):
     (tmp_path / "1" / "result.json").write_text(json.dumps({**json.loads((tmp_path / "1" / "result.json")
                                                                           .read_text()), "baseline": base}))
     report.build([tmp_path])
-    assert "| audience | 10 | 0.500 | 0.950 | 0.500 | 0.900 (0) | 0.850 (0) | TF-IDF |" in \
+    assert "| audience | 10 | 0.500 | 0.950 | 0.500 | 0.900 [0.596, 0.982] (0) | 0.850 (0) | TF-IDF |" in \
         (tmp_path / "summary.md").read_text(encoding="utf-8")

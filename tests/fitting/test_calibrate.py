@@ -84,7 +84,7 @@ def test_calibrate_head_writes_a_file_that_classifies(tiny_dirs, tmp_path, capsy
     path = tmp_path / "calibration" / "tiny_default_head.yaml"
     assert path.is_file() and path.with_suffix(".safetensors").is_file()
     assert "calibration=calibration/tiny_default_head.yaml" in text
-    assert "both @ layer 1 + raw scores" in text and "head (cross-validated)" in text and "category  30" in text
+    assert "both @ layer 1 + raw scores" in text and "head (nested CV) [95 %]" in text and "category  30" in text
     clf = Classifier(compose([*tiny(tiny_dirs["qwen3"]), f"calibration={path}"]))
     r = clf.classify(["red dress"])[0]
     assert r.meta["calibration"] == str(path) and all(p.raw_label is not None for p in r.prompts)

@@ -46,7 +46,7 @@ def test_calibrate_writes_thresholds(tiny_dirs, tmp_path, capsys, monkeypatch):
     for name in ("category", "audience"):
         t = head.prompts[name].threshold
         assert t.fallback == "none" and t.fitted["target_coverage"] == 0.5 and t.fitted["coverage"] >= 0.5
-        assert t.fitted["probabilities"] == "out-of-fold"
+        assert t.fitted["probabilities"] == "nested out-of-fold"
     # thresholds only, for the existing file, into another: its heads unchanged
     assert main(["--eval", str(dev), "--thresholds-for", "h.yaml", "--target-precision", "1.0",
                  "--target-precision", "audience=0.01", "--out", "t.yaml", "--json",
@@ -56,11 +56,14 @@ def test_calibrate_writes_thresholds(tiny_dirs, tmp_path, capsys, monkeypatch):
     assert np.array_equal(new.prompts["category"].bias, head.prompts["category"].bias)
     aud = res["thresholds"]["audience"]
     assert aud["reached"] and new.prompts["audience"].threshold.min_prob == aud["threshold"]
-    cat = res["thresholds"]["category"]
-    if cat["reached"]:  # the split decides whether precision 1 can be reached; either way it is said
-        assert cat["precision"] == 1.0 and new.prompts["category"].threshold.min_prob == cat["threshold"]
-    else:
-        assert new.prompts["category"].threshold is None and cat["best_precision"] < 1.0
+    assert aud["confidence"] == 0.9 and aud["lower_bound"] >= 0.01 and aud["answered"] <= aud["n"]
+    assert new.prompts["audience"].threshold.fitted["lower_bound"] == round(aud["lower_bound"], 4)
+    cat = res["thresholds"]["category"]  # no finite split certifies precision 1: said, and no threshold
+    assert not cat["reached"] and new.prompts["category"].threshold is None and cat["best_lower_bound"] < 1.0
+    assert main(["--eval", str(dev), "--thresholds-for", "h.yaml", "--target-precision", "1.0", "--out", "t.yaml",
+                 *tiny(tiny_dirs["qwen3"])]) == 0
+    text = capsys.readouterr().out
+    assert "category: precision ≥ 1.0 NOT REACHED" in text and "lower bound" in text
     assert main(["--eval", str(dev), "--thresholds-for", "h.yaml", *tiny(tiny_dirs["qwen3"])]) == 2
     assert "give --target-precision or --target-coverage" in capsys.readouterr().err
     # a sweep job on another split with that file: the curve, and coverage / precision at its thresholds

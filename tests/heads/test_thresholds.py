@@ -39,8 +39,8 @@ def test_curve_by_hand():
     (0.6, 0.0, 4 / 6, 1.0),  # answering everything reaches it: threshold 0, nothing abstains
     (0.75, 0.7, 3 / 4, 4 / 6),  # exactly the target counts
 ])
-def test_fit_precision_by_hand(target, threshold, precision, coverage):
-    got = thresholds.fit_precision(PROB, RIGHT, target)
+def test_fit_precision_point_estimate_by_hand(target, threshold, precision, coverage):
+    got = thresholds.fit_precision(PROB, RIGHT, target, confidence=None)
     assert got["reached"] and got["threshold"] == threshold
     assert got["precision"] == pytest.approx(precision) and got["coverage"] == pytest.approx(coverage)
 
@@ -48,9 +48,41 @@ def test_fit_precision_by_hand(target, threshold, precision, coverage):
 def test_unreachable_target_says_so():
     wrong_top = RIGHT.copy()
     wrong_top[1] = False  # the most probable winner is wrong: precisions 0, 1/3, 1/2, 2/5, 1/2
-    got = thresholds.fit_precision(PROB, wrong_top, 0.95)
+    got = thresholds.fit_precision(PROB, wrong_top, 0.95, confidence=None)
     assert not got["reached"] and got["threshold"] is None
     assert got["best_precision"] == pytest.approx(0.5) and got["best_coverage"] == 1.0  # at its largest coverage
+
+
+def test_bound_rule_needs_more_than_the_point_estimate():
+    """148 of 151 right (0.980) answering everything: the point estimate reaches 0.95, the 90 % lower bound
+    (0.956) too, the 99 % one (0.945) not: then no threshold that answers fewer can be certified either (the
+    wrong ones are the most confident), and the fit says how many more queries at that error rate would do."""
+    prob = np.linspace(0.99, 0.5, 151)
+    right = np.ones(151, bool)
+    right[:3] = False
+    at90 = thresholds.fit_precision(prob, right, 0.95, confidence=0.9)
+    assert at90["reached"] and at90["threshold"] == 0.0 and at90["answered"] == 151
+    assert at90["lower_bound"] == pytest.approx(0.9563, abs=1e-3) and at90["confidence"] == 0.9
+    at99 = thresholds.fit_precision(prob, right, 0.95, confidence=0.99)
+    assert not at99["reached"] and at99["best_lower_bound"] < 0.95
+    more = at99["more_needed"]
+    assert more > 0
+    from qcls.fitting.bounds import clopper_pearson_lower
+    k = int((151 + more) * 148 / 151)  # the same share among 151 + more certifies; one fewer does not
+    assert clopper_pearson_lower(k, 151 + more, 0.99) >= 0.95
+    assert clopper_pearson_lower(int((150 + more) * 148 / 151), 150 + more, 0.99) < 0.95
+
+
+def test_bound_rule_abstains_where_the_point_estimate_answers():
+    """The hand-worked six: 0.9 answers one right query (point precision 1.0 ≥ 0.95), but one query cannot
+    certify 0.95 at 90 %: the bound rule reaches nothing and reports the best bound (4 of 6 answering
+    every query, above 1 of 1's 0.1)."""
+    got = thresholds.fit_precision(PROB, RIGHT, 0.95)
+    assert not got["reached"] and got["best_lower_bound"] == pytest.approx(0.3332, abs=1e-3)
+    # only 0.9's all-right share could be certified: 45 answered of 45 (0.1 ** (1 / 45) ≥ 0.95), so 44 more at
+    # its coverage of 1 in 6
+    assert got["best_precision"] == pytest.approx(2 / 3) and got["more_needed"] == 44 * 6
+    assert thresholds.fit_precision(PROB, RIGHT, 0.95, confidence=None)["reached"]
 
 
 @pytest.mark.parametrize("target,threshold,coverage", [(0.5, 0.8, 0.5), (0.6, 0.7, 4 / 6), (1.0, 0.5, 1.0),
@@ -142,3 +174,11 @@ def test_classifier_results_abstain(tiny_dirs, tmp_path):
     Head({"a": ph}, "temperature_bias").save(path)
     clf = Classifier(tiny_cfg(tiny_dirs["qwen3"], [prompt("a", labels)], calibration=str(path)), loaded=clf.loaded)
     assert not any(p.abstained for q in clf.classify(["red dress"]) for p in q.prompts)
+
+
+def test_described_says_the_promise():
+    t = Threshold(0.587, fitted={"target_precision": 0.95, "confidence": 0.9, "lower_bound": 0.9531, "answered": 123,
+                                 "n": 151})
+    assert thresholds.described(t) == ("≥ 0.5870 (precision ≥ 0.95 certified at 90% confidence: lower bound 0.953 on "
+                                       "123 answered of n=151)")
+    assert "no confidence bound" in thresholds.described(Threshold(0.5, fitted={"target_precision": 0.95, "n": 9}))

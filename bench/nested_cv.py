@@ -1,0 +1,191 @@
+"""Does a precision target hold on queries nobody has seen, and does the CV accuracy a fit reports? Simulated on the
+303 shipped labelled queries (dev + test) for both demo models (docs/evaluation.md, "Abstention thresholds").
+
+Per split (seeded, stratified on both prompts' labels, half and half): the head `qcls calibrate --method head`
+fits (every candidate read, one-SE depth rule, 3 folds) on one half; thresholds for precision 0.95 by today's rule
+(the lowest threshold whose observed precision on the non-nested out-of-fold probabilities reaches it) and by the
+bound rule (Clopper–Pearson lower bound at 90 % on the nested out-of-fold probabilities: qcls/fitting/nested.py);
+both scored on the other half. Reported per model and rule: the share of (split, prompt) pairs certified (a
+threshold, 0 included), the share of those whose answered precision on the other half is below 0.95 − 0.02, and the
+median coverage there; the CV accuracy (the selection's, the nested one) against the other half's accuracy.
+
+The states are read once per model (`--read-states MODEL`, CPU, into .cache/nested_cv/); the splits are then
+pure logistic regression, spread over processes (`simulate`, one per CPU).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import warnings
+from multiprocessing import Pool
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench import common as C  # noqa: E402
+from qcls.eval.metrics import softmax  # noqa: E402
+from qcls.fitting import head_depth, nested  # noqa: E402
+from qcls.fitting import heads as H  # noqa: E402
+from qcls.fitting.bounds import shown  # noqa: E402
+from qcls.fitting.head_fitting import StateSet  # noqa: E402
+from qcls.fitting.threshold_fitting import out_of_fold  # noqa: E402
+from qcls.heads import thresholds as T  # noqa: E402
+from qcls.heads.head import Tap  # noqa: E402
+
+STATES = Path(__file__).resolve().parents[1] / ".cache" / "nested_cv"
+MODELS, PROMPTS = ("gemma3_demo", "smollm2_demo"), ("category", "audience")
+TARGET, CONFIDENCE, MISS, FOLDS, RULE = 0.95, 0.9, 0.93, 3, "one-se"
+
+
+def read_states(model: str) -> None:
+    """Every candidate tap's states of dev + test, once (the engine's numerics, as calibrate reads them)."""
+    from qcls.backends import sources
+    from qcls.backends.registry import get_backend
+    from qcls.classifier import Classifier
+    from qcls.config.compose import compose
+    from qcls.eval.dataset import load_eval_set
+    from qcls.fitting.calibrate import split_path
+    from qcls.fitting.head_fitting import read_set
+    from qcls.heads.weights_fingerprint import num_layers
+    over = C.checkpoint_overrides("tiny") if model == "tiny" else [f"model={model}"]
+    cfg = compose(over).model_copy(update={"calibration": None})
+    n = num_layers(sources.load_config(get_backend(cfg.backend.name).source(cfg)))
+    taps = H.taps_of(H.candidate_reads("auto", "auto", n))
+    clf = Classifier(cfg, taps=taps)
+    sets = [read_set(clf, load_eval_set(split_path(s), cfg.prompts)) for s in ("dev", "test")]
+    out = {"taps": np.array([f"{t.layer}|{t.kind}" for t in taps]), "num_layers": np.array(n)}
+    for p in PROMPTS:
+        out[f"{p}/labels"] = np.array(sets[0][p].labels)
+        for key in ("states", "scores", "gold"):
+            out[f"{p}/{key}"] = np.concatenate([getattr(s[p], key) for s in sets])
+    STATES.mkdir(parents=True, exist_ok=True)
+    np.savez(STATES / f"{model}.npz", **out)
+
+
+def load(model: str):
+    z = np.load(STATES / f"{model}.npz")
+    taps = [Tap(int(a) if a.isdigit() else a, b) for a, b in (t.split("|") for t in z["taps"])]
+    sets = {p: StateSet(list(z[f"{p}/labels"]), z[f"{p}/states"], z[f"{p}/scores"], z[f"{p}/gold"]) for p in PROMPTS}
+    return sets, taps, int(z["num_layers"])
+
+
+def halves(sets: dict, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """A seeded half-half split of the rows, stratified on the pair of labels (a rare pair as well as may be)."""
+    from sklearn.model_selection import StratifiedKFold
+    key = np.unique(np.stack([sets[p].gold for p in PROMPTS], 1), axis=0, return_inverse=True)[1].ravel()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        a, b = next(StratifiedKFold(2, shuffle=True, random_state=seed).split(np.zeros(len(key)), key))
+    return a, b
+
+
+def sub(ss: StateSet, rows: np.ndarray) -> StateSet:
+    return StateSet(ss.labels, ss.states[rows], ss.scores[rows], ss.gold[rows])
+
+
+def one_split(task: tuple[str, int, str]) -> list[dict]:
+    """Per prompt: the other half's accuracy, the two CV estimates, and each rule's threshold scored there."""
+    model, seed, kind = task
+    sets, taps, n = load(model)
+    a, b = halves(sets, seed)
+    fit, other = {p: sub(ss, a) for p, ss in sets.items()}, {p: sub(ss, b) for p, ss in sets.items()}
+    reads = H.candidate_reads("auto", kind, n)
+    t0 = time.perf_counter()
+    tried = {p: H.cv_reads(ss.states, taps, ss.scores, ss.gold, len(ss.labels), reads, False, folds=FOLDS)
+             for p, ss in fit.items()}
+    choice = head_depth.choose(tried, n, RULE)
+    heads = {p: H.fit_read(fit[p].states, taps, fit[p].scores, fit[p].gold, fit[p].labels, r, tried[p], False, FOLDS)
+             for p, r in choice.reads.items()}
+    t1 = time.perf_counter()
+    outcome = nested.run(fit, taps, nested.Search({p: reads for p in fit}, False, FOLDS, RULE, None, n))
+    t2 = time.perf_counter()
+    rows = []
+    for p, ph in heads.items():
+        prob = softmax(H.features(other[p].states, taps, ph.read, None) @ ph.feature_weights.T + ph.bias)
+        top, right = prob.max(1), prob.argmax(1) == other[p].gold
+        row = {"model": model, "seed": seed, "prompt": p, "n_fit": len(a), "n_other": int(len(b)),
+               "read": f"{ph.read.kind}@{ph.read.layer}", "other_accuracy": float(right.mean()),
+               "cv_current": choice.reads[p].accuracy, "cv_nested": outcome.accuracy(p),
+               "seconds_selection": t1 - t0, "seconds_nested": t2 - t1}
+        oof = {"today": out_of_fold(ph, fit[p].states, taps, fit[p].scores, fit[p].gold), "bound": outcome.probs[p]}
+        for rule, conf in (("today", None), ("bound", CONFIDENCE)):
+            q = oof[rule]
+            got = T.fit_precision(q.max(1), q.argmax(1) == fit[p].gold, TARGET, conf)
+            ans = top >= got["threshold"] if got["reached"] else np.zeros(len(top), bool)
+            row[rule] = {"reached": got["reached"], "threshold": got["threshold"], "answered": int(ans.sum()),
+                         "right": int((ans & right).sum()), "more_needed": got.get("more_needed")}
+        rows.append(row)
+    return rows
+
+
+def summary(rows: list[dict]) -> str:
+    """The markdown table: per model and rule."""
+    out = ["| model | rule | certified pairs | of those, precision on the other half < 0.93 | uncertified | median "
+           "coverage, certified (all pairs) | mean CV accuracy − other half's (mean abs) |",
+           "|---|---|---|---|---|---|---|"]
+    for model in dict.fromkeys(r["model"] for r in rows):
+        mine = [r for r in rows if r["model"] == model]
+        if not mine:
+            continue
+        for rule, cv in (("today", "cv_current"), ("bound", "cv_nested")):
+            cert = [r for r in mine if r[rule]["reached"]]
+            miss = [r for r in cert if r[rule]["answered"] and r[rule]["right"] / r[rule]["answered"] < MISS]
+            cov = [r[rule]["answered"] / r["n_other"] for r in cert]
+            cov_all = cov + [0.0] * (len(mine) - len(cert))
+            gap = np.array([r[cv] - r["other_accuracy"] for r in mine])
+            name = {"today": "today: observed precision ≥ 0.95, out-of-fold after the choice",
+                    "bound": "bound: 90 % Clopper–Pearson lower bound ≥ 0.95, nested out-of-fold"}[rule]
+            out.append(f"| {model} | {name} | {len(cert)} of {len(mine)} | {len(miss)} = "
+                       f"{shown(len(miss), len(cert)) if cert else '-'} | {(len(mine) - len(cert)) / len(mine):.2f} | "
+                       f"{np.median(cov) if cov else 0:.3f} ({np.median(cov_all):.3f}) | {gap.mean():+.4f} "
+                       f"({np.abs(gap).mean():.4f}) |")
+    sec = {m: (np.mean([r["seconds_selection"] for r in rows if r["model"] == m]),
+               np.mean([r["seconds_nested"] for r in rows if r["model"] == m])) for m in dict.fromkeys(r["model"]
+                                                                                            for r in rows)}
+    out.append("")
+    out.append("Cost per fit (one process, about 151 queries, the candidate reads above): " + "; ".join(
+        f"{m}: the search {s:.0f} s, the nested cross-validation {x:.0f} s more" for m, (s, x) in sec.items()))
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = C.parser(__doc__)
+    ap.add_argument("what", choices=["read-states", "simulate", "table"])
+    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=[*MODELS, "tiny"],
+                    help="tiny: a random-weight model, the smoke")
+    ap.add_argument("--splits", type=int, default=30)
+    ap.add_argument("--json", default=str(STATES / "rows.json"), help="the per-pair rows (simulate writes, table "
+                    "reads; comma-separated files are joined)")
+    ap.add_argument("--read", default="auto", choices=["auto", "position"], help="the candidate reads' kinds "
+                    "(position: one kind per layer, a third of the search's cost)")
+    ap.add_argument("--workers", type=int, help="processes (default: one per CPU)")
+    ap.add_argument("--where", default="", help="where the splits were simulated, for the record")
+    args = ap.parse_args()
+    if args.what == "read-states":
+        for m in args.models:
+            read_states(m)
+        return
+    if args.what == "simulate":
+        for m in args.models:  # states not read yet: read them first
+            if not (STATES / f"{m}.npz").is_file():
+                read_states(m)
+        tasks = [(m, s, args.read) for s in range(args.splits) for m in args.models]
+        rows: list[dict] = []
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        with Pool(args.workers or os.cpu_count() or 1) as pool:
+            for got in pool.imap_unordered(one_split, tasks):  # saved as they come: a cut-short run keeps its rows
+                rows += got
+                Path(args.json).write_text(json.dumps(rows))
+                print(f"{len(rows) // 2} of {len(tasks)} splits", flush=True)
+    rows = [r for f in args.json.split(",") for r in json.loads(Path(f).read_text())]
+    config = (f"{args.splits} seeded stratified half-half splits of the 303 labelled queries; heads by `qcls calibrate "
+              f"--method head` (--layer auto --read {args.read}, {RULE}, {FOLDS} folds); target precision {TARGET}; {args.where}")
+    C.report(C.header("Precision targets and CV accuracy on the other half: nested CV and a bound against today's "
+                      "rule", config) + summary(rows) + "\n", args.no_append)
+
+
+if __name__ == "__main__":
+    main()
