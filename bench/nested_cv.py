@@ -29,7 +29,7 @@ from bench import common as C  # noqa: E402
 from qcls.eval.metrics import softmax  # noqa: E402
 from qcls.fitting import head_depth, nested  # noqa: E402
 from qcls.fitting import heads as H  # noqa: E402
-from qcls.fitting.bounds import shown  # noqa: E402
+from qcls.heads.bounds import shown  # noqa: E402
 from qcls.fitting.head_fitting import StateSet  # noqa: E402
 from qcls.fitting.threshold_fitting import out_of_fold  # noqa: E402
 from qcls.heads import thresholds as T  # noqa: E402

@@ -255,7 +255,7 @@ def _head_table(res: dict[str, Any]) -> str:
     """Per prompt the read chosen, the L2 strength and the cross-validated accuracy (held out within the split),
     beside the raw scores' accuracy on the split; then the depth table (qcls/fitting/head_depth.py)."""
     from qcls.fitting import head_depth
-    from qcls.fitting.bounds import wilson
+    from qcls.heads.bounds import wilson
     head = ("prompt", "n", "read", "C", "accuracy: raw scores", "head (nested CV) [95 %]")
     rows = []
     for p, h in res["heads"].items():

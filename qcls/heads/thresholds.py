@@ -17,7 +17,7 @@ was right, from held-out predictions (nested out-of-fold for a head: qcls/fittin
 thresholds are the distinct winner probabilities; threshold t answers the queries whose winner probability is
 ≥ t (its coverage) and its precision is the share of those answered correctly. For a target precision P at a
 confidence c the threshold chosen is the LOWEST candidate whose answered queries' precision has a one-sided
-Clopper–Pearson lower bound ≥ P at c (qcls/fitting/bounds.py): of all thresholds the split certifies it answers
+Clopper–Pearson lower bound ≥ P at c (qcls/heads/bounds.py): of all thresholds the split certifies it answers
 the most queries. The point estimate reaching P is not enough: on new queries it would fall under P about as often
 as over it. Precision need not rise with t, so higher candidates may fall below again; the one chosen is
 certified on the fitting split. When that is the lowest candidate (every query answered is certified already)
@@ -175,7 +175,7 @@ def fit_precision(top_prob: np.ndarray, correct: np.ndarray, target: float,
     """The lowest threshold whose answered set's precision is certified ≥ `target` at `confidence` (module
     docstring). Returns {reached, threshold (None when not reached), precision, coverage, answered, n,
     lower_bound, confidence, best_precision, best_coverage, best_lower_bound, more_needed}."""
-    from qcls.fitting.bounds import clopper_pearson_lower, more_needed
+    from qcls.heads.bounds import clopper_pearson_lower, more_needed
     if not 0.0 < target <= 1.0:
         raise ValueError(f"target precision {target}: give a share in (0, 1], e.g. 0.95")
     if confidence is not None and not 0.0 < confidence < 1.0:

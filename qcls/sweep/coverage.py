@@ -3,7 +3,7 @@ winner's probability, and at the thresholds of the loaded head file (qcls/heads/
 fitting split) the coverage, the precision of the answered queries and the share of the errors avoided,
 beside the TF-IDF baseline (qcls/fitting/baseline.py) answering the same share of queries, its most confident
 ones. Where the threshold certifies a target precision, `promise` says whether the precision on this split keeps
-it (qcls/fitting/bounds.py `promise`); every share carries its 95 % Wilson interval and n. Nothing here is tuned
+it (qcls/heads/bounds.py `promise`); every share carries its 95 % Wilson interval and n. Nothing here is tuned
 on the scored split: the head's thresholds come from the file; the baseline's
 cut-off is set to match the head's coverage on this split so the two precisions compare like for like (a
 comparison, not a fit)."""
@@ -16,7 +16,7 @@ import numpy as np
 
 from qcls.fitting import baseline
 from qcls.eval.metrics import softmax
-from qcls.fitting import bounds
+from qcls.heads import bounds
 from qcls.fitting import heads as H
 from qcls.heads import thresholds as T
 

@@ -21,7 +21,7 @@ def _f(v: Any) -> str:
 
 def _ci(v: float | None, n: int) -> str:
     """A share of n with its 95 % Wilson interval: '0.733 [0.556, 0.858]'."""
-    from qcls.fitting.bounds import wilson
+    from qcls.heads.bounds import wilson
     if v is None or not n or abs(v * n - round(v * n)) > 1e-6:  # not a share of these n (scored on others)
         return _f(v)
     lo, hi = wilson(int(round(v * n)), n)

@@ -67,7 +67,7 @@ def test_bound_rule_needs_more_than_the_point_estimate():
     assert not at99["reached"] and at99["best_lower_bound"] < 0.95
     more = at99["more_needed"]
     assert more > 0
-    from qcls.fitting.bounds import clopper_pearson_lower
+    from qcls.heads.bounds import clopper_pearson_lower
     k = int((151 + more) * 148 / 151)  # the same share among 151 + more certifies; one fewer does not
     assert clopper_pearson_lower(k, 151 + more, 0.99) >= 0.95
     assert clopper_pearson_lower(int((150 + more) * 148 / 151), 150 + more, 0.99) < 0.95

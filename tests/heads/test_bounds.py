@@ -1,10 +1,10 @@
-"""Confidence bounds (qcls/fitting/bounds.py) against closed forms and scipy's binomial tail."""
+"""Confidence bounds (qcls/heads/bounds.py) against closed forms and scipy's binomial tail."""
 from __future__ import annotations
 
 import pytest
 from scipy.stats import binom
 
-from qcls.fitting import bounds
+from qcls.heads import bounds
 
 
 def test_clopper_pearson_lower_closed_form_at_all_right():
