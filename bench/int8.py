@@ -2,6 +2,7 @@
 classifiers held, requests interleaved), GPU memory of each alone, score agreement, and the T4 projection.
 
     python bench/int8.py --shapes qwen3_4b qwen3_8b gemma3_4b
+    python bench/int8.py --shapes gemma3_demo --iters 30             # CPU: the default demo as a user runs it
     python bench/int8.py --shapes tiny --iters 3 --no-append        # CPU: checks the script
 
 Random weights of the real shapes (bench/common.py): latency depends on shapes, not values; random weights put
@@ -13,12 +14,18 @@ import time
 
 import torch
 
-from bench.common import checkpoint_overrides, free, header, median, parser, report, score_diff, scores, sync
+from bench.common import checkpoint_overrides, free, header, median, parser, report, score_diff, sync
 from qcls.check.served import T4_BW, T4_BW_EFF, T4_FLOP_EFF, T4_FLOPS
 
 QUERIES = ["red summer dress for women", "boys winter hoodie", "cheap black jeans", "vintage trench coat",
            "孕妇连衣裙 夏季", "男童 卫衣 加厚", "premium knit sweater grey", "pink skirt girl"]
 T4_INT8_OPS = 2 * T4_FLOPS  # 130 TOP/s int8 against 65 TFLOP/s fp16, at the same efficiency
+
+
+def scores(results) -> list:
+    """[query][prompt][label]: the label scores, or the heads' logits where the forward stops at their layer."""
+    return [[[lab.score if lab.score is not None else lab.head_score for lab in p.labels] for p in r.prompts]
+            for r in results]
 
 
 def t4_ms(params: int, tokens: int, int8: bool) -> float:
@@ -37,14 +44,20 @@ def build(shape: str, backend: str, extra: list[str]):
         torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
     t0 = time.perf_counter()
-    clf = Classifier(compose(overrides(shape) + ["prompts=ecommerce8", "scoring=trie", f"backend={backend}"] + extra))
+    prompts = [] if shape in DEMOS else ["prompts=ecommerce8", "scoring=trie"]
+    clf = Classifier(compose(overrides(shape) + prompts + [f"backend={backend}"] + extra))
     mem = measured(clf.loaded.device) or {}
     held = (torch.cuda.memory_allocated() - before) if torch.cuda.is_available() else 0
     return clf, {"startup_s": round(time.perf_counter() - t0, 1), "held_gib": held / 2**30,
                  "peak_gib": mem.get("gpu_peak", 0) / 2**30, "notes": clf.notes}
 
 
+DEMOS = ("gemma3_demo", "smollm2_demo")  # real weights, their own prompts and default head (the forward's exit)
+
+
 def overrides(shape: str) -> list[str]:
+    if shape in DEMOS:
+        return [f"model={shape}"]
     if shape != "tiny":
         return checkpoint_overrides(shape)
     from pathlib import Path
@@ -81,7 +94,7 @@ def run(shape: str, iters: int) -> dict:
     row = {"shape": shape, "int8": m8, "fp16": m16}
     d = score_diff(scores(q8.classify(QUERIES)), scores(fp.classify(QUERIES)))
     row["max_delta"], row["winners_equal"] = d["max_abs_diff"], d["winners_equal"]
-    params = sum(p.numel() for p in fp.loaded.model.model.layers.parameters())
+    params = sum(p.numel() for p in fp.loaded.model.model.layers.parameters())  # as loaded: the exit's layers
     for b in (1, 4):
         r = alternate(fp, q8, b, iters)
         r["t4_fp16"], r["t4_int8"] = t4_ms(params, r["tokens"] or 0, False), t4_ms(params, r["tokens"] or 0, True)
