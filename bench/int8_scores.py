@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = parser(__doc__)
     ap.add_argument("--models", nargs="+", default=["gemma3_demo", "smollm2_demo"])
     ap.add_argument("--limit", type=int, default=None, help="queries per split (smoke runs)")
+    ap.add_argument("--tokens", type=int, default=4096, help="backend.options.calibration_tokens")
     args = ap.parse_args(argv)
     from qcls.classifier import Classifier
     from qcls.config.compose import compose
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
                   (("dev", DEV), ("test", TEST))}
         fp = {name: answers(ref, [e.query for e in s.examples]) for name, s in splits.items()}
         for cal, extra in (("built-in queries", []), ("dev queries", [f"backend.options.calibration_queries={DEV}"])):
-            clf = Classifier(compose(base + ["backend=int8"] + extra))
+            clf = Classifier(compose(base + ["backend=int8", f"backend.options.calibration_tokens={args.tokens}"] + extra))
             for name, s in splits.items():
                 r = compare(fp[name], answers(clf, [e.query for e in s.examples]), [e.labels for e in s.examples],
                             prompts)
