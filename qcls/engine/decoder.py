@@ -18,7 +18,8 @@ from torch import nn
 from qcls.engine.attention import RawQKV
 from qcls.engine.family import SUPPORTED, describe, table_factor  # noqa: F401  (SUPPORTED: the engine's families)
 from qcls.engine.int8_linear import Int8Linear, QuantizedRows
-from qcls.engine.kernels import act_mul, add_rmsnorm, gather_rows, gelu_tanh_mul, post_add_rmsnorm, silu_mul
+from qcls.engine.act_kernels import act_mul, gelu_tanh_mul, silu_mul
+from qcls.engine.kernels import add_rmsnorm, gather_rows, post_add_rmsnorm
 from qcls.engine.qkv_kernels import qkv_heads_per_program, qkv_into
 
 
@@ -175,17 +176,18 @@ class Decoder:
                 qkv_into(qv, kv, vv, cos, sin, qw, kw, eps, q, self.k[i], self.v[i], slots,
                          offset=self.family.norm_offset, heads_per_program=self.qkv_heads)
                 att = attend(q, self.k[i], self.v[i], window=self.windows[i], scale=self.scale)
-            delta = a.o_proj(att)
+            delta = _output(a.o_proj, att)
             rows = read if i == last and narrow else None  # gathered by the norm
             # Gemma3's norms after attention and MLP (attn_out, mlp_out) run with the next norm (_norm_after)
             x, res = self._norm_after(delta, lp.attn_out, res, lp.mlp_in, rows=rows, into=self.gate_up[i])
             if self.gate_up[i] is not None:
-                gu = _linear(self.gate_up[i], x)  # (module names looked up per call: benches swap them)
-                down = layer.mlp.down_proj
+                down = layer.mlp.down_proj  # (module names looked up per call: benches swap them)
                 int8 = _smoothing(down)
-                if int8 is not None:  # the activation quantized by its own kernel
-                    delta = down(QuantizedRows(*(gelu_tanh_mul if self.gelu else silu_mul)(gu, int8=int8)))
+                if int8 is not None:  # the activation reads gate/up's int32 product and quantizes for down itself
+                    gu = _output(self.gate_up[i], x)
+                    delta = _output(down, QuantizedRows(*(gelu_tanh_mul if self.gelu else silu_mul)(gu, int8=int8)))
                 else:
+                    gu = _linear(self.gate_up[i], x)
                     delta = down(gelu_tanh_mul(gu) if self.gelu else silu_mul(gu))
             else:  # gate and up as modules (quantized, streamed): the same float32 activation, one rounding
                 m = layer.mlp
@@ -209,6 +211,14 @@ def _smoothing(lin) -> torch.Tensor | bool | None:
     if not isinstance(lin, Int8Linear):
         return None
     return lin.smooth if lin.smooth is not None else True
+
+
+def _output(lin, x):
+    """lin(x), or for a W8A8 linear without a bias its int32 product before the scales (Int32Product): the kernel
+    that reads it next (a norm, the gated activation) applies them as it loads."""
+    if isinstance(lin, Int8Linear) and lin.bias is None:
+        return lin.product(x)
+    return lin(x)
 
 
 def _linear(fused, x):

@@ -1,17 +1,18 @@
 """The elementwise halves of a W8A8 linear (qcls/engine/int8_linear.py): quantizing an activation per row, and
 scaling the GEMM's int32 result back. Triton on CUDA, plain torch elsewhere; the torch versions define the math.
 
-Rounding is to the nearest integer, ties to even, in both (torch.round, CUDA's rint), so the two agree on the int8
-values wherever their float32 inputs agree.
+Rounding is to the nearest integer, ties to even, in both (torch.round; `rint` below, in exact float32 steps that
+Triton's interpreter runs too), so the two agree on the int8 values wherever their float32 inputs agree.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 try:
     import triton
     import triton.language as tl
-    from triton.language.extra import libdevice
 except ImportError:  # CPU-only installs
     triton = None
 
@@ -21,6 +22,28 @@ TINY = 1e-12  # an all-zero row gets this scale: its q is 0 and the product 0
 
 def use_triton(x: torch.Tensor) -> bool:
     return triton is not None and x.is_cuda
+
+
+@dataclass
+class Int32Product:
+    """A W8A8 GEMM's int32 result with the two scales that make it the linear's output, acc · xscale[:, None] ·
+    wscale[None, :], handed as it is to the kernel that reads that output (the next norm, the gated activation),
+    which applies the scales as it loads: no launch and no float copy of its own (for gate/up, [M, 2I] of them)."""
+    acc: torch.Tensor
+    xscale: torch.Tensor
+    wscale: torch.Tensor
+
+    def dense(self) -> torch.Tensor:
+        """The product in float32 (the torch kernels, which define the math)."""
+        return self.acc.float() * self.xscale[:, None] * self.wscale[None, :]
+
+
+def product_args(x):
+    """(tensor, row scales, column scales, whether they apply) for a kernel that reads x: a float tensor or an
+    Int32Product (the scales are x itself when unused: any pointer will do)."""
+    if isinstance(x, Int32Product):
+        return x.acc, x.xscale, x.wscale, True
+    return x, x, x, False
 
 
 def quantize_rows_torch(x: torch.Tensor, smooth: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,6 +73,14 @@ def int8_outputs(int8, like: torch.Tensor, n: int, h: int):
 
 if triton is not None:
     @triton.jit
+    def rint(t):
+        """t rounded to the nearest integer, ties to even (every step exact in float32 for |t| < 2^23)."""
+        f = tl.floor(t)
+        d = t - f
+        odd = f - 2.0 * tl.floor(f * 0.5)
+        return tl.where(d > 0.5, f + 1.0, tl.where(d < 0.5, f, f + odd))
+
+    @triton.jit
     def store_quantized(q_row, qs_row, m_ptr, cols, mask, y, SMOOTH: tl.constexpr):
         """A row's float32 values y (× the smoothing vector) as int8 with one float32 scale: the end of every
         kernel that hands a W8A8 GEMM its input (the norms, the gated activation, quantize_rows)."""
@@ -58,7 +89,7 @@ if triton is not None:
         y = tl.where(mask, y, 0.0)
         scale = tl.maximum(tl.max(tl.abs(y), 0), 1e-12) / 127.0
         t = y / scale
-        r = libdevice.rint(t)
+        r = rint(t)
         r = tl.minimum(tl.maximum(r, -127.0), 127.0)
         tl.store(q_row + cols, r.to(tl.int8), mask=mask)
         tl.store(qs_row, scale)
@@ -70,6 +101,13 @@ if triton is not None:
         mask = cols < K
         x = tl.load(x_ptr + row * x_s0 + cols, mask=mask, other=0.0).to(tl.float32)
         store_quantized(q_ptr + row * K, qs_ptr + row, m_ptr, cols, mask, x, SMOOTH=SMOOTH)
+
+    @triton.jit
+    def scaled(x, xs_ptr, ws_ptr, src, cols, mask, DEQ: tl.constexpr):
+        """x (float32) of row src, or, DEQ, an int32 product's values times their row's and columns' scales."""
+        if DEQ:
+            x = x * tl.load(xs_ptr + src) * tl.load(ws_ptr + cols, mask=mask, other=0.0)
+        return x
 
     @triton.jit
     def _dequantize_kernel(acc_ptr, xs_ptr, ws_ptr, b_ptr, out_ptr, N, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):

@@ -92,6 +92,13 @@ class Int8Linear(nn.Module):
         out = k8.dequantize(acc, a.scale, self.wscale, self.bias, self.out_dtype)
         return out if isinstance(x, QuantizedRows) else out.view(*x.shape[:-1], self.out_features)
 
+    def product(self, x: torch.Tensor | QuantizedRows) -> k8.Int32Product:
+        """The output before its scales (x 2-D): for the kernel that reads it next, which applies them (no bias)."""
+        if self.bias is not None:
+            raise ValueError("a linear with a bias hands its output dequantized (forward)")
+        a = x if isinstance(x, QuantizedRows) else self.quantize(x)
+        return k8.Int32Product(int_mm(a.q, self.qweight), a.scale, self.wscale)
+
 
 def int_mm(q: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """q [M, K] int8 @ w [N, K]^T → int32 [M, N], exact (int32 accumulation)."""

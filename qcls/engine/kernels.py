@@ -21,12 +21,12 @@ import functools
 
 import torch
 
-from qcls.engine.int8_kernels import int8_outputs, normed_output
+from qcls.engine.int8_kernels import Int32Product, int8_outputs, normed_output, product_args
 
 try:
     import triton
     import triton.language as tl
-    from qcls.engine.int8_kernels import store_quantized
+    from qcls.engine.int8_kernels import scaled, store_quantized
 except ImportError:  # CPU-only installs
     triton = None
 
@@ -89,7 +89,10 @@ def add_rmsnorm_torch(x, residual, weight, eps, out_dtype=None, offset: bool = F
                       int8=None):
     """(RMSNorm(x + residual) · weight (1 + weight with `offset`) in out_dtype (default x's), x + residual in
     float32); `rows`: only these rows of x and residual, in this order; `scale`: x × scale first, rounded to x's
-    dtype (Gemma3's scaled embedding: its module's arithmetic); `int8`: the output quantized (int8_kernels.normed_output)."""
+    dtype (Gemma3's scaled embedding: its module's arithmetic); `int8`: the output quantized (int8_kernels.normed_output).
+    x may be an Int32Product (a W8A8 linear's output before its scales)."""
+    if isinstance(x, Int32Product):
+        x = x.dense()
     if rows is not None:
         x, residual = x[rows], (residual[rows] if residual is not None else None)
     if scale is not None:
@@ -101,9 +104,10 @@ def add_rmsnorm_torch(x, residual, weight, eps, out_dtype=None, offset: bool = F
 
 if triton is not None:
     @triton.jit
-    def _add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, rows_ptr, qs_ptr, m_ptr, H, eps, scale,
+    def _add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, rows_ptr, qs_ptr, m_ptr, xs_ptr, ws_ptr, H, eps, scale,
                             HAS_RES: tl.constexpr, OFFSET: tl.constexpr, GATHER: tl.constexpr, SCALE: tl.constexpr,
-                            BLOCK: tl.constexpr, HINT: tl.constexpr, INT8: tl.constexpr, SMOOTH: tl.constexpr):
+                            BLOCK: tl.constexpr, HINT: tl.constexpr, INT8: tl.constexpr, SMOOTH: tl.constexpr,
+                            DEQ: tl.constexpr):
         row = tl.program_id(0)
         src = tl.load(rows_ptr + row) if GATHER else row  # GATHER: output row i reads input row rows[i]
         cols = tl.arange(0, BLOCK)
@@ -111,7 +115,7 @@ if triton is not None:
         x = _load_hinted(x_ptr + src * H + cols, m, HINT, False)  # HINT: residual_hints
         if SCALE:  # x·scale rounded to x's dtype: the product of two such values is exact in float32, one rounding
             x = (x.to(tl.float32) * scale).to(x_ptr.dtype.element_ty)
-        x = x.to(tl.float32)
+        x = scaled(x.to(tl.float32), xs_ptr, ws_ptr, src, cols, m, DEQ)  # DEQ: x is an Int32Product's
         if HAS_RES:
             x = x + _load_hinted(r_ptr + src * H + cols, m, HINT, True)
         w = tl.load(w_ptr + cols, mask=m, other=0.0)  # before the reduction: see below
@@ -144,18 +148,19 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Te
     keeps only the rows the tail reads: no gather launches before it; the first gathers the embedding table's).
     `scale` (a value of x's dtype): x × scale first, rounded to x's dtype (Gemma3's scaled embedding). `int8`: the
     normed output quantized per row for a W8A8 GEMM ((int8, scales) in its place; int8_kernels.normed_output). impl: auto, or torch /
-    triton (tests)."""
-    if impl == "torch" or (impl == "auto" and not use_triton(x)):
+    triton (tests). x may be an Int32Product: its scales applied as it is loaded."""
+    if impl == "torch" or (impl == "auto" and not use_triton(product_args(x)[0])):
         return add_rmsnorm_torch(x, residual, weight, eps, out_dtype, offset, rows, scale, int8)
+    x, xs, ws, deq = product_args(x)
     n, h = (x.shape[0] if rows is None else rows.shape[0]), x.shape[1]
     s = torch.empty(n, h, dtype=torch.float32, device=x.device)
     q, qs, sm = int8_outputs(int8, s, n, h)
     y = q if int8 is not None else torch.empty(n, h, dtype=out_dtype or x.dtype, device=x.device)
     _add_rmsnorm_kernel[(n,)](x, residual if residual is not None else s, weight, y, s, rows if rows is not None else s,
-                              qs, sm, h, eps, 1.0 if scale is None else scale, HAS_RES=residual is not None,
+                              qs, sm, xs, ws, h, eps, 1.0 if scale is None else scale, HAS_RES=residual is not None,
                               OFFSET=offset, GATHER=rows is not None, SCALE=scale is not None,
                               BLOCK=triton.next_power_of_2(h), HINT=residual_hints(x, n), num_warps=norm_warps(h),
-                              INT8=int8 is not None, SMOOTH=int8 is not None and int8 is not True)
+                              INT8=int8 is not None, SMOOTH=int8 is not None and int8 is not True, DEQ=deq)
     return ((y, qs) if int8 is not None else y), s
 
 
@@ -164,6 +169,8 @@ def post_add_rmsnorm_torch(x, residual, w_post, eps_post, weight, eps, out_dtype
                            int8=None):
     """(RMSNorm(residual + RMSNorm_post(x)) in out_dtype, residual + RMSNorm_post(x) in float32): the two norms
     add_rmsnorm_torch runs one after the other, the post-norm's output kept in float32; `rows` as there."""
+    if isinstance(x, Int32Product):
+        x = x.dense()
     if rows is not None:
         x, residual = x[rows], residual[rows]
     d, _ = add_rmsnorm_torch(x, None, w_post, eps_post, torch.float32, offset)
@@ -172,9 +179,9 @@ def post_add_rmsnorm_torch(x, residual, w_post, eps_post, weight, eps, out_dtype
 
 if triton is not None:
     @triton.jit
-    def _post_add_rmsnorm_kernel(x_ptr, r_ptr, wp_ptr, w_ptr, y_ptr, s_ptr, rows_ptr, qs_ptr, m_ptr, H, eps_post, eps,
-                                 OFFSET: tl.constexpr, GATHER: tl.constexpr, BLOCK: tl.constexpr, HINT: tl.constexpr,
-                                 INT8: tl.constexpr, SMOOTH: tl.constexpr):
+    def _post_add_rmsnorm_kernel(x_ptr, r_ptr, wp_ptr, w_ptr, y_ptr, s_ptr, rows_ptr, qs_ptr, m_ptr, xs_ptr, ws_ptr, H,
+                                 eps_post, eps, OFFSET: tl.constexpr, GATHER: tl.constexpr, BLOCK: tl.constexpr,
+                                 HINT: tl.constexpr, INT8: tl.constexpr, SMOOTH: tl.constexpr, DEQ: tl.constexpr):
         """_add_rmsnorm_kernel's two launches in one: d = RMSNorm_post(x) in float32, s = r + d, y = RMSNorm(s).
         The same operations as the two launches (the compiler may fuse d's last product with the add: one float32
         rounding fewer), without d written and read back (unfused, Gemma3 ran 137 norm launches a forward,
@@ -186,6 +193,7 @@ if triton is not None:
         # every load before the first reduction: its barriers keep later loads from being issued early, and
         # each load waited on after one is another memory round trip in the launch's chain
         x = _load_hinted(x_ptr + src * H + cols, m, HINT, False).to(tl.float32)  # HINT: residual_hints
+        x = scaled(x, xs_ptr, ws_ptr, src, cols, m, DEQ)
         r = _load_hinted(r_ptr + src * H + cols, m, HINT, True)
         wp = tl.load(wp_ptr + cols, mask=m, other=0.0)
         w = tl.load(w_ptr + cols, mask=m, other=0.0)
@@ -210,76 +218,20 @@ def post_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, w_post: torch.Tens
                      impl: str = "auto", rows: torch.Tensor | None = None, int8=None):
     """Gemma3's norm after attention or the MLP, its output added to the float32 residual, and the next norm:
     (RMSNorm(s) · weight in out_dtype, s = residual + RMSNorm_post(x) · w_post in float32). One launch on CUDA
-    (engine.fuse_post_norms); `rows` and `int8` as add_rmsnorm's; impl: auto, or torch / triton (tests)."""
-    if impl == "torch" or (impl == "auto" and not use_triton(x)):
+    (engine.fuse_post_norms); `rows`, `int8` and x as add_rmsnorm's; impl: auto, or torch / triton (tests)."""
+    if impl == "torch" or (impl == "auto" and not use_triton(product_args(x)[0])):
         return post_add_rmsnorm_torch(x, residual, w_post, eps_post, weight, eps, out_dtype, offset, rows, int8)
+    x, xs, ws, deq = product_args(x)
     n, h = (x.shape[0] if rows is None else rows.shape[0]), x.shape[1]
     s = torch.empty(n, h, dtype=torch.float32, device=x.device)
     q, qs, sm = int8_outputs(int8, s, n, h)
     y = q if int8 is not None else torch.empty(n, h, dtype=out_dtype, device=x.device)
-    _post_add_rmsnorm_kernel[(n,)](x, residual, w_post, weight, y, s, rows if rows is not None else s, qs, sm, h,
-                                   eps_post, eps, OFFSET=offset, GATHER=rows is not None,
+    _post_add_rmsnorm_kernel[(n,)](x, residual, w_post, weight, y, s, rows if rows is not None else s, qs, sm, xs, ws,
+                                   h, eps_post, eps, OFFSET=offset, GATHER=rows is not None,
                                    BLOCK=triton.next_power_of_2(h), HINT=residual_hints(x, n),
                                    num_warps=norm_warps(h, n, pair=True), INT8=int8 is not None,
-                                   SMOOTH=int8 is not None and int8 is not True)
+                                   SMOOTH=int8 is not None and int8 is not True, DEQ=deq)
     return ((y, qs) if int8 is not None else y), s
-
-
-# ---- gated activation: SiLU·mul (Llama/Qwen), GELU-tanh·mul (Gemma3) ------------------------------------
-if triton is not None:
-    @triton.jit
-    def _act_mul_kernel(g_ptr, u_ptr, out_ptr, qs_ptr, m_ptr, I, g_s0, u_s0, GELU: tl.constexpr, BLOCK: tl.constexpr,
-                        INT8: tl.constexpr, SMOOTH: tl.constexpr):
-        row = tl.program_id(0)
-        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        m = cols < I
-        g = tl.load(g_ptr + row * g_s0 + cols, mask=m, other=0.0).to(tl.float32)
-        u = tl.load(u_ptr + row * u_s0 + cols, mask=m, other=0.0).to(tl.float32)
-        if GELU:  # 0.5·g·(1 + tanh(z)) = g·sigmoid(2z), z = √(2/π)·(g + 0.044715·g³)
-            z = 0.7978845608028654 * (g + 0.044715 * g * g * g)
-            a = g / (1.0 + tl.exp(-2.0 * z))
-        else:
-            a = g / (1.0 + tl.exp(-g))
-        if INT8:  # one program holds the whole row (BLOCK ≥ I): its scale needs every column
-            store_quantized(out_ptr + row * I, qs_ptr + row, m_ptr, cols, m, a * u, SMOOTH=SMOOTH)
-        else:
-            tl.store(out_ptr + row * I + cols, (a * u).to(out_ptr.dtype.element_ty), mask=m)
-
-
-def act_mul(g: torch.Tensor, u: torch.Tensor, gelu: bool, int8=None):
-    """act(g) * u for [N, I] gate and up (rows may be strided, e.g. the halves of one fused GEMM's output),
-    float32 inside, rounded once. Modules that run gate and up as two GEMMs (quantized or streamed linears)
-    come here too, so their activation rounds as the fused path's does (transformers' MLP rounds act(g)
-    and the product separately). `int8`: quantized per row for a W8A8 down projection (add_rmsnorm's)."""
-    if not use_triton(g):
-        f = g.float()
-        a = torch.nn.functional.gelu(f, approximate="tanh") if gelu else torch.nn.functional.silu(f)
-        return normed_output(a * u.float(), g.dtype, int8)
-    if g.stride(-1) != 1 or u.stride(-1) != 1:
-        raise ValueError("act_mul needs unit stride along the intermediate dim")
-    n, i = g.shape
-    q, qs, sm = int8_outputs(int8, g, n, i)
-    out = q if int8 is not None else torch.empty(n, i, dtype=g.dtype, device=g.device)
-    block = 1024 if int8 is None else triton.next_power_of_2(i)
-    _act_mul_kernel[(n, triton.cdiv(i, block))](g, u, out, qs, sm, i, g.stride(0), u.stride(0), GELU=gelu, BLOCK=block,
-                                                INT8=int8 is not None, SMOOTH=int8 is not None and int8 is not True,
-                                                num_warps=4 if int8 is None else 16)
-    return (out, qs) if int8 is not None else out
-
-
-def _act_mul(gu: torch.Tensor, gelu: bool, int8=None):
-    i = gu.shape[-1] // 2
-    return act_mul(gu[..., :i], gu[..., i:], gelu, int8)
-
-
-def silu_mul(gu: torch.Tensor, int8=None):
-    """silu(gate) * up for gu = [gate | up] along the last dim (float32 inside, one rounding)."""
-    return _act_mul(gu, gelu=False, int8=int8)
-
-
-def gelu_tanh_mul(gu: torch.Tensor, int8=None):
-    """gelu_tanh(gate) * up for gu = [gate | up] (transformers' gelu_pytorch_tanh), float32 inside."""
-    return _act_mul(gu, gelu=True, int8=int8)
 
 
 # ---- the tokens' rows of the RoPE tables ---------------------------------------------------------------

@@ -10,7 +10,8 @@ from qcls.backends.registry import get_backend
 from qcls.classifier import Classifier
 from qcls.engine import int8_kernels as k8
 from qcls.engine.int8_linear import int_mm
-from qcls.engine.kernels import add_rmsnorm, post_add_rmsnorm, silu_mul, gelu_tanh_mul
+from qcls.engine.act_kernels import gelu_tanh_mul, silu_mul
+from qcls.engine.kernels import add_rmsnorm, post_add_rmsnorm
 from tests.backends.helpers import cfg, scores
 
 pytestmark = pytest.mark.gpu

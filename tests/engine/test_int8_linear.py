@@ -76,7 +76,8 @@ def test_shapes_the_int8_gemm_cannot_take_are_refused():
 
 
 def test_the_norm_and_activation_emit_what_quantize_rows_gives():
-    from qcls.engine.kernels import add_rmsnorm, silu_mul
+    from qcls.engine.act_kernels import silu_mul
+    from qcls.engine.kernels import add_rmsnorm
     g = torch.Generator().manual_seed(4)
     x, w, smooth = torch.randn(6, 64, generator=g), torch.rand(64, generator=g), torch.rand(64, generator=g) + 0.5
     y, _ = add_rmsnorm(x, None, w, 1e-6, torch.float32)

@@ -14,16 +14,19 @@ from pathlib import Path
 import pytest
 
 NORM = {"x_ptr": "*fp16", "r_ptr": "*fp32", "w_ptr": "*fp16", "y_ptr": "*fp16", "s_ptr": "*fp32", "rows_ptr": "*i64",
-        "qs_ptr": "*fp32", "m_ptr": "*fp32", "H": "i32", "eps": "fp32", "scale": "fp32"}
+        "qs_ptr": "*fp32", "m_ptr": "*fp32", "xs_ptr": "*fp32", "ws_ptr": "*fp32", "H": "i32", "eps": "fp32",
+        "scale": "fp32"}
 QKV = {"q_ptr": "*fp16", "k_ptr": "*fp16", "v_ptr": "*fp16", "cos_ptr": "*fp16", "sin_ptr": "*fp16", "qw_ptr": "*fp16",
        "kw_ptr": "*fp16", "qo_ptr": "*fp16", "kb_ptr": "*fp16", "vb_ptr": "*fp16", "slot_ptr": "*i64", "q_s0": "i32",
        "k_s0": "i32", "v_s0": "i32", "qo_s0": "i32", "kb_s_head": "i32", "eps": "fp32"}
 POST = {"x_ptr": "*fp16", "r_ptr": "*fp32", "wp_ptr": "*fp16", "w_ptr": "*fp16", "y_ptr": "*fp16", "s_ptr": "*fp32",
-        "rows_ptr": "*i64", "qs_ptr": "*fp32", "m_ptr": "*fp32", "H": "i32", "eps_post": "fp32", "eps": "fp32"}
-ACT = {"g_ptr": "*fp16", "u_ptr": "*fp16", "out_ptr": "*fp16", "qs_ptr": "*fp32", "m_ptr": "*fp32", "I": "i32",
-       "g_s0": "i32", "u_s0": "i32"}
-FP = {"INT8": False, "SMOOTH": False}  # the floating-point output
-Q8 = {"INT8": True, "SMOOTH": True}  # quantized for a W8A8 GEMM (backend=int8)
+        "rows_ptr": "*i64", "qs_ptr": "*fp32", "m_ptr": "*fp32", "xs_ptr": "*fp32", "ws_ptr": "*fp32", "H": "i32",
+        "eps_post": "fp32", "eps": "fp32"}
+ACT = {"g_ptr": "*fp16", "u_ptr": "*fp16", "out_ptr": "*fp16", "qs_ptr": "*fp32", "m_ptr": "*fp32", "xs_ptr": "*fp32",
+       "wg_ptr": "*fp32", "wu_ptr": "*fp32", "I": "i32", "g_s0": "i32", "u_s0": "i32"}
+FP = {"INT8": False, "SMOOTH": False, "DEQ": False}  # the floating-point output
+Q8 = {"INT8": True, "SMOOTH": True, "DEQ": False}  # quantized for a W8A8 GEMM (backend=int8)
+DQ = {"INT8": True, "SMOOTH": True, "DEQ": True}  # ... reading a W8A8 GEMM's int32 product and its scales
 QUANT = {"x_ptr": "*fp16", "q_ptr": "*i8", "qs_ptr": "*fp32", "m_ptr": "*fp32", "K": "i32", "x_s0": "i32"}
 DEQUANT = {"acc_ptr": "*i32", "xs_ptr": "*fp32", "ws_ptr": "*fp32", "b_ptr": "*fp32", "out_ptr": "*fp16", "N": "i32"}
 GROUP = {"logits_ptr": "*fp32", "flat_ptr": "*i64", "members_ptr": "*i64", "out_ptr": "*fp32", "E": "i32"}
@@ -67,6 +70,19 @@ CASES = [
                                                            "HINT": False}),
     ("_act_mul_kernel", {**ACT, "out_ptr": "*i8"}, {**Q8, "GELU": False, "BLOCK": 16384}),
     ("_act_mul_kernel", {**ACT, "out_ptr": "*i8"}, {**Q8, "GELU": True, "BLOCK": 16384}),
+    # backend=int8: the o/down projections' and gate/up's int32 products read with their scales by the next kernel
+    ("_add_rmsnorm_kernel", {**NORM, "x_ptr": "*i32", "y_ptr": "*i8"}, {**DQ, "HAS_RES": True, "OFFSET": False,
+                                                                        "GATHER": False, "SCALE": False, "BLOCK": 4096,
+                                                                        "HINT": True}),
+    ("_add_rmsnorm_kernel", {**NORM, "x_ptr": "*i32", "y_ptr": "*fp32"}, {**DQ, "INT8": False, "SMOOTH": False,
+                                                                          "HAS_RES": True, "OFFSET": False, "GATHER": True,
+                                                                          "SCALE": False, "BLOCK": 4096, "HINT": False}),
+    ("_post_add_rmsnorm_kernel", {**POST, "x_ptr": "*i32", "y_ptr": "*i8"}, {**DQ, "OFFSET": True, "GATHER": False,
+                                                                             "BLOCK": 4096, "HINT": False}),
+    ("_act_mul_kernel", {**ACT, "g_ptr": "*i32", "u_ptr": "*i32", "out_ptr": "*i8"}, {**DQ, "GELU": False,
+                                                                                     "BLOCK": 16384}),
+    ("_act_mul_kernel", {**ACT, "g_ptr": "*i32", "u_ptr": "*i32", "out_ptr": "*i8"}, {**DQ, "GELU": True,
+                                                                                     "BLOCK": 16384}),
     ("_quantize_rows_kernel", QUANT, {"SMOOTH": True, "BLOCK": 4096}),
     ("_dequantize_kernel", DEQUANT, {"HAS_BIAS": False, "BLOCK": 1024}),
     ("_group_scores_kernel", GROUP, {"W": 10, "BE": 128, "BW": 16}),  # the tail (engine.fuse_tail)
@@ -82,13 +98,14 @@ def compile_all(arch: int) -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    from qcls.engine import act_kernels as A
     from qcls.engine import int8_kernels as I8
     from qcls.engine import kernels as K
     from qcls.engine import probs as P
     from qcls.engine import qkv_kernels as Q
     from qcls.engine import tail as T
     for name, sig, consts in CASES:
-        fn = next(getattr(m, name) for m in (K, Q, T, P, I8) if hasattr(m, name))
+        fn = next(getattr(m, name) for m in (K, A, Q, T, P, I8) if hasattr(m, name))
         names = list(fn.arg_names)
         src = ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in consts}},
                         constexprs={(names.index(k),): v for k, v in consts.items()})
