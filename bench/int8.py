@@ -4,6 +4,7 @@ classifiers held, requests interleaved), GPU memory of each alone, score agreeme
     python bench/int8.py --shapes qwen3_4b qwen3_8b gemma3_4b
     python bench/int8.py --shapes gemma3_demo --iters 30             # CPU: the default demo as a user runs it
     python bench/int8.py --shapes tiny --iters 3 --no-append        # CPU: checks the script
+    python bench/int8.py --shapes qwen3_4b --kernels                 # GPU: where each forward's device time goes
 
 Random weights of the real shapes (bench/common.py): latency depends on shapes, not values; random weights put
 labels near ties, so winner agreement is reported, not judged.
@@ -88,7 +89,7 @@ def alternate(a, b, batch: int, iters: int) -> dict:
             "tokens": res[0].meta.get("tokens_per_forward")}
 
 
-def run(shape: str, iters: int) -> dict:
+def run(shape: str, iters: int, kernels: bool = False) -> dict:
     q8, m8 = build(shape, "int8", [])  # alone first: its memory without fp16 beside it
     fp, m16 = build(shape, "fp16", [])
     row = {"shape": shape, "int8": m8, "fp16": m16}
@@ -100,6 +101,9 @@ def run(shape: str, iters: int) -> dict:
         r["t4_fp16"], r["t4_int8"] = t4_ms(params, r["tokens"] or 0, False), t4_ms(params, r["tokens"] or 0, True)
         r["t4_int8_half"] = t4_ms(params // 2, r["tokens"] or 0, True)  # a head at half depth (layer 18 of 36)
         row[f"b{b}"] = r
+    if kernels and torch.cuda.is_available():  # the kernels of one forward + tail, each backend (bench/host.py's table)
+        from bench.host import kernel_tables
+        row["kernels"] = {"fp16": kernel_tables(fp, top=15), "int8": kernel_tables(q8, top=15)}
     del q8, fp
     free()
     return row
@@ -125,16 +129,19 @@ def main(argv: list[str] | None = None) -> None:
     ap = parser(__doc__)
     ap.add_argument("--shapes", nargs="+", default=["qwen3_4b", "qwen3_8b", "gemma3_4b"])
     ap.add_argument("--iters", type=int, default=40)
+    ap.add_argument("--kernels", action="store_true", help="GPU: each backend's device time by kernel at 1 and 4 queries")
     args = ap.parse_args(argv)
     from qcls.progress import set_quiet
     set_quiet(True)
     rows = []
     for s in args.shapes:
-        rows.append(run(s, args.iters))
-        print(rows[-1], flush=True)
+        rows.append(run(s, args.iters, args.kernels))
+        print({k: v for k, v in rows[-1].items() if k != "kernels"}, flush=True)
     text = header("int8 (W8A8) against fp16, alternated on one card: random weights, ecommerce8, scoring=trie",
                   f"shapes={args.shapes}, {args.iters} timed requests per side and batch size, interleaved")
-    report(text + table(rows), args.no_append, "int8", rows)
+    kernels = "".join(f"\n### {r['shape']}, {b}: the kernels of one forward + tail\n{t}" for r in rows
+                      for b, t in r.get("kernels", {}).items())
+    report(text + table(rows) + kernels, args.no_append, "int8", rows)
 
 
 if __name__ == "__main__":
