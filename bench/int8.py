@@ -46,11 +46,22 @@ def build(shape: str, backend: str, extra: list[str]):
     before = torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
     t0 = time.perf_counter()
     prompts = [] if shape in DEMOS else ["prompts=ecommerce8", "scoring=trie"]
-    clf = Classifier(compose(overrides(shape) + prompts + [f"backend={backend}"] + extra))
+    steps = Classifier.in_steps(compose(overrides(shape) + prompts + [f"backend={backend}"] + extra))
+    rises, top = [], 0  # the build's steps in which the allocator's peak rose (a T4 must hold each)
+    while True:
+        try:
+            name = next(steps)
+        except StopIteration as done:
+            clf = done.value
+            break
+        peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0
+        if peak > top:
+            rises.append(f"{name[:60]} {peak / 2**30:.2f}")
+            top = peak
     mem = measured(clf.loaded.device) or {}
     held = (torch.cuda.memory_allocated() - before) if torch.cuda.is_available() else 0
     return clf, {"startup_s": round(time.perf_counter() - t0, 1), "held_gib": held / 2**30,
-                 "peak_gib": mem.get("gpu_peak", 0) / 2**30, "notes": clf.notes}
+                 "peak_gib": mem.get("gpu_peak", 0) / 2**30, "peak_steps": rises[-3:], "notes": clf.notes}
 
 
 DEMOS = ("gemma3_demo", "smollm2_demo")  # real weights, their own prompts and default head (the forward's exit)
@@ -122,6 +133,9 @@ def table(rows: list[dict]) -> str:
                        f"{r['fp16']['held_gib']:.2f} / {r['int8']['held_gib']:.2f} | {r['fp16']['startup_s']} / "
                        f"{r['int8']['startup_s']} | {r['max_delta']:.3f} / {100 * r['winners_equal']:.0f} % |")
     notes = [f"- {r['shape']}: {n}" for r in rows for n in r["int8"]["notes"] if n.startswith("int8:")]
+    notes += [f"- {r['shape']}, {b}: GPU GiB held {r[b]['held_gib']:.2f}, peak {r[b]['peak_gib']:.2f}; the build's steps "
+              f"that raised the peak (last 3, GiB after): {'; '.join(r[b]['peak_steps'])}" for r in rows
+              for b in ("fp16", "int8") if r[b]["peak_steps"]]
     return "\n".join(out + [""] + notes) + "\n"
 
 
