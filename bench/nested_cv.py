@@ -2,12 +2,15 @@
 303 shipped labelled queries (dev + test) for both demo models (docs/evaluation.md, "Abstention thresholds").
 
 Per split (seeded, stratified on both prompts' labels, half and half): the head `qcls calibrate --method head`
-fits (every candidate read, one-SE depth rule, 3 folds) on one half; thresholds for precision 0.95 by today's rule
+fits (every candidate read, one-SE depth rule, `--folds` K folds: the inner folds that choose and the outer
+folds that judge, as `--cv-folds K` does) on one half; thresholds for precision 0.95 by today's rule
 (the lowest threshold whose observed precision on the non-nested out-of-fold probabilities reaches it) and by the
 bound rule (Clopper–Pearson lower bound at 90 % on the nested out-of-fold probabilities: qcls/fitting/nested.py);
 both scored on the other half. Reported per model and rule: the share of (split, prompt) pairs certified (a
 threshold, 0 included), the share of those whose answered precision on the other half is below 0.95 − 0.02, and the
-median coverage there; the CV accuracy (the selection's, the nested one) against the other half's accuracy.
+median coverage there; the CV accuracy (the selection's, the nested one) against the other half's accuracy. With
+several K, every K fits the same splits, and the nested estimate's paired shift against the first K is reported
+(the other half's noise cancels in it: few splits suffice to see whether more folds remove a pessimism).
 
 The states are read once per model (`--read-states MODEL`, CPU, into .cache/nested_cv/); the splits are then
 pure logistic regression, spread over processes (`simulate`, one per CPU).
@@ -37,7 +40,7 @@ from qcls.heads.head import Tap  # noqa: E402
 
 STATES = Path(__file__).resolve().parents[1] / ".cache" / "nested_cv"
 MODELS, PROMPTS = ("gemma3_demo", "smollm2_demo"), ("category", "audience")
-TARGET, CONFIDENCE, MISS, FOLDS, RULE = 0.95, 0.9, 0.93, 3, "one-se"
+TARGET, CONFIDENCE, MISS, RULE = 0.95, 0.9, 0.93, "one-se"
 
 
 def read_states(model: str) -> None:
@@ -86,27 +89,27 @@ def sub(ss: StateSet, rows: np.ndarray) -> StateSet:
     return StateSet(ss.labels, ss.states[rows], ss.scores[rows], ss.gold[rows])
 
 
-def one_split(task: tuple[str, int, str]) -> list[dict]:
+def one_split(task: tuple[str, int, str, int]) -> list[dict]:
     """Per prompt: the other half's accuracy, the two CV estimates, and each rule's threshold scored there."""
-    model, seed, kind = task
+    model, seed, kind, folds = task
     sets, taps, n = load(model)
     a, b = halves(sets, seed)
     fit, other = {p: sub(ss, a) for p, ss in sets.items()}, {p: sub(ss, b) for p, ss in sets.items()}
     reads = H.candidate_reads("auto", kind, n)
     t0 = time.perf_counter()
-    tried = {p: H.cv_reads(ss.states, taps, ss.scores, ss.gold, len(ss.labels), reads, False, folds=FOLDS)
+    tried = {p: H.cv_reads(ss.states, taps, ss.scores, ss.gold, len(ss.labels), reads, False, folds=folds)
              for p, ss in fit.items()}
     choice = head_depth.choose(tried, n, RULE)
-    heads = {p: H.fit_read(fit[p].states, taps, fit[p].scores, fit[p].gold, fit[p].labels, r, tried[p], False, FOLDS)
+    heads = {p: H.fit_read(fit[p].states, taps, fit[p].scores, fit[p].gold, fit[p].labels, r, tried[p], False, folds)
              for p, r in choice.reads.items()}
     t1 = time.perf_counter()
-    outcome = nested.run(fit, taps, nested.Search({p: reads for p in fit}, False, FOLDS, RULE, None, n))
+    outcome = nested.run(fit, taps, nested.Search({p: reads for p in fit}, False, folds, RULE, None, n))
     t2 = time.perf_counter()
     rows = []
     for p, ph in heads.items():
         prob = softmax(H.features(other[p].states, taps, ph.read, None) @ ph.feature_weights.T + ph.bias)
         top, right = prob.max(1), prob.argmax(1) == other[p].gold
-        row = {"model": model, "seed": seed, "prompt": p, "n_fit": len(a), "n_other": int(len(b)),
+        row = {"model": model, "folds": folds, "seed": seed, "prompt": p, "n_fit": len(a), "n_other": int(len(b)),
                "read": f"{ph.read.kind}@{ph.read.layer}", "other_accuracy": float(right.mean()),
                "cv_current": choice.reads[p].accuracy, "cv_nested": outcome.accuracy(p),
                "seconds_selection": t1 - t0, "seconds_nested": t2 - t1}
@@ -122,14 +125,16 @@ def one_split(task: tuple[str, int, str]) -> list[dict]:
 
 
 def summary(rows: list[dict]) -> str:
-    """The markdown table: per model and rule."""
-    out = ["| model | rule | certified pairs | of those, precision on the other half < 0.93 | uncertified | median "
-           "coverage, certified (all pairs) | mean CV accuracy − other half's (mean abs) |",
-           "|---|---|---|---|---|---|---|"]
-    for model in dict.fromkeys(r["model"] for r in rows):
-        mine = [r for r in rows if r["model"] == model]
-        if not mine:
-            continue
+    """The markdown table: per model, folds and rule; the cost per fit; with several folds, the nested estimate's
+    paired shift against the first."""
+    for r in rows:
+        r.setdefault("folds", 3)  # rows of a run before folds were recorded: the 3 it fitted with
+    out = ["| model | folds | rule | certified pairs | of those, precision on the other half < 0.93 | uncertified | "
+           "median coverage, certified (all pairs) | mean CV accuracy − other half's ± s.e. (mean abs) |",
+           "|---|---|---|---|---|---|---|---|"]
+    groups = list(dict.fromkeys((r["model"], r["folds"]) for r in rows))
+    for model, folds in groups:
+        mine = [r for r in rows if (r["model"], r["folds"]) == (model, folds)]
         for rule, cv in (("today", "cv_current"), ("bound", "cv_nested")):
             cert = [r for r in mine if r[rule]["reached"]]
             miss = [r for r in cert if r[rule]["answered"] and r[rule]["right"] / r[rule]["answered"] < MISS]
@@ -138,17 +143,42 @@ def summary(rows: list[dict]) -> str:
             gap = np.array([r[cv] - r["other_accuracy"] for r in mine])
             name = {"today": "today: observed precision ≥ 0.95, out-of-fold after the choice",
                     "bound": "bound: 90 % Clopper–Pearson lower bound ≥ 0.95, nested out-of-fold"}[rule]
-            out.append(f"| {model} | {name} | {len(cert)} of {len(mine)} | {len(miss)} = "
+            out.append(f"| {model} | {folds} | {name} | {len(cert)} of {len(mine)} | {len(miss)} = "
                        f"{shown(len(miss), len(cert)) if cert else '-'} | {(len(mine) - len(cert)) / len(mine):.2f} | "
-                       f"{np.median(cov) if cov else 0:.3f} ({np.median(cov_all):.3f}) | {gap.mean():+.4f} "
-                       f"({np.abs(gap).mean():.4f}) |")
-    sec = {m: (np.mean([r["seconds_selection"] for r in rows if r["model"] == m]),
-               np.mean([r["seconds_nested"] for r in rows if r["model"] == m])) for m in dict.fromkeys(r["model"]
-                                                                                            for r in rows)}
+                       f"{np.median(cov) if cov else 0:.3f} ({np.median(cov_all):.3f}) | {gap.mean():+.4f} ± "
+                       f"{_se(gap):.4f} ({np.abs(gap).mean():.4f}) |")
     out.append("")
+    def mean(key, m, k):
+        return np.mean([r[key] for r in rows if (r["model"], r["folds"]) == (m, k)])
     out.append("Cost per fit (one process, about 151 queries, the candidate reads above): " + "; ".join(
-        f"{m}: the search {s:.0f} s, the nested cross-validation {x:.0f} s more" for m, (s, x) in sec.items()))
+        f"{m}, {k} folds: the search {mean('seconds_selection', m, k):.0f} s, the nested cross-validation "
+        f"{mean('seconds_nested', m, k):.0f} s more" for m, k in groups))
+    shifts = _shifts(rows, groups)
+    if shifts:
+        out += ["", "More folds against the first, paired on the same (split, prompt) pairs (mean ± s.e.; the other "
+                "half's noise cancels): " + "; ".join(shifts)]
     return "\n".join(out)
+
+
+def _se(x: np.ndarray) -> float:
+    return float(np.std(x, ddof=1) / np.sqrt(len(x))) if len(x) > 1 else float("nan")
+
+
+def _shifts(rows: list[dict], groups: list[tuple[str, int]]) -> list[str]:
+    """Per model and folds after its first, over the (split, prompt) pairs both fitted: the nested gap (nested CV
+    accuracy − the other half's) at K − at the first K, and the nested CV accuracy's own shift."""
+    out = []
+    for model in dict.fromkeys(m for m, _ in groups):
+        ks = sorted(k for m, k in groups if m == model)
+        at = {k: {(r["seed"], r["prompt"]): (r["cv_nested"] - r["other_accuracy"], r["cv_nested"]) for r in rows
+                  if (r["model"], r["folds"]) == (model, k)} for k in ks}
+        for k in ks[1:]:
+            both = sorted(set(at[k]) & set(at[ks[0]]))
+            d = np.array([[a - b for a, b in zip(at[k][x], at[ks[0]][x])] for x in both]).reshape(-1, 2)
+            if len(d):
+                out.append(f"{model}, {k} − {ks[0]} folds: gap {d[:, 0].mean():+.4f} ± {_se(d[:, 0]):.4f}, nested "
+                           f"accuracy {d[:, 1].mean():+.4f} ± {_se(d[:, 1]):.4f} ({len(d)} pairs)")
+    return out
 
 
 def main() -> None:
@@ -161,6 +191,8 @@ def main() -> None:
                     "reads; comma-separated files are joined)")
     ap.add_argument("--read", default="auto", choices=["auto", "position"], help="the candidate reads' kinds "
                     "(position: one kind per layer, a third of the search's cost)")
+    ap.add_argument("--folds", type=int, nargs="+", default=[3], metavar="K", help="the fit's folds (inner and "
+                    "outer, as `qcls calibrate --cv-folds K`); several: each K on the same splits (default 3)")
     ap.add_argument("--workers", type=int, help="processes (default: one per CPU)")
     ap.add_argument("--where", default="", help="where the splits were simulated, for the record")
     args = ap.parse_args()
@@ -172,17 +204,23 @@ def main() -> None:
         for m in args.models:  # states not read yet: read them first
             if not (STATES / f"{m}.npz").is_file():
                 read_states(m)
-        tasks = [(m, s, args.read) for s in range(args.splits) for m in args.models]
+        if min(args.folds) < 2:
+            ap.error(f"--folds {min(args.folds)}: cross-validation needs at least 2 folds")
+        # split by split, every model and K: a run cut short keeps paired rows
+        tasks = [(m, s, args.read, k) for s in range(args.splits) for m in args.models for k in args.folds]
         rows: list[dict] = []
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         with Pool(args.workers or os.cpu_count() or 1) as pool:
             for got in pool.imap_unordered(one_split, tasks):  # saved as they come: a cut-short run keeps its rows
                 rows += got
                 Path(args.json).write_text(json.dumps(rows))
-                print(f"{len(rows) // 2} of {len(tasks)} splits", flush=True)
+                print(f"{len(rows) // len(PROMPTS)} of {len(tasks)} fits", flush=True)
     rows = [r for f in args.json.split(",") for r in json.loads(Path(f).read_text())]
-    config = (f"{args.splits} seeded stratified half-half splits of the 303 labelled queries; heads by `qcls calibrate "
-              f"--method head` (--layer auto --read {args.read}, {RULE}, {FOLDS} folds); target precision {TARGET}; {args.where}")
+    folds = sorted({r.get("folds", 3) for r in rows})
+    splits = len({r["seed"] for r in rows})
+    config = (f"{splits} seeded stratified half-half splits of the 303 labelled queries; heads by `qcls calibrate "
+              f"--method head` (--layer auto --read {args.read}, {RULE}, --cv-folds {' / '.join(map(str, folds))}); "
+              f"target precision {TARGET}; {args.where}")
     C.report(C.header("Precision targets and CV accuracy on the other half: nested CV and a bound against today's "
                       "rule", config) + summary(rows) + "\n", args.no_append)
 
