@@ -141,7 +141,7 @@ def dequantize(acc: torch.Tensor, xscale: torch.Tensor, wscale: torch.Tensor, bi
                out_dtype: torch.dtype, impl: str = "auto") -> torch.Tensor:
     """acc [M, N] int32 · xscale [M, None] · wscale [None, N] (+ bias) in out_dtype, one launch on CUDA."""
     if impl == "torch" or (impl == "auto" and not use_triton(acc)):
-        y = acc.float() * xscale[:, None] * wscale[None, :]
+        y = Int32Product(acc, xscale, wscale).dense()
         return (y if bias is None else y + bias).to(out_dtype)
     m, n = acc.shape
     acc = acc.contiguous()
