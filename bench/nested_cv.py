@@ -3,7 +3,7 @@
 
 Per split (seeded, stratified on both prompts' labels, half and half): the head `qcls calibrate --method head`
 fits (every candidate read, one-SE depth rule, `--folds` K folds: the inner folds that choose and the outer
-folds that judge, as `--cv-folds K` does) on one half; thresholds for precision 0.95 by today's rule
+folds that judge, as `--cv-folds K` does) on one half; thresholds for precision 0.95 by the point rule
 (the lowest threshold whose observed precision on the non-nested out-of-fold probabilities reaches it) and by the
 bound rule (Clopper–Pearson lower bound at 90 % on the nested out-of-fold probabilities: qcls/fitting/nested.py);
 both scored on the other half. Reported per model and rule: the share of (split, prompt) pairs certified (a
@@ -113,8 +113,8 @@ def one_split(task: tuple[str, int, str, int]) -> list[dict]:
                "read": f"{ph.read.kind}@{ph.read.layer}", "other_accuracy": float(right.mean()),
                "cv_current": choice.reads[p].accuracy, "cv_nested": outcome.accuracy(p),
                "seconds_selection": t1 - t0, "seconds_nested": t2 - t1}
-        oof = {"today": out_of_fold(ph, fit[p].states, taps, fit[p].scores, fit[p].gold), "bound": outcome.probs[p]}
-        for rule, conf in (("today", None), ("bound", CONFIDENCE)):
+        oof = {"point": out_of_fold(ph, fit[p].states, taps, fit[p].scores, fit[p].gold), "bound": outcome.probs[p]}
+        for rule, conf in (("point", None), ("bound", CONFIDENCE)):
             q = oof[rule]
             got = T.fit_precision(q.max(1), q.argmax(1) == fit[p].gold, TARGET, conf)
             ans = top >= got["threshold"] if got["reached"] else np.zeros(len(top), bool)
@@ -128,20 +128,20 @@ def summary(rows: list[dict]) -> str:
     """The markdown table: per model, folds and rule; the cost per fit; with several folds, the nested estimate's
     paired shift against the first."""
     for r in rows:
-        r.setdefault("folds", 3)  # rows of a run before folds were recorded: the 3 it fitted with
+        r.setdefault("folds", 3)  # a rows file without the field was fitted with the default 3 folds
     out = ["| model | folds | rule | certified pairs | of those, precision on the other half < 0.93 | uncertified | "
            "median coverage, certified (all pairs) | mean CV accuracy − other half's ± s.e. (mean abs) |",
            "|---|---|---|---|---|---|---|---|"]
     groups = list(dict.fromkeys((r["model"], r["folds"]) for r in rows))
     for model, folds in groups:
         mine = [r for r in rows if (r["model"], r["folds"]) == (model, folds)]
-        for rule, cv in (("today", "cv_current"), ("bound", "cv_nested")):
+        for rule, cv in (("point", "cv_current"), ("bound", "cv_nested")):
             cert = [r for r in mine if r[rule]["reached"]]
             miss = [r for r in cert if r[rule]["answered"] and r[rule]["right"] / r[rule]["answered"] < MISS]
             cov = [r[rule]["answered"] / r["n_other"] for r in cert]
             cov_all = cov + [0.0] * (len(mine) - len(cert))
             gap = np.array([r[cv] - r["other_accuracy"] for r in mine])
-            name = {"today": "today: observed precision ≥ 0.95, out-of-fold after the choice",
+            name = {"point": "point: observed precision ≥ 0.95, out-of-fold after the choice",
                     "bound": "bound: 90 % Clopper–Pearson lower bound ≥ 0.95, nested out-of-fold"}[rule]
             out.append(f"| {model} | {folds} | {name} | {len(cert)} of {len(mine)} | {len(miss)} = "
                        f"{shown(len(miss), len(cert)) if cert else '-'} | {(len(mine) - len(cert)) / len(mine):.2f} | "
@@ -221,8 +221,8 @@ def main() -> None:
     config = (f"{splits} seeded stratified half-half splits of the 303 labelled queries; heads by `qcls calibrate "
               f"--method head` (--layer auto --read {args.read}, {RULE}, --cv-folds {' / '.join(map(str, folds))}); "
               f"target precision {TARGET}; {args.where}")
-    C.report(C.header("Precision targets and CV accuracy on the other half: nested CV and a bound against today's "
-                      "rule", config) + summary(rows) + "\n", args.no_append)
+    C.report(C.header("Precision targets and CV accuracy on the other half: nested CV and a bound against the point "
+                      "estimate's rule", config) + summary(rows) + "\n", args.no_append)
 
 
 if __name__ == "__main__":

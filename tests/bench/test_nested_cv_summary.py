@@ -11,7 +11,7 @@ def row(folds, seed, prompt, nested, other, **kw):
     verdict = {"reached": True, "answered": 10, "right": 10}
     r = {"model": "m", "folds": folds, "seed": seed, "prompt": prompt, "n_other": 20, "other_accuracy": other,
          "cv_current": other, "cv_nested": nested, "seconds_selection": 2.0, "seconds_nested": 4.0,
-         "today": verdict, "bound": verdict}
+         "point": verdict, "bound": verdict}
     r.update(kw)
     return r
 
@@ -34,5 +34,5 @@ def test_rows_without_folds_are_three_fold_fits():
     rows = [row(3, 0, "a", 0.8, 0.9)]
     del rows[0]["folds"]
     text = nested_cv.summary(rows)
-    assert "| m | 3 | today" in text and "m, 3 folds: the search 2 s" in text
+    assert "| m | 3 | point" in text and "m, 3 folds: the search 2 s" in text
     assert "More folds" not in text  # one fold count: nothing to pair
