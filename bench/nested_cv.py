@@ -2,14 +2,14 @@
 303 shipped labelled queries (dev + test) for both demo models (docs/evaluation.md, "Abstention thresholds").
 
 Per split (seeded, stratified on both prompts' labels, half and half): the head `qcls calibrate --method head`
-fits (every candidate read, one-SE depth rule, `--folds` K folds: the inner folds that choose and the outer
-folds that judge, as `--cv-folds K` does) on one half; thresholds for precision 0.95 by the point rule
+fits (every candidate read, one-SE depth rule; `--folds M/K`: K folds choose (`--cv-folds K`) and M outer
+folds judge (`--nested-folds M`), `K` alone for M = K) on one half; thresholds for precision 0.95 by the point rule
 (the lowest threshold whose observed precision on the non-nested out-of-fold probabilities reaches it) and by the
 bound rule (Clopper–Pearson lower bound at 90 % on the nested out-of-fold probabilities: qcls/fitting/nested.py);
 both scored on the other half. Reported per model and rule: the share of (split, prompt) pairs certified (a
 threshold, 0 included), the share of those whose answered precision on the other half is below 0.95 − 0.02, and the
 median coverage there; the CV accuracy (the selection's, the nested one) against the other half's accuracy. With
-several K, every K fits the same splits, and the nested estimate's paired shift against the first K is reported
+several fold counts, each fits the same splits, and the nested estimate's paired shift against the first is reported
 (the other half's noise cancels in it: few splits suffice to see whether more folds remove a pessimism).
 
 The states are read once per model (`--read-states MODEL`, CPU, into .cache/nested_cv/); the splits are then
@@ -89,9 +89,16 @@ def sub(ss: StateSet, rows: np.ndarray) -> StateSet:
     return StateSet(ss.labels, ss.states[rows], ss.scores[rows], ss.gold[rows])
 
 
-def one_split(task: tuple[str, int, str, int]) -> list[dict]:
+def fold_counts(spec: str) -> tuple[int, int]:
+    """`M/K` → (M outer, K inner) folds; `K` → (K, K)."""
+    outer, _, inner = str(spec).partition("/")
+    return int(outer), int(inner or outer)
+
+
+def one_split(task: tuple[str, int, str, str]) -> list[dict]:
     """Per prompt: the other half's accuracy, the two CV estimates, and each rule's threshold scored there."""
-    model, seed, kind, folds = task
+    model, seed, kind, spec = task
+    outer, folds = fold_counts(spec)
     sets, taps, n = load(model)
     a, b = halves(sets, seed)
     fit, other = {p: sub(ss, a) for p, ss in sets.items()}, {p: sub(ss, b) for p, ss in sets.items()}
@@ -103,13 +110,13 @@ def one_split(task: tuple[str, int, str, int]) -> list[dict]:
     heads = {p: H.fit_read(fit[p].states, taps, fit[p].scores, fit[p].gold, fit[p].labels, r, tried[p], False, folds)
              for p, r in choice.reads.items()}
     t1 = time.perf_counter()
-    outcome = nested.run(fit, taps, nested.Search({p: reads for p in fit}, False, folds, RULE, None, n))
+    outcome = nested.run(fit, taps, nested.Search({p: reads for p in fit}, False, folds, RULE, None, n, outer))
     t2 = time.perf_counter()
     rows = []
     for p, ph in heads.items():
         prob = softmax(H.features(other[p].states, taps, ph.read, None) @ ph.feature_weights.T + ph.bias)
         top, right = prob.max(1), prob.argmax(1) == other[p].gold
-        row = {"model": model, "folds": folds, "seed": seed, "prompt": p, "n_fit": len(a), "n_other": int(len(b)),
+        row = {"model": model, "folds": str(spec), "seed": seed, "prompt": p, "n_fit": len(a), "n_other": int(len(b)),
                "read": f"{ph.read.kind}@{ph.read.layer}", "other_accuracy": float(right.mean()),
                "cv_current": choice.reads[p].accuracy, "cv_nested": outcome.accuracy(p),
                "seconds_selection": t1 - t0, "seconds_nested": t2 - t1}
@@ -128,8 +135,8 @@ def summary(rows: list[dict]) -> str:
     """The markdown table: per model, folds and rule; the cost per fit; with several folds, the nested estimate's
     paired shift against the first."""
     for r in rows:
-        r.setdefault("folds", 3)  # a rows file without the field was fitted with the default 3 folds
-    out = ["| model | folds | rule | certified pairs | of those, precision on the other half < 0.93 | uncertified | "
+        r["folds"] = str(r.get("folds", 3))  # a rows file without the field was fitted with 3 folds
+    out = ["| model | folds (outer/inner) | rule | certified pairs | of those, precision on the other half < 0.93 | uncertified | "
            "median coverage, certified (all pairs) | mean CV accuracy − other half's ± s.e. (mean abs) |",
            "|---|---|---|---|---|---|---|---|"]
     groups = list(dict.fromkeys((r["model"], r["folds"]) for r in rows))
@@ -169,7 +176,7 @@ def _shifts(rows: list[dict], groups: list[tuple[str, int]]) -> list[str]:
     accuracy − the other half's) at K − at the first K, and the nested CV accuracy's own shift."""
     out = []
     for model in dict.fromkeys(m for m, _ in groups):
-        ks = sorted(k for m, k in groups if m == model)
+        ks = [k for m, k in groups if m == model]  # in the order asked: the first is the baseline
         at = {k: {(r["seed"], r["prompt"]): (r["cv_nested"] - r["other_accuracy"], r["cv_nested"]) for r in rows
                   if (r["model"], r["folds"]) == (model, k)} for k in ks}
         for k in ks[1:]:
@@ -191,8 +198,9 @@ def main() -> None:
                     "reads; comma-separated files are joined)")
     ap.add_argument("--read", default="auto", choices=["auto", "position"], help="the candidate reads' kinds "
                     "(position: one kind per layer, a third of the search's cost)")
-    ap.add_argument("--folds", type=int, nargs="+", default=[3], metavar="K", help="the fit's folds (inner and "
-                    "outer, as `qcls calibrate --cv-folds K`); several: each K on the same splits (default 3)")
+    ap.add_argument("--folds", nargs="+", default=["5/3"], metavar="M/K", help="the fit's folds: M outer (`qcls "
+                    "calibrate --nested-folds M`) around K that choose (`--cv-folds K`), K alone for M = K; several: "
+                    "each on the same splits, the first the baseline of the paired shifts (default 5/3, calibrate's)")
     ap.add_argument("--workers", type=int, help="processes (default: one per CPU)")
     ap.add_argument("--where", default="", help="where the splits were simulated, for the record")
     args = ap.parse_args()
@@ -204,8 +212,9 @@ def main() -> None:
         for m in args.models:  # states not read yet: read them first
             if not (STATES / f"{m}.npz").is_file():
                 read_states(m)
-        if min(args.folds) < 2:
-            ap.error(f"--folds {min(args.folds)}: cross-validation needs at least 2 folds")
+        bad = [f for f in args.folds if not all(p.isdigit() and int(p) >= 2 for p in f.split("/", 1))]
+        if bad:
+            ap.error(f"--folds {bad[0]}: give M/K or K, each at least 2 (cross-validation needs 2 folds)")
         # split by split, every model and K: a run cut short keeps paired rows
         tasks = [(m, s, args.read, k) for s in range(args.splits) for m in args.models for k in args.folds]
         rows: list[dict] = []
@@ -216,10 +225,10 @@ def main() -> None:
                 Path(args.json).write_text(json.dumps(rows))
                 print(f"{len(rows) // len(PROMPTS)} of {len(tasks)} fits", flush=True)
     rows = [r for f in args.json.split(",") for r in json.loads(Path(f).read_text())]
-    folds = sorted({r.get("folds", 3) for r in rows})
+    folds = list(dict.fromkeys(str(r.get("folds", 3)) for r in rows))
     splits = len({r["seed"] for r in rows})
     config = (f"{splits} seeded stratified half-half splits of the 303 labelled queries; heads by `qcls calibrate "
-              f"--method head` (--layer auto --read {args.read}, {RULE}, --cv-folds {' / '.join(map(str, folds))}); "
+              f"--method head` (--layer auto --read {args.read}, {RULE}; folds outer/inner {', '.join(folds)}); "
               f"target precision {TARGET}; {args.where}")
     C.report(C.header("Precision targets and CV accuracy on the other half: nested CV and a bound against the point "
                       "estimate's rule", config) + summary(rows) + "\n", args.no_append)

@@ -24,7 +24,8 @@ class HeadSpec(BaseModel):
     layer_rule: Literal["one-se", "best"] = "one-se"
     max_layer: int | None = Field(default=None, ge=1)  # no read after this many layers (nor final unless ≥ N)
     scores: bool = False  # the raw label scores as features too
-    cv_folds: int = Field(default=3, ge=2)
+    cv_folds: int = Field(default=3, ge=2)  # the search's folds (read, L2 strength)
+    nested_folds: int = Field(default=5, ge=2)  # the nested cross-validation's outer folds (qcls/fitting/nested.py)
     # the learning curve: held-out accuracy of heads fitted on this many fitting queries (and on all of them)
     curve_sizes: list[int] = Field(default_factory=lambda: [25, 50, 100])
     curve_draws: int = Field(default=5, ge=1)  # random subsets per size (the same for every job)

@@ -209,8 +209,9 @@ def fit_head(args: argparse.Namespace, cfg, data, out: Path, targets=None) -> di
             "per_prompt": cols["per_prompt"], "mean": cols["mean"], "notes": notes, "thresholds": fits,
             "depth": depth,
             "heads": {p: {"read": ph.read.as_dict() if ph.read else None, "scores": ph.score_weights is not None,
-                          **{k: v for k, v in ph.info.items() if k in ("n", "C", "cv_folds", "cv_accuracy",
-                                                                        "cv_log_loss", "selection_cv_accuracy")}}
+                          **{k: v for k, v in ph.info.items() if k in ("n", "C", "cv_folds", "nested_folds",
+                                                                        "cv_accuracy", "cv_log_loss",
+                                                                        "selection_cv_accuracy")}}
                       for p, ph in head.prompts.items()}}
 
 
@@ -265,7 +266,8 @@ def _head_table(res: dict[str, Any]) -> str:
                      f"{res['per_prompt'][p]['raw']['accuracy']:.3f}", f"{h['cv_accuracy']:.3f} [{lo:.3f}, {hi:.3f}]"))
     widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
     lines = [f"head of {res['model']} on {res['split']} ({res['n_queries']} queries; the head's accuracy is nested "
-             f"{res['heads'][next(iter(res['heads']))]['cv_folds'] if res['heads'] else 3}-fold cross-validated "
+             f"{max([h.get('nested_folds', h['cv_folds']) for h in res['heads'].values()], default=3)}-fold "
+             "cross-validated "
              "within this split (read, C and exit chosen again without each fold), with its 95 % Wilson interval; "
              "`qcls sweep … eval=test eval.fit_method=head` measures it on held-out queries):"]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [head] + rows]

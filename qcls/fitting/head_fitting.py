@@ -63,16 +63,19 @@ def check_fit_split(data: EvalSet, prompts, folds: int) -> list[str]:
 
 
 def fit(clf, sets: dict[str, StateSet], taps: list[Tap], reads: Sequence[Read], with_scores: bool, folds: int,
-        fitted_on: str, seed: int = 0, rule: str = "one-se", max_layer: int | None = None) -> Head:
+        fitted_on: str, seed: int = 0, rule: str = "one-se", max_layer: int | None = None,
+        nested_folds: int = nested.NESTED_FOLDS) -> Head:
     """Every prompt's head (prompts without labelled queries get none), its read chosen for the prompt set as a
     whole by `rule` (qcls/fitting/head_depth.py; recorded in `meta.depth`), and the metadata that pins the file."""
-    return fit_nested(clf, sets, taps, reads, with_scores, folds, fitted_on, seed, rule, max_layer)[0]
+    return fit_nested(clf, sets, taps, reads, with_scores, folds, fitted_on, seed, rule, max_layer, nested_folds)[0]
 
 
 def fit_nested(clf, sets: dict[str, StateSet], taps: list[Tap], reads: Sequence[Read], with_scores: bool,
                folds: int, fitted_on: str, seed: int = 0, rule: str = "one-se",
-               max_layer: int | None = None) -> tuple[Head, nested.Outcome]:
-    """`fit`, and the nested cross-validation of the whole fit (qcls/fitting/nested.py): each prompt's
+               max_layer: int | None = None,
+               nested_folds: int = nested.NESTED_FOLDS) -> tuple[Head, nested.Outcome]:
+    """`fit`, and the nested cross-validation of the whole fit (qcls/fitting/nested.py, `nested_folds` outer
+    folds around the search's `folds`): each prompt's
     `info.cv_accuracy` / `cv_log_loss` are the nested ones (`selection_cv_accuracy`: the chosen read's in the
     folds that chose it, optimistic), and its out-of-fold probabilities are returned for thresholds and audits."""
     cfg = clf.cfg
@@ -103,10 +106,11 @@ def fit_nested(clf, sets: dict[str, StateSet], taps: list[Tap], reads: Sequence[
     meta = pin(clf, fitted_on, with_scores, {n: int((s.gold >= 0).sum()) for n, s in sets.items()})
     meta["depth"] = choice.as_meta()
     outcome = nested.run(sets, taps, nested.Search({n: list(reads) for n in tried}, with_scores, folds, rule,
-                                                   max_layer, num_layers), seed)
+                                                   max_layer, num_layers, nested_folds), seed)
     for name, ph in prompts.items():
         ph.info["selection_cv_accuracy"] = ph.info["cv_accuracy"]
         ph.info["cv"] = "nested"
+        ph.info["nested_folds"] = outcome.outer_folds
         ph.info["cv_accuracy"] = round(outcome.accuracy(name), 4)
         ph.info["cv_log_loss"] = round(outcome.log_loss(name), 4)
     return Head(prompts, "head", meta), outcome
@@ -169,7 +173,7 @@ def sweep_block(spec, cfg, loaded, per: dict, fit_data: EvalSet, data: EvalSet, 
     clf = Classifier(cfg.model_copy(update={"calibration": None}), loaded=loaded, taps=taps)
     fit_sets, eval_sets = read_set(clf, fit_data), read_set(clf, data)
     head = fit(clf, fit_sets, taps, reads, hs.scores, hs.cv_folds, str(fit_data.path), rule=hs.layer_rule,
-               max_layer=hs.max_layer)
+               max_layer=hs.max_layer, nested_folds=hs.nested_folds)
     del clf
     files.save(head, out_dir / "head.yaml")
     logits = head_scores(head, eval_sets, taps)
@@ -200,8 +204,9 @@ def curve(head: Head, fit_sets: dict[str, StateSet], eval_sets: dict[str, StateS
           sizes: Sequence[int], draws: int) -> dict:
     """Held-out accuracy against the number of fitting queries, per prompt (each prompt's chosen read and L2
     strength) and its mean over prompts; a size is the number of the split's labelled queries for that prompt
-    (all of them: `all`)."""
+    (all of them: `all`); `n_eval`: per prompt the labelled queries each accuracy is measured on."""
     per_prompt: dict[str, dict[str, list[float]]] = {}
+    n_eval: dict[str, int] = {}
     for name, ph in head.prompts.items():
         fs, fsc, fy = fit_sets[name].labelled()
         es, esc, ey = eval_sets[name].labelled()
@@ -212,6 +217,7 @@ def curve(head: Head, fit_sets: dict[str, StateSet], eval_sets: dict[str, StateS
         ex = H.features(es, taps, ph.read, esc if with_scores else None) if ph.read else esc
         got = H.learning_curve(fx, fy, ex, ey, len(ph.labels), ph.info["C"], sizes, draws)
         per_prompt[name] = {("all" if n == len(fy) else str(n)): accs for n, accs in got.items()}
+        n_eval[name] = int(len(ey))
     keys = [k for k in [*map(str, sizes), "all"] if per_prompt and all(k in v for v in per_prompt.values())]
     mean = {k: float(np.mean([np.mean(v[k]) for v in per_prompt.values()])) for k in keys}
-    return {"sizes": keys, "draws": draws, "mean_accuracy": mean, "per_prompt": per_prompt}
+    return {"sizes": keys, "draws": draws, "mean_accuracy": mean, "per_prompt": per_prompt, "n_eval": n_eval}

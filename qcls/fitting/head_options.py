@@ -6,11 +6,13 @@ import argparse
 from dataclasses import dataclass
 from typing import Any
 
+from qcls.fitting.nested import NESTED_FOLDS
 from qcls.heads.head import Head, Tap
 
 
-def add(ap: argparse.ArgumentParser, title: str) -> None:
-    """The head options (--layer, --layer-rule, --max-layer, --read, --with-scores, --cv-folds) as a group."""
+def add(ap: argparse.ArgumentParser, title: str, nested_folds: int = NESTED_FOLDS) -> None:
+    """The head options (--layer, --layer-rule, --max-layer, --read, --with-scores, --cv-folds, --nested-folds) as
+    a group."""
     g = ap.add_argument_group(title)
     g.add_argument("--layer", default="auto", metavar="auto|final|N",
                    help="the layer read: the final norm's output, the residual stream after N layers, or auto "
@@ -26,8 +28,10 @@ def add(ap: argparse.ArgumentParser, title: str) -> None:
                         "prompt by cross-validation)")
     g.add_argument("--with-scores", action="store_true", help="the raw label scores as features too")
     g.add_argument("--cv-folds", type=int, default=3, metavar="K", help="folds of the cross-validation that "
-                   "chooses the L2 strength, and of the nested one that judges the whole choice (default 3; every "
-                   "label needs K examples)")
+                   "chooses the read and L2 strength (default 3; every label needs K examples)")
+    g.add_argument("--nested-folds", type=int, default=nested_folds, metavar="M", help="outer folds of the nested "
+                   "cross-validation that judges the whole choice: the head's CV accuracy and the out-of-fold "
+                   f"probabilities thresholds and audits read (default {nested_folds}; docs/evaluation.md)")
 
 
 @dataclass
@@ -51,8 +55,9 @@ def fit(args: argparse.Namespace, cfg, data) -> FittedSplit:
     from qcls.fitting import heads as H
     from qcls.heads.weights_fingerprint import num_layers
 
-    if args.cv_folds < 2:
-        raise ValueError(f"--cv-folds {args.cv_folds}: cross-validation needs at least 2 folds")
+    for flag, k in (("--cv-folds", args.cv_folds), ("--nested-folds", args.nested_folds)):
+        if k < 2:
+            raise ValueError(f"{flag} {k}: cross-validation needs at least 2 folds")
     notes = head_fitting.check_fit_split(data, cfg.prompts, args.cv_folds)
     if cfg.calibration not in (None, "model"):
         notes.append(f"calibration={cfg.calibration} is not read: the heads here are fitted on the file's own "
@@ -64,5 +69,6 @@ def fit(args: argparse.Namespace, cfg, data) -> FittedSplit:
     clf = Classifier(cfg, taps=taps)
     sets = head_fitting.read_set(clf, data)
     head, outcome = head_fitting.fit_nested(clf, sets, taps, reads, args.with_scores, args.cv_folds,
-                                            str(data.path), rule=args.layer_rule, max_layer=args.max_layer)
+                                            str(data.path), rule=args.layer_rule, max_layer=args.max_layer,
+                                            nested_folds=args.nested_folds)
     return FittedSplit(head, sets, taps, notes, outcome)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from qcls.heads.bounds import wilson
 from qcls.sweep import plots
 from qcls.sweep import report_baselines as baselines
 from qcls.sweep import report_coverage
@@ -93,6 +94,8 @@ def row(job: Job, out_dir: Path, vary: list[str]) -> dict[str, Any]:
         out[f"cal_accuracy[{p}]"] = _get(m, "calibrated", "accuracy")
     for size, acc in (_get(r, "calibration", "learning_curve", "mean_accuracy") or {}).items():
         out[f"curve[{size}]"] = acc
+    n_eval = _get(r, "calibration", "learning_curve", "n_eval")
+    out["curve_n"] = sum(n_eval.values()) if n_eval else None
     out.update(report_coverage.row_fields(r))
     return out
 
@@ -179,6 +182,14 @@ TABLE = [("job", "job"), ("label", "configuration"), ("mean_accuracy", "accuracy
          ("model_reused", "model reused"), ("gpu_allocated_gib", "GPU alloc GiB"), ("gpu_peak_gib", "GPU peak GiB")]
 
 
+def _with_interval(acc: float | None, n: int | None) -> str:
+    """`0.921 [0.867, 0.954]`: an accuracy on n scored pairs with its 95 % Wilson interval (no n: the value)."""
+    if acc is None or not n:
+        return _fmt(acc, 3)
+    lo, hi = wilson(int(round(acc * n)), n)
+    return f"{acc:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
 def _md_table(header: list[str], body: list[list[str]]) -> list[str]:
     esc = [[c.replace("|", "\\|") for c in line] for line in [header] + body]
     lines = ["| " + " | ".join(x) + " |" for x in esc]
@@ -219,9 +230,12 @@ def _markdown(rows: list[dict[str, Any]], fixed: list[str], jobs: list[Job], ima
     if curve:
         lines += ["", "## Learning curve", "",
                   "Held-out mean accuracy of heads fitted on random subsets of the fitting split's labelled queries "
-                  "(mean over draws and prompts; the same subsets for every job; `all` = every fitting query).", ""]
-        lines += _md_table(["job", "configuration"] + [f"n={k[6:-1]}" for k in curve],
-                           [[x["job"], x["label"]] + [_fmt(x.get(k), 3) for k in curve] for x in ok
+                  "(mean over draws and prompts; the same subsets for every job; `all` = every fitting query), with "
+                  "its 95 % Wilson interval over the scored (prompt, query) pairs (`pairs`): the scored split's own "
+                  "sampling error, which two jobs on the same split share.", ""]
+        lines += _md_table(["job", "configuration", "pairs"] + [f"n={k[6:-1]}" for k in curve],
+                           [[x["job"], x["label"], _fmt(x.get("curve_n"))] + [_with_interval(x.get(k), x.get("curve_n"))
+                                                                         for k in curve] for x in ok
                             if any(x.get(k) is not None for k in curve)])
     warned = [(x, _get(by_job[x["job"]].result, "calibration", "warning")) for x in ok]
     warned = [(x, w) for x, w in warned if w]

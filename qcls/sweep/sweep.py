@@ -33,8 +33,8 @@ means no gold label for that prompt; refusals name the row (docs/evaluation.md).
   eval.path=FILE     absolute, or relative to the current directory, then to the repository root
   eval.limit=N       score the first N queries (of each split)
   eval.fit_on=FILE   also fit a per-prompt calibration on FILE and report metrics with and without it
-  eval.fit_method=head   …a learned head instead (eval.head.layer / read / scores / cv_folds / layer_rule /
-                     max_layer are axes too), with a learning curve (eval.head.curve_sizes, curve_draws);
+  eval.fit_method=head   …a learned head instead (eval.head.layer / read / scores / cv_folds / nested_folds /
+                     layer_rule / max_layer are axes too), with a learning curve (eval.head.curve_sizes, curve_draws);
                      e.g. -m eval=test eval.fit_method=head eval.head.layer=3,6,9,12,final: the report adds
                      accuracy against forward cost (layers run / N) per prompt, Pareto front and TF-IDF
   eval.batch1_queries=N   queries also timed alone (batch 1); eval.agreement_with_exact=false skips the

@@ -36,3 +36,11 @@ def test_rows_without_folds_are_three_fold_fits():
     text = nested_cv.summary(rows)
     assert "| m | 3 | point" in text and "m, 3 folds: the search 2 s" in text
     assert "More folds" not in text  # one fold count: nothing to pair
+
+
+def test_outer_and_inner_folds_are_one_fold_count():
+    assert nested_cv.fold_counts("5/3") == (5, 3) and nested_cv.fold_counts("4") == (4, 4)
+    rows = [row("3", 0, "a", 0.80, 0.90), row("5/3", 0, "a", 0.85, 0.90)]
+    text = nested_cv.summary(rows)
+    assert "| m | 5/3 | point" in text
+    assert "m, 5/3 − 3 folds: gap +0.0500" in text  # the first fold count asked is the baseline

@@ -87,7 +87,7 @@ def test_probabilities_averaged_over_splittings_are_the_mean_of_each_splittings(
     taps, read = [Tap(2, "position")], Read(2, "position")
     ph = H.fit_prompt(states, taps, np.zeros((36, 3)), y, ["a", "b", "c"], [read], False)
     sets = {"p": StateSet(["a", "b", "c"], states, np.zeros((36, 3)), y)}
-    search = nested.Search({"p": [read]}, False, 3, "best", None, 3)
+    search = nested.Search({"p": [read]}, False, 3, "best", None, 3, outer_folds=3)  # as the file records
     each = [nested.run(sets, taps, search, seed).probs["p"] for seed in range(3)]
     one, three = (head_probs(Head({"p": ph}, "head", {}), sets, taps, r)["p"][0] for r in (1, 3))
     assert np.allclose(one, each[0]) and np.allclose(three, np.mean(each, axis=0))

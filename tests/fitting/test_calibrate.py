@@ -9,6 +9,7 @@ import pytest
 
 from qcls.sweep import models
 from qcls.fitting.calibrate import main
+from qcls.heads.bounds import wilson
 from qcls.heads.files import load as load_head
 from qcls.eval.metrics import softmax
 from qcls.sweep.sweep import main as sweep_main
@@ -189,6 +190,12 @@ def test_sweep_fits_a_head_per_job_with_a_learning_curve(tiny_dirs, tmp_path):
                 assert max(abs(s.prob - want[s.label]) for s in p.labels) < 1e-4
     summary = (out / "summary.md").read_text()
     assert "## Learning curve" in summary and (out / "learning_curve.png").is_file()
+    # each point with its 95 % Wilson interval over the 2 prompts × 12 scored queries
+    curve_md = summary.split("## Learning curve")[1].split("\n## ")[0]
+    acc = curve["mean_accuracy"]["all"]
+    lo, hi = wilson(round(acc * 24), 24)
+    assert curve["n_eval"] == {"category": 12, "audience": 12} and "| 24 |" in curve_md
+    assert f"{acc:.3f} [{lo:.3f}, {hi:.3f}]" in curve_md
     # the head's layer as a sweep axis: per prompt accuracy against forward cost, beside TF-IDF
     cost = summary.split("## Accuracy against forward cost")[1].split("\n## ")[0]
     assert "### category" in cost and "### audience" in cost and "TF-IDF + LR (no LLM)" in cost

@@ -36,12 +36,14 @@ def test_nested_accuracy_does_not_flatter_the_winner_of_a_search():
 
 
 def test_each_outer_fold_repeats_the_search_without_its_rows():
-    """By hand: outer fold k's rows are scored by the head whose read and C were chosen on the other rows."""
+    """By hand: each of the 5 outer folds' rows is scored by the head whose read and C a 3-fold search chose on
+    the other rows."""
     ss, taps, reads = noise_set(0)
     ss.states[:, 3] += ss.gold[:, None] * 1.5  # layer 4 carries the label
-    got = nested.run({"p": ss}, taps, nested.Search({"p": reads}, False, 3, "best", None, 13), seed=1)
+    got = nested.run({"p": ss}, taps, nested.Search({"p": reads}, False, 3, "best", None, 13, outer_folds=5), seed=1)
+    assert len(got.exits) == 5
     want = np.zeros((60, 2))
-    for tr, te in H._sklearn()[0](n_splits=3, shuffle=True, random_state=1).split(np.zeros(60), ss.gold):
+    for tr, te in H._sklearn()[0](n_splits=5, shuffle=True, random_state=1).split(np.zeros(60), ss.gold):
         tried = H.cv_reads(ss.states[tr], taps, None, ss.gold[tr], 2, reads, False, folds=3, seed=1)
         best = head_depth.most_accurate(tried)
         x = H.features(ss.states, taps, best.read, None)
@@ -61,3 +63,18 @@ def test_search_of_a_head_file():
     assert s.reads == {"p": [Read(4, "position"), Read(2, "query_mean"), Read(FINAL, "position")],
                        "q": [Read(3, "both")]}
     assert (s.folds, s.rule, s.max_layer, s.num_layers, s.with_scores) == (4, "one-se", 12, 18, False)
+    assert s.outer_folds == 4  # a file without nested_folds was judged with the search's folds
+    ph.info["nested_folds"] = one.info["nested_folds"] = 6
+    assert nested.search_of(Head({"p": ph, "q": one}, "head", {"num_layers": 18})).outer_folds == 6
+
+
+def test_outer_folds_are_capped_where_no_label_has_a_row_for_each():
+    """4 rows of each label cannot fill 5 stratified folds: the run takes 4 and says so; one label of 30 rows
+    can, and a rarer label is then missing from some folds' rows."""
+    ss, taps, reads = noise_set(0)
+    few = StateSet(["a", "b"], ss.states[26:34], ss.scores[26:34], ss.gold[26:34])  # 4 + 4 rows
+    got = nested.run({"p": few}, taps, nested.Search({"p": reads[:2]}, False, 2, "best", None, 13, outer_folds=5))
+    assert got.outer_folds == 4 and len(got.exits) == 4
+    rare = StateSet(["a", "b"], ss.states[:34], ss.scores[:34], ss.gold[:34])  # 30 + 4 rows
+    got = nested.run({"p": rare}, taps, nested.Search({"p": reads[:2]}, False, 2, "best", None, 13, outer_folds=5))
+    assert got.outer_folds == 5 and np.allclose(got.probs["p"].sum(1), 1)
