@@ -15,8 +15,8 @@ in the choice for this prompt; this prompt's label never does.
 
 Why more outer than inner folds: each outer fold's head is fitted on (outer − 1) / outer of the rows while the
 saved head is fitted on all of them, and heads still gain from more queries at these sizes, so few outer folds
-make the estimate pessimistic (3: about −0.02 on the demos' 151 queries, 5: within 0.01, bench/RESULTS.md); the
-inner folds only rank candidates, where 3 do as well as 5 at a third of the cost.
+make the estimate pessimistic (on the demos' 151 queries, 3: −0.020 / −0.030, 5: −0.009 / −0.013 against new
+queries, bench/RESULTS.md); the inner folds only rank candidates, and 5 of them would double the cost again.
 
 Cost: the search runs outer_folds + 1 times instead of once (measured in bench/RESULTS.md); with one read
 (`--layer N --read K`) only the L2 strength is searched and the whole is a few seconds.
