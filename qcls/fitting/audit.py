@@ -238,7 +238,7 @@ def run(args: argparse.Namespace, labelled: str, overrides: list[str]) -> dict:
         w = csv.DictWriter(f, fieldnames=COLUMNS)
         w.writeheader()
         w.writerows(flagged)
-    return {"file": str(data.path), "out": str(out), "n_queries": len(data.examples), "folds": args.nested_folds,
+    return {"file": str(data.path), "out": str(out), "n_queries": len(data.examples), "folds": fitted.nested.outer_folds,
             "splittings": args.cv_splittings, "passes": args.passes, "filter": args.filter,
             "prompts": prompts, "flagged": flagged, "notes": fitted.notes}
 

@@ -135,13 +135,14 @@ def run(args: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
     data = load_eval_set(split_path(args.eval), cfg.prompts, args.limit)  # refused before the model loads
     from qcls.fitting.threshold_fitting import targets as threshold_targets
     targets = threshold_targets(args, cfg)
+    head_options.folds(args)  # a fold count below 2 is refused before the model loads
     if args.thresholds_for:
         from qcls.fitting.threshold_fitting import for_file
         return for_file(args, cfg, data, targets)
     out = Path(args.out) if args.out else default_out(cfg, args.method)
     if args.method == "head":
         res = fit_head(args, cfg, data, out, targets)
-        res["baseline"] = baseline.block(cfg.prompts, data, None, args.cv_folds)  # the head's folds
+        res["baseline"] = baseline.block(cfg.prompts, data, None, head_options.folds(args)[0])  # the head's
         return res
     clf = Classifier(cfg.model_copy(update={"calibration": None}))  # fitted on the LLM's own label scores
     results, _ = classify_set(clf, data)
@@ -168,7 +169,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
     return {"file": str(out.resolve()), "override": f"calibration={shown}", "method": cal.method,
             "split": str(data.path), "n_queries": len(data.examples), "strategy": cfg.strategy,
             "model": cfg.model.name, "per_prompt": cols["per_prompt"], "mean": cols["mean"],
-            "baseline": baseline.block(cfg.prompts, data, None, max(2, args.cv_folds)),
+            "baseline": baseline.block(cfg.prompts, data, None, head_options.folds(args)[0]),
             "calibration": {p: {"temperature": pc.temperature, "bias": dict(zip(pc.labels, pc.bias))}
                             for p, pc in cal.prompts.items()}, "thresholds": fits}
 

@@ -6,6 +6,7 @@ import argparse
 from dataclasses import dataclass
 from typing import Any
 
+from qcls.fitting.heads import FOLDS as H_FOLDS
 from qcls.fitting.nested import NESTED_FOLDS
 from qcls.heads.head import Head, Tap
 
@@ -27,11 +28,24 @@ def add(ap: argparse.ArgumentParser, title: str, nested_folds: int = NESTED_FOLD
                    help="the read position, the mean over the query's tokens, both, or auto (default: chosen per "
                         "prompt by cross-validation)")
     g.add_argument("--with-scores", action="store_true", help="the raw label scores as features too")
-    g.add_argument("--cv-folds", type=int, default=3, metavar="K", help="folds of the cross-validation that "
-                   "chooses the read and L2 strength (default 3; every label needs K examples)")
-    g.add_argument("--nested-folds", type=int, default=nested_folds, metavar="M", help="outer folds of the nested "
-                   "cross-validation that judges the whole choice: the head's CV accuracy and the out-of-fold "
-                   f"probabilities thresholds and audits read (default {nested_folds}; docs/evaluation.md)")
+    g.add_argument("--cv-folds", type=int, metavar="K", help="folds of the cross-validation that chooses the "
+                   "read and L2 strength (default 3, or with --thresholds-for the file's; every label needs K "
+                   "examples)")
+    g.add_argument("--nested-folds", type=int, metavar="M", help="outer folds of the nested cross-validation that "
+                   "judges the whole choice: the head's CV accuracy and the out-of-fold probabilities thresholds "
+                   f"and audits read (default {nested_folds}, or with --thresholds-for the file's; "
+                   "docs/evaluation.md)")
+    ap.set_defaults(default_nested_folds=nested_folds)
+
+
+def folds(args: argparse.Namespace) -> tuple[int, int]:
+    """(--cv-folds, --nested-folds) as given, else their defaults; refused below 2."""
+    got = (H_FOLDS if args.cv_folds is None else args.cv_folds,
+           args.default_nested_folds if args.nested_folds is None else args.nested_folds)
+    for flag, k in zip(("--cv-folds", "--nested-folds"), got):
+        if k < 2:
+            raise ValueError(f"{flag} {k}: cross-validation needs at least 2 folds; give {flag} 2 or more")
+    return got
 
 
 @dataclass
@@ -55,10 +69,8 @@ def fit(args: argparse.Namespace, cfg, data) -> FittedSplit:
     from qcls.fitting import heads as H
     from qcls.heads.weights_fingerprint import num_layers
 
-    for flag, k in (("--cv-folds", args.cv_folds), ("--nested-folds", args.nested_folds)):
-        if k < 2:
-            raise ValueError(f"{flag} {k}: cross-validation needs at least 2 folds")
-    notes = head_fitting.check_fit_split(data, cfg.prompts, args.cv_folds)
+    cv_folds, nested_folds = folds(args)
+    notes = head_fitting.check_fit_split(data, cfg.prompts, cv_folds)
     if cfg.calibration not in (None, "model"):
         notes.append(f"calibration={cfg.calibration} is not read: the heads here are fitted on the file's own "
                      "states and raw scores")
@@ -68,7 +80,7 @@ def fit(args: argparse.Namespace, cfg, data) -> FittedSplit:
     taps = H.taps_of(reads)
     clf = Classifier(cfg, taps=taps)
     sets = head_fitting.read_set(clf, data)
-    head, outcome = head_fitting.fit_nested(clf, sets, taps, reads, args.with_scores, args.cv_folds,
+    head, outcome = head_fitting.fit_nested(clf, sets, taps, reads, args.with_scores, cv_folds,
                                             str(data.path), rule=args.layer_rule, max_layer=args.max_layer,
-                                            nested_folds=args.nested_folds)
+                                            nested_folds=nested_folds)
     return FittedSplit(head, sets, taps, notes, outcome)

@@ -80,14 +80,16 @@ def _promise(f: dict[str, Any]) -> str:
 
 def head_probs(head: Head, sets: dict, taps: list[Tap], splittings: int = 1,
                leave_out: dict[str, np.ndarray] | None = None,
-               outcome=None) -> dict[str, tuple[np.ndarray, np.ndarray, list[str]]]:
+               outcome=None, folds: int | None = None,
+               outer_folds: int | None = None) -> dict[str, tuple[np.ndarray, np.ndarray, list[str]]]:
     """Per prompt with a learned head: nested out-of-fold probabilities of its labelled queries
     (qcls/fitting/nested.py: the search the head file records, run again inside each outer fold), in the head's
     label order; with `splittings` > 1 averaged over that many stratified splittings (seeds 0, 1, …). `leave_out`:
     per prompt the labelled rows (indices) no head is fitted on. `outcome`: the fit's own nested run (seed 0,
-    nothing left out), reused instead of running it again."""
+    nothing left out), reused instead of running it again. `folds` / `outer_folds`: the user's, else the file's."""
     from qcls.fitting import nested
     search = nested.search_of(head)
+    search.folds, search.outer_folds = folds or search.folds, outer_folds or search.outer_folds
     if outcome is not None and splittings == 1 and not leave_out:
         runs = [outcome]
     else:
@@ -164,7 +166,7 @@ def for_file(args, cfg, data, targets) -> dict[str, Any]:
     taps = list(dict.fromkeys([*view.taps(), *H.taps_of([r for rs in nested.search_of(view).reads.values()
                                                          for r in rs])]))
     clf = Classifier(cfg.model_copy(update={"calibration": None}), taps=taps)
-    probs = head_probs(view, read_set(clf, data), taps)
+    probs = head_probs(view, read_set(clf, data), taps, folds=args.cv_folds, outer_folds=args.nested_folds)
     fits = fit(view, probs, *targets, args.fallback, "nested out-of-fold", args.confidence)  # sets the thresholds on the file's heads
     out = Path(args.out) if args.out else path
     out.parent.mkdir(parents=True, exist_ok=True)

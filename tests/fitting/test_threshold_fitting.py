@@ -9,12 +9,14 @@ import numpy as np
 import pytest
 
 from qcls.fitting import heads as H
+from qcls.fitting import nested
+from qcls.fitting.head_fitting import StateSet
 from qcls.sweep import models
 from qcls.sweep.sweep import main as sweep_main
 from qcls.fitting.calibrate import main
-from qcls.fitting.threshold_fitting import out_of_fold
+from qcls.fitting.threshold_fitting import head_probs, out_of_fold
 from qcls.heads.files import load as load_head
-from qcls.heads.head import PromptHead, Read, Tap
+from qcls.heads.head import Head, PromptHead, Read, Tap
 from tests.fitting.test_calibrate import head_set, tiny
 
 
@@ -89,3 +91,17 @@ def test_calibrate_writes_thresholds(tiny_dirs, tmp_path, capsys, monkeypatch):
     summary = (out / "summary.md").read_text()
     assert "## Abstention: precision against coverage" in summary and (out / "precision_coverage.png").is_file()
     models.release()
+
+
+def test_fold_counts_given_override_the_files_record():
+    """`--thresholds-for FILE --nested-folds M`: the user's outer folds, not the ones the file records."""
+    rng = np.random.default_rng(0)
+    y = np.repeat(np.arange(2), 20)
+    states = (rng.normal(size=(40, 1, 4)) + y[:, None, None]).astype(np.float32)
+    taps, read = [Tap(2, "position")], Read(2, "position")
+    ph = H.fit_prompt(states, taps, np.zeros((40, 2)), y, ["a", "b"], [read], False)
+    sets = {"p": StateSet(["a", "b"], states, np.zeros((40, 2)), y)}
+    head = Head({"p": ph}, "head", {})
+    want = nested.run(sets, taps, nested.Search({"p": [read]}, False, 3, "best", None, 3, outer_folds=4)).probs["p"]
+    assert np.allclose(head_probs(head, sets, taps, outer_folds=4)["p"][0], want)
+    assert not np.allclose(head_probs(head, sets, taps)["p"][0], want)  # the file's own: 3 outer folds
