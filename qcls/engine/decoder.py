@@ -183,8 +183,9 @@ class Decoder:
             if self.gate_up[i] is not None:
                 down = layer.mlp.down_proj  # (module names looked up per call: benches swap them)
                 int8 = _smoothing(down)
-                if int8 is not None:  # the activation reads gate/up's int32 product and quantizes for down itself
-                    gu = _output(self.gate_up[i], x)
+                if int8 is not None:  # the activation quantizes for down itself (reading gate/up's int32 product)
+                    gu = _output(self.gate_up[i], x) if isinstance(self.gate_up[i], nn.Module) else \
+                        _linear(self.gate_up[i], x)
                     delta = _output(down, QuantizedRows(*(gelu_tanh_mul if self.gelu else silu_mul)(gu, int8=int8)))
                 else:
                     gu = _linear(self.gate_up[i], x)

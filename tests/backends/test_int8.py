@@ -45,6 +45,29 @@ def test_a_group_over_the_error_bound_keeps_its_weights(tiny_dirs):
     scores(Classifier(cfg(tiny_dirs["llama"], "int8"), loaded=loaded))  # and it still classifies
 
 
+
+@pytest.mark.parametrize("kept", [("gate_proj",), ("down_proj",), ("q_proj",), ("o_proj",)])
+def test_a_layer_with_some_groups_kept_in_floating_point_equals_the_reference(tiny_dirs, monkeypatch, kept):
+    """Each mix of int8 and floating-point neighbours (gate/up kept with down in int8 and the other way round; the
+    same for q/k/v and o) runs in the fast engine as in the eager reference."""
+    from qcls.backends import int8_calibration as cal
+    quantize = cal._quantize_group
+
+    def keep_some(layer, names, x, alphas, max_error, report, index):
+        if names[0] in kept:
+            report.kept.append(f"layer {index} {'/'.join(names)} (kept by the test)")
+        else:
+            quantize(layer, names, x, alphas, max_error, report, index)
+
+    monkeypatch.setattr(cal, "_quantize_group", keep_some)
+    c = cfg(tiny_dirs["llama"], "int8", {"calibration_tokens": 128})
+    loaded = get_backend("int8").load(c)
+    n_int8 = sum(isinstance(m, Int8Linear) for m in loaded.model.modules())
+    assert 0 < n_int8 < 7 * len(loaded.model.model.layers)
+    got = scores(Classifier(c, loaded=loaded))
+    want = scores(Classifier(cfg(tiny_dirs["llama"], "int8", engine={"kind": "reference"}), loaded=loaded))
+    assert (got - want).abs().max() < 2e-3, (got - want).abs().max()
+
 def test_calibration_queries_from_a_file(tiny_dirs, tmp_path):
     f = tmp_path / "q.csv"
     f.write_text("query,category\nred dress,dress\nblue jeans,jeans\n")
