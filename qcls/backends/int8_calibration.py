@@ -31,6 +31,7 @@ BUILT_IN_QUERIES = [
     "cheap wireless earbuds", "organic cotton baby bodysuit", "leather handbag women", "iphone 15 case",
     "男童运动鞋", "vestido largo de verano", "laptop backpack 15 inch", "gift for dad",
 ]
+ERROR_CHUNK = 4096  # output channels per step of the error measurement (a float32 chunk of 4096 × 4096 is 64 MiB)
 GROUPS = (("q_proj", "k_proj", "v_proj"), ("o_proj",), ("gate_proj", "up_proj"), ("down_proj",))
 
 
@@ -151,21 +152,13 @@ def _parent(layer: nn.Module, name: str) -> nn.Module:
 def _quantize_group(layer, names, x: torch.Tensor, alphas, max_error, report: Int8Report, index: int) -> None:
     parent = _parent(layer, names[0])
     mods = [getattr(parent, n) for n in names]
-    w = torch.cat([m.weight.detach().float() for m in mods])
-    ref = x @ w.t()
-    ref_norm = ref.norm().clamp_min(1e-12)
+    w = torch.cat([m.weight.detach() for m in mods])  # the model's dtype: a float32 copy is made a chunk at a time
     xmax = x.abs().amax(0).clamp_min(1e-5)
-    wmax = w.abs().amax(0).clamp_min(1e-5)
-    best = None
-    for a in alphas:
-        smooth = None if a == 0 else (wmax.pow(1 - a) / xmax.pow(a))  # 1/s: what the input is multiplied by
-        qw, ws = quantize_weight(w, smooth)
-        qx, xs = quantize_rows_torch(x, smooth)
-        y = int_mm(qx, qw).float() * xs[:, None] * ws[None, :]
-        err = float((y - ref).norm() / ref_norm)
-        if best is None or err < best[0]:
-            best = (err, a, smooth)
-    err, a, smooth = best
+    wmax = w.abs().amax(0).float().clamp_min(1e-5)
+    smooths = [None if a == 0 else (wmax.pow(1 - a) / xmax.pow(a)) for a in alphas]  # 1/s: what the input is × by
+    errors = output_errors(x, w, smooths)
+    err, i = min((e, i) for i, e in enumerate(errors))
+    a, smooth = alphas[i], smooths[i]
     report.worst = max(report.worst, err)
     if err > max_error:
         report.kept.append(f"layer {index} {'/'.join(names)} ({err:.3f})")
@@ -175,3 +168,21 @@ def _quantize_group(layer, names, x: torch.Tensor, alphas, max_error, report: In
     dtype = mods[0].weight.dtype
     for n, m in zip(names, mods):
         setattr(parent, n, Int8Linear.from_linear(m, smooth, dtype))
+
+
+def output_errors(x: torch.Tensor, w: torch.Tensor, smooths: list, chunk: int = ERROR_CHUNK) -> list[float]:
+    """Per smoothing vector, the W8A8 product's relative error on the calibration rows, ‖Y_int8 − Y‖ / ‖Y‖ with
+    Y = x @ w^T, summed over chunks of `chunk` output channels: each channel's weight scale is its own, so the
+    chunks are exact, and the float32 temporaries stay a chunk wide (a whole group's are GiBs for an 8B model,
+    which a 16 GB card must hold beside the weights)."""
+    xs = [quantize_rows_torch(x, m) for m in smooths]
+    sq_err, sq_ref = [0.0] * len(smooths), 0.0
+    for lo in range(0, w.shape[0], chunk):
+        wc = w[lo:lo + chunk].float()
+        ref = x @ wc.t()
+        sq_ref += float(ref.square().sum())
+        for j, (m, (qx, sx)) in enumerate(zip(smooths, xs)):
+            qw, sw = quantize_weight(wc, m)
+            y = int_mm(qx, qw).float().mul_(sx[:, None]).mul_(sw[None, :])
+            sq_err[j] += float(y.sub_(ref).square().sum())
+    return [(e / max(sq_ref, 1e-24)) ** 0.5 for e in sq_err]

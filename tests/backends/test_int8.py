@@ -68,6 +68,24 @@ def test_a_layer_with_some_groups_kept_in_floating_point_equals_the_reference(ti
     want = scores(Classifier(cfg(tiny_dirs["llama"], "int8", engine={"kind": "reference"}), loaded=loaded))
     assert (got - want).abs().max() < 2e-3, (got - want).abs().max()
 
+
+def test_the_output_error_measured_in_chunks_equals_the_whole_product():
+    from qcls.backends.int8_calibration import output_errors
+    from qcls.engine.int8_kernels import quantize_rows_torch
+    from qcls.engine.int8_linear import int_mm, quantize_weight
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(96, 64, generator=g), torch.randn(200, 64, generator=g)
+    x[:, 3] *= 30  # an outlier channel, which smoothing moves into the weights
+    smooths = [None, (w.abs().amax(0) ** 0.5 / x.abs().amax(0) ** 0.5)]
+    whole = []
+    for m in smooths:  # the definition, on the whole product at once
+        (qx, sx), (qw, sw) = quantize_rows_torch(x, m), quantize_weight(w, m)
+        y, ref = int_mm(qx, qw).float() * sx[:, None] * sw[None, :], x @ w.t()
+        whole.append(float((y - ref).norm() / ref.norm()))
+    for chunk in (7, 64, 1000):  # a last chunk shorter than the others, and one chunk
+        assert output_errors(x, w, smooths, chunk) == pytest.approx(whole, rel=1e-5)
+    assert whole[1] < whole[0]
+
 def test_calibration_queries_from_a_file(tiny_dirs, tmp_path):
     f = tmp_path / "q.csv"
     f.write_text("query,category\nred dress,dress\nblue jeans,jeans\n")
