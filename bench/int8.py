@@ -29,9 +29,10 @@ def scores(results) -> list:
             for r in results]
 
 
-def t4_ms(params: int, tokens: int, int8: bool) -> float:
-    """The T4 model of docs/design.md §8 for `params` layer parameters: bytes at 1 (int8) or 2 (fp16) a weight."""
-    nbytes = params * (1 if int8 else 2)
+def t4_ms(params: int, tokens: int, int8: bool, moved: int = 0) -> float:
+    """The T4 model of docs/design.md §8 for `params` layer parameters: bytes at 1 (int8) or 2 (fp16) a weight,
+    plus `moved` bytes of activations."""
+    nbytes = params * (1 if int8 else 2) + moved
     rate = (T4_INT8_OPS if int8 else T4_FLOPS) * T4_FLOP_EFF
     return (nbytes / (T4_BW * T4_BW_EFF) + 2 * params * tokens / rate) * 1e3
 
@@ -101,6 +102,15 @@ def alternate(a, b, batch: int, iters: int) -> dict:
             "tokens": res[0].meta.get("tokens_per_forward")}
 
 
+def moved_per_token(layer, int8: bool) -> int:
+    """Activation bytes a layer moves per token that the weight-only model leaves out: each GEMM's input written
+    and read (2 bytes a value in fp16, 1 in int8) and its output written and read (2 in fp16, int8's int32 4)."""
+    a, m = layer.self_attn, layer.mlp
+    ins = a.q_proj.in_features + a.o_proj.in_features + m.gate_proj.in_features + m.down_proj.in_features
+    outs = sum(x.out_features for x in (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj))
+    return 2 * (ins * (1 if int8 else 2) + outs * (4 if int8 else 2))
+
+
 def run(shape: str, iters: int, kernels: bool = False) -> dict:
     q8, m8 = build(shape, "int8", [])  # alone first: its memory without fp16 beside it
     fp, m16 = build(shape, "fp16", [])
@@ -112,6 +122,9 @@ def run(shape: str, iters: int, kernels: bool = False) -> dict:
         r = alternate(fp, q8, b, iters)
         r["t4_fp16"], r["t4_int8"] = t4_ms(params, r["tokens"] or 0, False), t4_ms(params, r["tokens"] or 0, True)
         r["t4_int8_half"] = t4_ms(params // 2, r["tokens"] or 0, True)  # a head at half depth (layer 18 of 36)
+        layers, tok = fp.loaded.model.model.layers, r["tokens"] or 0
+        r["t4_moved"] = [t4_ms(params // d, tok, i8, len(layers) // d * tok * moved_per_token(layers[0], i8))
+                         for i8, d in ((False, 1), (True, 1), (True, 2))]
         row[f"b{b}"] = r
     if kernels and torch.cuda.is_available():  # the kernels of one forward + tail, each backend (bench/host.py's table)
         from bench.host import kernel_tables
@@ -123,14 +136,15 @@ def run(shape: str, iters: int, kernels: bool = False) -> dict:
 
 def table(rows: list[dict]) -> str:
     out = ["| model | queries | tokens | forward p50 fp16 / int8 ms (ratio) | request p50 fp16 / int8 ms (ratio) | "
-           "T4 projection fp16 / int8 / int8 at half depth ms | GPU GiB held fp16 / int8 | start-up s fp16 / int8 | "
-           "max \\|Δ score\\| / winners = fp16 |", "|" + "---|" * 9]
+           "T4 projection fp16 / int8 / int8 at half depth ms | the same with the activations' bytes | GPU GiB held fp16 / "
+           "int8 | start-up s fp16 / int8 | max \\|Δ score\\| / winners = fp16 |", "|" + "---|" * 10]
     for r in rows:
         for b in (1, 4):
             x = r[f"b{b}"]
             out.append(f"| {r['shape']} | {b} | {x['tokens']} | {x['fp16_fwd']:.2f} / {x['int8_fwd']:.2f} "
                        f"({x['fwd_ratio']:.3f}) | {x['fp16_req']:.2f} / {x['int8_req']:.2f} ({x['req_ratio']:.3f}) | "
                        f"{x['t4_fp16']:.1f} / {x['t4_int8']:.1f} / {x['t4_int8_half']:.1f} | "
+                       f"{' / '.join(f'{v:.1f}' for v in x['t4_moved'])} | "
                        f"{r['fp16']['held_gib']:.2f} / {r['int8']['held_gib']:.2f} | {r['fp16']['startup_s']} / "
                        f"{r['int8']['startup_s']} | {r['max_delta']:.3f} / {100 * r['winners_equal']:.0f} % |")
     notes = [f"- {r['shape']}: {n}" for r in rows for n in r["int8"]["notes"] if n.startswith("int8:")]
