@@ -184,8 +184,7 @@ class Decoder:
                 down = layer.mlp.down_proj  # (module names looked up per call: benches swap them)
                 int8 = _smoothing(down)
                 if int8 is not None:  # the activation quantizes for down itself (reading gate/up's int32 product)
-                    gu = _output(self.gate_up[i], x) if isinstance(self.gate_up[i], nn.Module) else \
-                        _linear(self.gate_up[i], x)
+                    gu = _output(self.gate_up[i], x)
                     delta = _output(down, QuantizedRows(*(gelu_tanh_mul if self.gelu else silu_mul)(gu, int8=int8)))
                 else:
                     gu = _linear(self.gate_up[i], x)
@@ -215,11 +214,12 @@ def _smoothing(lin) -> torch.Tensor | bool | None:
 
 
 def _output(lin, x):
-    """lin(x), or for a W8A8 linear without a bias its int32 product before the scales (Int32Product): the kernel
-    that reads it next (a norm, the gated activation) applies them as it loads."""
+    """lin(x) (a module, or a fused plain (weight, bias)), or for a W8A8 linear without a bias its int32 product
+    before the scales (Int32Product): the kernel that reads it next (a norm, the gated activation) applies them as
+    it loads, and takes a float output as well."""
     if isinstance(lin, Int8Linear) and lin.bias is None:
         return lin.product(x)
-    return lin(x)
+    return _linear(lin, x)
 
 
 def _linear(fused, x):

@@ -45,7 +45,6 @@ def test_a_group_over_the_error_bound_keeps_its_weights(tiny_dirs):
     scores(Classifier(cfg(tiny_dirs["llama"], "int8"), loaded=loaded))  # and it still classifies
 
 
-
 @pytest.mark.parametrize("kept", [("gate_proj",), ("down_proj",), ("q_proj",), ("o_proj",)])
 def test_a_layer_with_some_groups_kept_in_floating_point_equals_the_reference(tiny_dirs, monkeypatch, kept):
     """Each mix of int8 and floating-point neighbours (gate/up kept with down in int8 and the other way round; the
@@ -85,6 +84,7 @@ def test_the_output_error_measured_in_chunks_equals_the_whole_product():
     for chunk in (7, 64, 1000):  # a last chunk shorter than the others, and one chunk
         assert output_errors(x, w, smooths, chunk) == pytest.approx(whole, rel=1e-5)
     assert whole[1] < whole[0]
+
 
 def test_calibration_queries_from_a_file(tiny_dirs, tmp_path):
     f = tmp_path / "q.csv"
