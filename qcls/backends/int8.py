@@ -14,7 +14,7 @@ from qcls.backends import int8_calibration as cal
 from qcls.backends import sources
 from qcls.backends.base import Backend, LoadedModel, backend_options, module_bytes, resolve_device, resolve_dtype
 from qcls.config import QclsConfig
-from qcls.engine.int8_linear import shapes_ok
+from qcls.engine.int8_linear import cpu_gemm, shapes_ok
 from qcls.errors import ConfigError, DeviceError
 
 WAY_OUT = "use backend=fp16"
@@ -87,5 +87,8 @@ class Int8Backend(Backend):
         memory = module_bytes(model)
         if est is not None:
             memory.update(est.as_dict())
-        return LoadedModel(model, tokenizer, device, dtype, self.name, memory=memory,
-                           notes=[report.line(total, float(opts["max_error"]))])
+        notes = [report.line(total, float(opts["max_error"]))]
+        if device.type == "cpu":
+            kernel, why = cpu_gemm()
+            notes.append(f"int8 GEMM on the CPU: {why}" + ("" if kernel == "onednn" else "; torch._int_mm instead"))
+        return LoadedModel(model, tokenizer, device, dtype, self.name, memory=memory, notes=notes)

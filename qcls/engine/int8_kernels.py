@@ -24,18 +24,26 @@ def use_triton(x: torch.Tensor) -> bool:
     return triton is not None and x.is_cuda
 
 
+def as_dtype(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """t.to(dtype) without the call where t has it already (the torch kernels run a few hundred such conversions a
+    forward; on the CPU each is a dispatch that returns t itself)."""
+    return t if t.dtype == dtype else t.to(dtype)
+
+
 @dataclass
 class Int32Product:
     """A W8A8 GEMM's int32 result with the two scales that make it the linear's output, acc · xscale[:, None] ·
     wscale[None, :], handed as it is to the kernel that reads that output (the next norm, the gated activation),
-    which applies the scales as it loads: no launch and no float copy of its own (for gate/up, [M, 2I] of them)."""
+    which applies the scales as it loads: no launch and no float copy of its own (for gate/up, [M, 2I] of them).
+    `acc` is int32, or on the CPU float32 holding the same integers (rounded as acc.float() rounds them)."""
     acc: torch.Tensor
     xscale: torch.Tensor
     wscale: torch.Tensor
 
     def dense(self) -> torch.Tensor:
-        """The product in float32 (the torch kernels, which define the math)."""
-        return self.acc.float() * self.xscale[:, None] * self.wscale[None, :]
+        """The product in float32 (the torch kernels, which define the math): the int32 values are converted as the
+        first product reads them (no float copy of their own: on the CPU every op of a small forward counts)."""
+        return torch.mul(self.acc, self.xscale[:, None]).mul_(self.wscale)
 
 
 def product_args(x):
@@ -48,18 +56,20 @@ def product_args(x):
 
 def quantize_rows_torch(x: torch.Tensor, smooth: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(int8 [M, K], float32 scale [M]) of x · smooth, symmetric per row."""
-    t = x.float()
+    t = as_dtype(x, torch.float32)
     if smooth is not None:
         t = t * smooth
-    scale = t.abs().amax(-1).clamp_min(TINY) / QMAX
-    return torch.round(t / scale[:, None]).clamp_(-QMAX, QMAX).to(torch.int8), scale
+    scale = t.abs().amax(-1).clamp_min_(TINY).div_(QMAX)
+    # |t / scale| ≤ 127 · (1 + a few ulps) < 127.5, so the rounded values lie in [-127, 127] without a clamp (the
+    # Triton kernels clamp; they agree): fewer ops, which on the CPU are most of a small forward's time
+    return torch.div(t, scale[:, None]).round_().to(torch.int8), scale
 
 
 def normed_output(y: torch.Tensor, out_dtype, int8):
     """A norm's or activation's float32 output as the next GEMM reads it: in out_dtype, or (int8 given: the W8A8
     input's smoothing vector, or True) quantized per row, (int8 values, float32 scales)."""
     if int8 is None:
-        return y.to(out_dtype)
+        return as_dtype(y, out_dtype)
     return quantize_rows_torch(y, None if int8 is True else int8)
 
 
@@ -142,7 +152,7 @@ def dequantize(acc: torch.Tensor, xscale: torch.Tensor, wscale: torch.Tensor, bi
     """acc [M, N] int32 · xscale [M, None] · wscale [None, N] (+ bias) in out_dtype, one launch on CUDA."""
     if impl == "torch" or (impl == "auto" and not use_triton(acc)):
         y = Int32Product(acc, xscale, wscale).dense()
-        return (y if bias is None else y + bias).to(out_dtype)
+        return as_dtype(y if bias is None else y + bias, out_dtype)
     m, n = acc.shape
     acc = acc.contiguous()
     out = torch.empty(m, n, dtype=out_dtype, device=acc.device)

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import functools
+
 import torch
 from torch import nn
 
@@ -59,11 +61,12 @@ class Int8Linear(nn.Module):
         if not shapes_ok(self.in_features, self.out_features):
             raise ValueError(f"the int8 GEMM needs in/out features that are multiples of 8, got "
                              f"{self.in_features} → {self.out_features}")
-        self.register_buffer("qweight", qweight.contiguous())
+        self.register_buffer("qweight", _cpu_layout(qweight.contiguous()))
         self.register_buffer("wscale", wscale.float().contiguous())
         self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
         self.register_buffer("smooth", None if smooth is None else smooth.float().contiguous())
         self.out_dtype = out_dtype
+        self._packed = None  # the CPU's packed copy of qweight (packed_gemm), made by the first forward there
 
     @classmethod
     def from_linear(cls, lin: nn.Linear, smooth: torch.Tensor | None, out_dtype: torch.dtype) -> "Int8Linear":
@@ -88,8 +91,7 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor | QuantizedRows) -> torch.Tensor:
         a = x if isinstance(x, QuantizedRows) else self.quantize(x.reshape(-1, self.in_features))
-        acc = int_mm(a.q, self.qweight)
-        out = k8.dequantize(acc, a.scale, self.wscale, self.bias, self.out_dtype)
+        out = k8.dequantize(self._gemm(a.q), a.scale, self.wscale, self.bias, self.out_dtype)
         return out if isinstance(x, QuantizedRows) else out.view(*x.shape[:-1], self.out_features)
 
     def product(self, x: torch.Tensor | QuantizedRows) -> k8.Int32Product:
@@ -97,7 +99,17 @@ class Int8Linear(nn.Module):
         if self.bias is not None:
             raise ValueError("a linear with a bias hands its output dequantized (forward)")
         a = x if isinstance(x, QuantizedRows) else self.quantize(x)
-        return k8.Int32Product(int_mm(a.q, self.qweight), a.scale, self.wscale)
+        return k8.Int32Product(self._gemm(a.q), a.scale, self.wscale)
+
+    def _gemm(self, q: torch.Tensor) -> torch.Tensor:
+        """q @ qweight^T, exact: int32 on CUDA; on the CPU the same integers as float32 values where oneDNN's packed
+        kernel is exact there (cpu_gemm), which is what the scales are applied to next either way."""
+        if q.is_cuda or cpu_gemm()[0] != "onednn":
+            return int_mm(q, self.qweight)
+        if self._packed is None:
+            # its own copy, from the row-major layout (the packing reads the storage as [N, K], not the strides)
+            self._packed = torch.ops.onednn.qlinear_prepack(self.qweight.contiguous(), [q.shape[0], self.in_features])
+        return packed_gemm(q, self._packed, self.out_features)
 
 
 def int_mm(q: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -107,6 +119,52 @@ def int_mm(q: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         pad = torch.zeros(MIN_ROWS_CUDA - m, q.shape[1], dtype=q.dtype, device=q.device)
         return torch._int_mm(torch.cat([q, pad]), w.t())[:m]
     return torch._int_mm(q, w.t())
+
+
+def packed_gemm(q: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
+    """q [M, K] int8 @ the packed weight → float32 [M, N] holding the int32 products (rounded to float32 as
+    acc.float() rounds them). oneDNN's x86 int8 kernel takes unsigned activations: q + 128 (its bits with the top
+    one flipped) with zero point 128, which it subtracts exactly; unit scales leave the integers as they are."""
+    ones, zeros = _unit_scales(n)
+    return torch.ops.onednn.qlinear_pointwise(q.view(torch.uint8).bitwise_xor(128), 1.0, 128, packed, ones, zeros,
+                                              None, 1.0, 0, torch.float32, "none", [None], "")
+
+
+@functools.cache
+def _unit_scales(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.ones(n), torch.zeros(n, dtype=torch.long)
+
+
+@functools.cache
+def cpu_gemm() -> tuple[str, str]:
+    """(kernel, why) of the CPU's int8 GEMM: oneDNN's packed u8·s8 kernel (on the 2-core machine's AVX-512 VNNI
+    1.2 ms of the demo's 9.3 ms of int8 GEMMs per query saved, a third at four) where it is there and gives the
+    exact products on this CPU (without VNNI, x86 pairs u8·s8 products in 16 bits, which can saturate), else
+    torch._int_mm. Checked once, on products at the extremes."""
+    if not (hasattr(torch.ops.onednn, "qlinear_prepack") and torch.backends.mkldnn.is_available()):
+        return "int_mm", "this torch build has no oneDNN int8 linear"
+    g = torch.Generator().manual_seed(0)
+    q = torch.randint(-127, 128, (24, 256), generator=g, dtype=torch.int8)
+    w = torch.randint(-127, 128, (64, 256), generator=g, dtype=torch.int8)
+    q[:4], w[:4] = 127, 127
+    q[4:8], w[4:8] = -127, -127  # every pair at its largest: where 16-bit pair sums saturate
+    try:
+        got = packed_gemm(q, torch.ops.onednn.qlinear_prepack(w, list(q.shape)), w.shape[0])
+    except RuntimeError as e:
+        return "int_mm", f"oneDNN's int8 linear failed here ({str(e).splitlines()[0][:80]})"
+    if not torch.equal(got, (q.long() @ w.long().t()).float()):
+        return "int_mm", "oneDNN's int8 linear is not exact on this CPU"
+    return "onednn", "oneDNN's packed int8 linear"
+
+
+def _cpu_layout(w: torch.Tensor) -> torch.Tensor:
+    """w [N, K] as the CPU's int8 GEMM reads it fastest: for N < K (o_proj, down_proj) a view of [K, N] storage.
+    oneDNN's kernel for w.t() of a row-major [N, K] took 2.4× longer at down_proj's shape (2048 → 640, 18 rows,
+    the 2-core machine) and 1.3× at o_proj's (1024 → 640); for N > K (q/k/v, gate/up) the row-major one is faster.
+    cuBLASLt keeps the row-major weight (its int8 layouts)."""
+    if w.is_cuda or w.shape[0] >= w.shape[1]:
+        return w
+    return w.t().contiguous().t()
 
 
 def _same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:

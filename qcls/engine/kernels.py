@@ -21,7 +21,9 @@ import functools
 
 import torch
 
-from qcls.engine.int8_kernels import Int32Product, int8_outputs, normed_output, product_args
+from qcls.engine.int8_kernels import Int32Product, as_dtype, int8_outputs, normed_output, product_args
+
+F32 = torch.float32
 
 try:
     import triton
@@ -97,8 +99,9 @@ def add_rmsnorm_torch(x, residual, weight, eps, out_dtype=None, offset: bool = F
         x, residual = x[rows], (residual[rows] if residual is not None else None)
     if scale is not None:
         x = x * torch.tensor(scale, dtype=x.dtype)
-    s = x.float() if residual is None else x.float() + residual.float()
-    y = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + eps) * (weight.float() + 1.0 if offset else weight.float())
+    s = as_dtype(x, F32) if residual is None else as_dtype(x, F32) + as_dtype(residual, F32)
+    w = as_dtype(weight, F32)
+    y = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + eps) * (w + 1.0 if offset else w)
     return normed_output(y, out_dtype or x.dtype, int8), s
 
 

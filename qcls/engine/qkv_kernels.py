@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from qcls.engine.int8_kernels import as_dtype
 from qcls.engine.kernels import triton, use_triton
 
 if triton is not None:
@@ -16,12 +17,14 @@ else:
 def rope_torch(x, cos, sin, norm_w, eps, offset: bool = False):
     """x [N, heads, d]; cos/sin [N, d]; optional per-head RMSNorm (Qwen3; Gemma3's × (1 + w) with `offset`)
     before the rotation; float32 throughout, rounded to x's dtype once."""
-    f = x.float()
+    f32 = torch.float32
+    f = as_dtype(x, f32)
     if norm_w is not None:
-        f = f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + eps) * (norm_w.float() + 1.0 if offset else norm_w.float())
+        w = as_dtype(norm_w, f32)
+        f = f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + eps) * (w + 1.0 if offset else w)
     h = f.shape[-1] // 2
-    c, s = cos.float()[:, None], sin.float()[:, None]
-    return (f * c + torch.cat([-f[..., h:], f[..., :h]], -1) * s).to(x.dtype)
+    c, s = as_dtype(cos, f32)[:, None], as_dtype(sin, f32)[:, None]
+    return as_dtype(f * c + torch.cat([-f[..., h:], f[..., :h]], -1) * s, x.dtype)
 
 
 if triton is not None:

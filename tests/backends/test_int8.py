@@ -19,6 +19,9 @@ def test_fast_engine_equals_the_eager_int8_reference(tiny_dirs, family):
     linears = [m for m in loaded.model.modules() if isinstance(m, Int8Linear)]
     assert len(linears) == 7 * len(loaded.model.model.layers)  # every decoder linear, none kept in fp
     assert loaded.notes and loaded.notes[0].startswith(f"int8: {len(linears)} of {len(linears)} decoder linears")
+    from qcls.engine.int8_linear import cpu_gemm
+    assert loaded.notes[1] == "int8 GEMM on the CPU: " + cpu_gemm()[1] + ("" if cpu_gemm()[0] == "onednn" else
+                                                                          "; torch._int_mm instead")
     fast = Classifier(c, loaded=loaded)
     ref = Classifier(cfg(tiny_dirs[family], "int8", {"calibration_tokens": 256}, engine={"kind": "reference"}),
                      loaded=loaded)
