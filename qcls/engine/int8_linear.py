@@ -14,9 +14,8 @@ gated activation emit `QuantizedRows` on a GPU: qcls/engine/int8_kernels.py); a 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import functools
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -61,12 +60,14 @@ class Int8Linear(nn.Module):
         if not shapes_ok(self.in_features, self.out_features):
             raise ValueError(f"the int8 GEMM needs in/out features that are multiples of 8, got "
                              f"{self.in_features} → {self.out_features}")
-        self.register_buffer("qweight", _cpu_layout(qweight.contiguous()))
+        self.register_buffer("qweight", qweight.contiguous())
         self.register_buffer("wscale", wscale.float().contiguous())
         self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
         self.register_buffer("smooth", None if smooth is None else smooth.float().contiguous())
         self.out_dtype = out_dtype
-        self._packed = None  # the CPU's packed copy of qweight (packed_gemm), made by the first forward there
+        # the CPU's packed copy of qweight (packed_gemm), made by the first forward there: the start-up's warm-up (the
+        # modules joined into one GEMM are the ones that run; their parts never pack a copy)
+        self._packed = None
 
     @classmethod
     def from_linear(cls, lin: nn.Linear, smooth: torch.Tensor | None, out_dtype: torch.dtype) -> "Int8Linear":
@@ -107,7 +108,6 @@ class Int8Linear(nn.Module):
         if q.is_cuda or cpu_gemm()[0] != "onednn":
             return int_mm(q, self.qweight)
         if self._packed is None:
-            # its own copy, from the row-major layout (the packing reads the storage as [N, K], not the strides)
             self._packed = torch.ops.onednn.qlinear_prepack(self.qweight.contiguous(), [q.shape[0], self.in_features])
         return packed_gemm(q, self._packed, self.out_features)
 
@@ -155,16 +155,6 @@ def cpu_gemm() -> tuple[str, str]:
     if not torch.equal(got, (q.long() @ w.long().t()).float()):
         return "int_mm", "oneDNN's int8 linear is not exact on this CPU"
     return "onednn", "oneDNN's packed int8 linear"
-
-
-def _cpu_layout(w: torch.Tensor) -> torch.Tensor:
-    """w [N, K] as the CPU's int8 GEMM reads it fastest: for N < K (o_proj, down_proj) a view of [K, N] storage.
-    oneDNN's kernel for w.t() of a row-major [N, K] took 2.4× longer at down_proj's shape (2048 → 640, 18 rows,
-    the 2-core machine) and 1.3× at o_proj's (1024 → 640); for N > K (q/k/v, gate/up) the row-major one is faster.
-    cuBLASLt keeps the row-major weight (its int8 layouts)."""
-    if w.is_cuda or w.shape[0] >= w.shape[1]:
-        return w
-    return w.t().contiguous().t()
 
 
 def _same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from qcls.engine.int8_kernels import as_dtype
-from qcls.engine.kernels import triton, use_triton
+from qcls.engine.kernels import F32, as_dtype, triton, use_triton
 
 if triton is not None:
     import triton.language as tl
@@ -17,13 +16,12 @@ else:
 def rope_torch(x, cos, sin, norm_w, eps, offset: bool = False):
     """x [N, heads, d]; cos/sin [N, d]; optional per-head RMSNorm (Qwen3; Gemma3's × (1 + w) with `offset`)
     before the rotation; float32 throughout, rounded to x's dtype once."""
-    f32 = torch.float32
-    f = as_dtype(x, f32)
+    f = as_dtype(x, F32)
     if norm_w is not None:
-        w = as_dtype(norm_w, f32)
+        w = as_dtype(norm_w, F32)
         f = f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + eps) * (w + 1.0 if offset else w)
     h = f.shape[-1] // 2
-    c, s = as_dtype(cos, f32)[:, None], as_dtype(sin, f32)[:, None]
+    c, s = as_dtype(cos, F32)[:, None], as_dtype(sin, F32)[:, None]
     return as_dtype(f * c + torch.cat([-f[..., h:], f[..., :h]], -1) * s, x.dtype)
 
 
