@@ -88,7 +88,7 @@ class Int8Backend(Backend):
         if est is not None:
             memory.update(est.as_dict())
         notes = [report.line(total, float(opts["max_error"]))]
-        if device.type == "cpu":
-            kernel, why = cpu_gemm()
-            notes.append(f"int8 GEMM on the CPU: {why}" + ("" if kernel == "onednn" else "; torch._int_mm instead"))
+        kernel, why = cpu_gemm() if device.type == "cpu" else ("", "")
+        if kernel == "int_mm":  # the slower kernel: said, not silent
+            notes.append(f"int8 GEMM on the CPU through torch._int_mm, slower than oneDNN's packed kernel: {why}")
         return LoadedModel(model, tokenizer, device, dtype, self.name, memory=memory, notes=notes)

@@ -140,7 +140,7 @@ def cpu_gemm() -> tuple[str, str]:
     """(kernel, why) of the CPU's int8 GEMM: oneDNN's packed u8·s8 kernel (on the 2-core machine's AVX-512 VNNI
     1.2 ms of the demo's 9.3 ms of int8 GEMMs per query saved, a third at four) where it is there and gives the
     exact products on this CPU (without VNNI, x86 pairs u8·s8 products in 16 bits, which can saturate), else
-    torch._int_mm. Checked once, on products at the extremes."""
+    torch._int_mm (said at start-up). Checked once, on products at the extremes."""
     if not (hasattr(torch.ops.onednn, "qlinear_prepack") and torch.backends.mkldnn.is_available()):
         return "int_mm", "this torch build has no oneDNN int8 linear"
     g = torch.Generator().manual_seed(0)
