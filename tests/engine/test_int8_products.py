@@ -48,14 +48,19 @@ def test_the_norms_read_a_product_as_its_float_values(gather):
 
 
 @pytest.mark.parametrize("act", [A.silu_mul, A.gelu_tanh_mul])
-def test_the_activation_reads_gate_and_up_as_a_product(act, monkeypatch):
-    monkeypatch.setattr(A, "use_triton", lambda x: True)  # the Triton kernel, interpreted where there is no GPU
+@pytest.mark.parametrize("inter", [96, 2 * A.Q8_BLOCK + 52])  # one chunk of the row; several, the last one partial
+def test_the_activation_reads_gate_and_up_as_a_product(act, inter, monkeypatch):
     g = torch.Generator().manual_seed(1)
-    p = _product(7, 2 * 96, g)
-    smooth = (torch.rand(96, generator=g) + 0.5).to(DEVICE)
+    p = _product(7, 2 * inter, g)
+    p.acc[3, inter - 1] = 60000  # the row's largest value in its last column: the scale sees every chunk
+    smooth = (torch.rand(inter, generator=g) + 0.5).to(DEVICE)
     dense = p.dense()
+    monkeypatch.setattr(A, "use_triton", lambda x: False)
+    want = {int8 is True: act(dense, int8=int8) for int8 in (True, smooth)}  # the torch definition
+    monkeypatch.setattr(A, "use_triton", lambda x: True)  # the Triton kernel, interpreted where there is no GPU
     for int8 in (True, smooth):
-        _close_rows(act(p, int8=int8), act(dense, int8=int8))
+        _close_rows(act(p, int8=int8), want[int8 is True])
+        _close_rows(act(dense, int8=int8), want[int8 is True])
     with pytest.raises(ValueError, match="int8="):
         act(p)
 
