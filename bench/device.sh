@@ -76,9 +76,11 @@ mode_tests() {  # the GPU tests (under `all`: the engine's end-to-end ones)
     step "$(size 90 560)" tests python -m pytest -q -m gpu "tests${QUICK:+/engine/test_gpu.py}" -p no:cacheprovider -rfEs
 }
 
-mode_latency() {  # bench/latency.py: Qwen3-4B and Gemma3-4B (under `all`: Qwen3-4B, fewer requests)
+mode_latency() {  # bench/latency.py: Qwen3-4B and Gemma3-4B (under `all`: Qwen3-4B, fewer requests; with a base:
+    # LATENCY_MODELS, default both)
     if [ -n "${1:-}" ]; then
-        LIMIT=190 checkouts latency "$1" python bench/latency.py --models qwen3_4b gemma3_4b --no-reference --iters 60
+        LIMIT=190 checkouts latency "$1" python bench/latency.py --models ${LATENCY_MODELS:-qwen3_4b gemma3_4b} --no-reference \
+            --iters 60
     else
         step "$(size 90 330)" latency python bench/latency.py --models qwen3_4b $(size "" gemma3_4b) --iters "$(size 20 50)"
     fi
