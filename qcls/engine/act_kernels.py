@@ -9,60 +9,29 @@ import torch
 from qcls.engine.int8_kernels import Int32Product, int8_outputs, normed_output
 from qcls.engine.kernels import triton, use_triton
 
-Q8_BLOCK = 1024  # columns per step of the int8 output's two passes
-
 if triton is not None:
     import triton.language as tl
-    from qcls.engine.int8_kernels import rint, scaled
+    from qcls.engine.int8_kernels import scaled, store_quantized
 
     @triton.jit
-    def _gated(g_ptr, u_ptr, xs_ptr, wg_ptr, wu_ptr, row, cols, m, g_s0, u_s0, GELU: tl.constexpr, DEQ: tl.constexpr):
-        """act(g) · u of one row's columns, float32 (DEQ: gate and up are an Int32Product's halves)."""
+    def _act_mul_kernel(g_ptr, u_ptr, out_ptr, qs_ptr, m_ptr, xs_ptr, wg_ptr, wu_ptr, I, g_s0, u_s0, GELU: tl.constexpr,
+                        BLOCK: tl.constexpr, INT8: tl.constexpr, SMOOTH: tl.constexpr, DEQ: tl.constexpr):
+        row = tl.program_id(0)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        m = cols < I
         g = tl.load(g_ptr + row * g_s0 + cols, mask=m, other=0.0).to(tl.float32)
         u = tl.load(u_ptr + row * u_s0 + cols, mask=m, other=0.0).to(tl.float32)
-        g = scaled(g, xs_ptr, wg_ptr, row, cols, m, DEQ)
+        g = scaled(g, xs_ptr, wg_ptr, row, cols, m, DEQ)  # DEQ: gate and up are an Int32Product's halves
         u = scaled(u, xs_ptr, wu_ptr, row, cols, m, DEQ)
         if GELU:  # 0.5·g·(1 + tanh(z)) = g·sigmoid(2z), z = √(2/π)·(g + 0.044715·g³)
             z = 0.7978845608028654 * (g + 0.044715 * g * g * g)
             a = g / (1.0 + tl.exp(-2.0 * z))
         else:
             a = g / (1.0 + tl.exp(-g))
-        return a * u
-
-    @triton.jit
-    def _act_mul_kernel(g_ptr, u_ptr, out_ptr, xs_ptr, wg_ptr, wu_ptr, I, g_s0, u_s0, GELU: tl.constexpr,
-                        BLOCK: tl.constexpr, DEQ: tl.constexpr):
-        row = tl.program_id(0)
-        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        m = cols < I
-        y = _gated(g_ptr, u_ptr, xs_ptr, wg_ptr, wu_ptr, row, cols, m, g_s0, u_s0, GELU=GELU, DEQ=DEQ)
-        tl.store(out_ptr + row * I + cols, y.to(out_ptr.dtype.element_ty), mask=m)
-
-    @triton.jit
-    def _act_mul_q8_kernel(g_ptr, u_ptr, q_ptr, qs_ptr, m_ptr, xs_ptr, wg_ptr, wu_ptr, I, g_s0, u_s0,
-                           GELU: tl.constexpr, BLOCK: tl.constexpr, SMOOTH: tl.constexpr, DEQ: tl.constexpr):
-        """The row quantized for a W8A8 down projection in two passes over its chunks: the largest |value|, then the
-        values again, divided by its scale. A row is 10k-20k columns: held whole, one program's registers spill and
-        one program fits an SM; chunked, many run side by side and the second pass reads what the first left in L2."""
-        row = tl.program_id(0)
-        top = tl.zeros([BLOCK], dtype=tl.float32)
-        for start in range(0, I, BLOCK):
-            cols = start + tl.arange(0, BLOCK)
-            m = cols < I
-            y = _gated(g_ptr, u_ptr, xs_ptr, wg_ptr, wu_ptr, row, cols, m, g_s0, u_s0, GELU=GELU, DEQ=DEQ)
-            if SMOOTH:
-                y = y * tl.load(m_ptr + cols, mask=m, other=0.0)
-            top = tl.maximum(top, tl.where(m, tl.abs(y), 0.0))
-        scale = tl.maximum(tl.max(top, 0), 1e-12) / 127.0
-        for start in range(0, I, BLOCK):
-            cols = start + tl.arange(0, BLOCK)
-            m = cols < I
-            y = _gated(g_ptr, u_ptr, xs_ptr, wg_ptr, wu_ptr, row, cols, m, g_s0, u_s0, GELU=GELU, DEQ=DEQ)
-            if SMOOTH:
-                y = y * tl.load(m_ptr + cols, mask=m, other=0.0)
-            r = tl.minimum(tl.maximum(rint(y / scale), -127.0), 127.0)
-            tl.store(q_ptr + row * I + cols, r.to(tl.int8), mask=m)
-        tl.store(qs_ptr + row, scale)
+        if INT8:  # one program holds the whole row (BLOCK ≥ I): its scale needs every column
+            store_quantized(out_ptr + row * I, qs_ptr + row, m_ptr, cols, m, a * u, SMOOTH=SMOOTH)
+        else:
+            tl.store(out_ptr + row * I + cols, (a * u).to(out_ptr.dtype.element_ty), mask=m)
 
 
 def act_mul(g: torch.Tensor, u: torch.Tensor, gelu: bool, int8=None, scales=None):
@@ -80,16 +49,15 @@ def act_mul(g: torch.Tensor, u: torch.Tensor, gelu: bool, int8=None, scales=None
     if scales is not None and int8 is None:
         raise ValueError("act_mul reads an int32 product only for a W8A8 down projection (int8=)")
     n, i = g.shape
-    xs, wg, wu = scales if scales is not None else (g, g, g)
-    if int8 is None:
-        out = torch.empty(n, i, dtype=g.dtype, device=g.device)
-        _act_mul_kernel[(n, triton.cdiv(i, 1024))](g, u, out, xs, wg, wu, i, g.stride(0), u.stride(0), GELU=gelu,
-                                                   BLOCK=1024, DEQ=scales is not None, num_warps=4)
-        return out
-    out, qs, sm = int8_outputs(int8, g, n, i)
-    _act_mul_q8_kernel[(n,)](g, u, out, qs, sm, xs, wg, wu, i, g.stride(0), u.stride(0), GELU=gelu, BLOCK=Q8_BLOCK,
-                             SMOOTH=int8 is not True, DEQ=scales is not None, num_warps=4)
-    return out, qs
+    q, qs, sm = int8_outputs(int8, g, n, i)
+    out = q if int8 is not None else torch.empty(n, i, dtype=g.dtype, device=g.device)
+    block = 1024 if int8 is None else triton.next_power_of_2(i)
+    xs, wg, wu = scales if scales is not None else (qs, qs, qs)
+    _act_mul_kernel[(n, triton.cdiv(i, block))](g, u, out, qs, sm, xs, wg, wu, i, g.stride(0), u.stride(0), GELU=gelu,
+                                                BLOCK=block, INT8=int8 is not None,
+                                                SMOOTH=int8 is not None and int8 is not True, DEQ=scales is not None,
+                                                num_warps=4 if int8 is None else 16)
+    return (out, qs) if int8 is not None else out
 
 
 def _act_mul(gu, gelu: bool, int8=None):

@@ -48,11 +48,11 @@ def test_the_norms_read_a_product_as_its_float_values(gather):
 
 
 @pytest.mark.parametrize("act", [A.silu_mul, A.gelu_tanh_mul])
-@pytest.mark.parametrize("inter", [96, 2 * A.Q8_BLOCK + 52])  # one chunk of the row; several, the last one partial
+@pytest.mark.parametrize("inter", [96, 2100])  # a row within one block of columns; one that does not fill its block
 def test_the_activation_reads_gate_and_up_as_a_product(act, inter, monkeypatch):
     g = torch.Generator().manual_seed(1)
     p = _product(7, 2 * inter, g)
-    p.acc[3, inter - 1] = 60000  # the row's largest value in its last column: the scale sees every chunk
+    p.acc[3, inter - 1] = 60000  # the row's largest value in its last column: the scale sees every column
     smooth = (torch.rand(inter, generator=g) + 0.5).to(DEVICE)
     dense = p.dense()
     monkeypatch.setattr(A, "use_triton", lambda x: False)

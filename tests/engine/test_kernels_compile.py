@@ -25,10 +25,8 @@ QKV = {"q_ptr": "*fp16", "k_ptr": "*fp16", "v_ptr": "*fp16", "cos_ptr": "*fp16",
 POST = {"x_ptr": "*fp16", "r_ptr": "*fp32", "wp_ptr": "*fp16", "w_ptr": "*fp16", "y_ptr": "*fp16", "s_ptr": "*fp32",
         "rows_ptr": "*i64", "qs_ptr": "*fp32", "m_ptr": "*fp32", "xs_ptr": "*fp32", "ws_ptr": "*fp32", "H": "i32",
         "eps_post": "fp32", "eps": "fp32"}
-ACT = {"g_ptr": "*fp16", "u_ptr": "*fp16", "out_ptr": "*fp16", "xs_ptr": "*fp32", "wg_ptr": "*fp32", "wu_ptr": "*fp32",
-       "I": "i32", "g_s0": "i32", "u_s0": "i32"}
-ACT8 = {"g_ptr": "*fp16", "u_ptr": "*fp16", "q_ptr": "*i8", "qs_ptr": "*fp32", "m_ptr": "*fp32", "xs_ptr": "*fp32",
-        "wg_ptr": "*fp32", "wu_ptr": "*fp32", "I": "i32", "g_s0": "i32", "u_s0": "i32"}
+ACT = {"g_ptr": "*fp16", "u_ptr": "*fp16", "out_ptr": "*fp16", "qs_ptr": "*fp32", "m_ptr": "*fp32", "xs_ptr": "*fp32",
+       "wg_ptr": "*fp32", "wu_ptr": "*fp32", "I": "i32", "g_s0": "i32", "u_s0": "i32"}
 FP = {"INT8": False, "SMOOTH": False, "DEQ": False}  # the floating-point output
 Q8 = {"INT8": True, "SMOOTH": True, "DEQ": False}  # quantized for a W8A8 GEMM (backend=int8)
 DQ = {"INT8": True, "SMOOTH": True, "DEQ": True}  # ... reading a W8A8 GEMM's int32 product and its scales
@@ -64,8 +62,8 @@ CASES = [
     ("_add_rmsnorm_kernel", NORM, {**FP, "HAS_RES": False, "OFFSET": True, "GATHER": True, "SCALE": True, "BLOCK": 4096,
                                    "HINT": True}),
     ("_post_add_rmsnorm_kernel", POST, {**FP, "OFFSET": True, "GATHER": False, "BLOCK": 4096, "HINT": True}),
-    ("_act_mul_kernel", ACT, {"DEQ": False, "GELU": False, "BLOCK": 1024}),
-    ("_act_mul_kernel", ACT, {"DEQ": False, "GELU": True, "BLOCK": 1024}),
+    ("_act_mul_kernel", ACT, {**FP, "GELU": False, "BLOCK": 1024}),
+    ("_act_mul_kernel", ACT, {**FP, "GELU": True, "BLOCK": 1024}),
     # backend=int8: the norms and the activation hand the GEMM int8 rows (Qwen3-8B's intermediate size: one program a row)
     ("_add_rmsnorm_kernel", {**NORM, "y_ptr": "*i8"}, {**Q8, "HAS_RES": True, "OFFSET": False, "GATHER": False,
                                                       "SCALE": False, "BLOCK": 4096, "HINT": False}),
@@ -73,8 +71,8 @@ CASES = [
                                                       "SCALE": True, "BLOCK": 4096, "HINT": True}),
     ("_post_add_rmsnorm_kernel", {**POST, "y_ptr": "*i8"}, {**Q8, "OFFSET": True, "GATHER": False, "BLOCK": 4096,
                                                            "HINT": False}),
-    ("_act_mul_q8_kernel", ACT8, {"SMOOTH": True, "DEQ": False, "GELU": False, "BLOCK": 1024}),
-    ("_act_mul_q8_kernel", ACT8, {"SMOOTH": True, "DEQ": False, "GELU": True, "BLOCK": 1024}),
+    ("_act_mul_kernel", {**ACT, "out_ptr": "*i8"}, {**Q8, "GELU": False, "BLOCK": 16384}),
+    ("_act_mul_kernel", {**ACT, "out_ptr": "*i8"}, {**Q8, "GELU": True, "BLOCK": 16384}),
     # backend=int8: the o/down projections' and gate/up's int32 products read with their scales by the next kernel
     ("_add_rmsnorm_kernel", {**NORM, "x_ptr": "*i32", "y_ptr": "*i8"}, {**DQ, "HAS_RES": True, "OFFSET": False,
                                                                         "GATHER": False, "SCALE": False, "BLOCK": 4096,
@@ -84,10 +82,10 @@ CASES = [
                                                                           "SCALE": False, "BLOCK": 4096, "HINT": False}),
     ("_post_add_rmsnorm_kernel", {**POST, "x_ptr": "*i32", "y_ptr": "*i8"}, {**DQ, "OFFSET": True, "GATHER": False,
                                                                              "BLOCK": 4096, "HINT": False}),
-    ("_act_mul_q8_kernel", {**ACT8, "g_ptr": "*i32", "u_ptr": "*i32"}, {"SMOOTH": True, "DEQ": True, "GELU": False,
-                                                                          "BLOCK": 1024}),
-    ("_act_mul_q8_kernel", {**ACT8, "g_ptr": "*i32", "u_ptr": "*i32"}, {"SMOOTH": False, "DEQ": True, "GELU": True,
-                                                                          "BLOCK": 1024}),
+    ("_act_mul_kernel", {**ACT, "g_ptr": "*i32", "u_ptr": "*i32", "out_ptr": "*i8"}, {**DQ, "GELU": False,
+                                                                                     "BLOCK": 16384}),
+    ("_act_mul_kernel", {**ACT, "g_ptr": "*i32", "u_ptr": "*i32", "out_ptr": "*i8"}, {**DQ, "GELU": True,
+                                                                                     "BLOCK": 16384}),
     ("_quantize_rows_kernel", QUANT, {"SMOOTH": True, "BLOCK": 4096}),
     ("_dequantize_kernel", DEQUANT, {"HAS_BIAS": False, "BLOCK": 1024}),
     ("_group_scores_kernel", GROUP, {"W": 10, "BE": 128, "BW": 16}),  # the tail (engine.fuse_tail)
