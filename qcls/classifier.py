@@ -91,11 +91,11 @@ class Classifier:
             yield "the engine's buffers"
             if isinstance(self.engine, FastEngine):
                 yield from self.engine.build()
-        self.notes = cal_notes + list(loaded.notes) + list(getattr(self.engine, "notes", []))
+        self.notes = list(loaded.info) + cal_notes + list(loaded.notes) + list(getattr(self.engine, "notes", []))
         if cfg.engine.kind == "fast" and loaded.device.type == "cuda" and not self.engine.graphs:
             self.notes.append("CUDA graphs off: the forward runs eagerly (slower)")
         for n in self.notes:
-            warn(n)
+            (step_note if n in loaded.info else warn)(n)
         with step(f"warm-up ({cfg.engine.warmup_requests} requests per bucket)", self.startup_s, "warmup"):
             yield from self._warm_up()
         self.startup_s["total"] = round(time.perf_counter() - t0, 3)

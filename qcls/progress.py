@@ -35,6 +35,9 @@ def step_note(msg: str) -> None:
 
 
 def warn(msg: str) -> None:
-    log.warning(msg)
-    if not _quiet:
+    """One line per warning: through logging where the program configured it (a server, a test), else on
+    stderr beside the progress lines; logging's last-resort handler would print it a second time, bare."""
+    if _quiet or log.hasHandlers():
+        log.warning(msg)
+    else:
         print(f"[qcls] WARNING: {msg}", file=sys.stderr, flush=True)

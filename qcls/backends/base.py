@@ -22,7 +22,10 @@ class LoadedModel:
     dtype: torch.dtype
     backend: str
     graph_capturable: bool = True
-    notes: list[str] = field(default_factory=list)  # start-up log lines that also go into result metadata
+    # Start-up lines that also go into result metadata: `notes` warn (a slower path, a mismatch), `info` tells
+    # what was built (the int8 calibration's summary) and is printed without a warning's label.
+    notes: list[str] = field(default_factory=list)
+    info: list[str] = field(default_factory=list)
     memory: dict[str, int] = field(default_factory=dict)  # bytes: weights_gpu, weights_cpu, …
     # Offloading backends gather the embedding rows themselves: fn(ids_cpu [N], out [N, H] on device).
     embed_fn: Callable[[torch.Tensor, torch.Tensor], None] | None = None

@@ -87,8 +87,9 @@ class Int8Backend(Backend):
         memory = module_bytes(model)
         if est is not None:
             memory.update(est.as_dict())
-        notes = [report.line(total, float(opts["max_error"]))]
+        notes = []
         kernel, why = cpu_gemm() if device.type == "cpu" else ("", "")
         if kernel == "int_mm":  # the slower kernel: said, not silent
             notes.append(f"int8 GEMM on the CPU through torch._int_mm, slower than oneDNN's packed kernel: {why}")
-        return LoadedModel(model, tokenizer, device, dtype, self.name, memory=memory, notes=notes)
+        return LoadedModel(model, tokenizer, device, dtype, self.name, memory=memory, notes=notes,
+                           info=[report.line(total, float(opts["max_error"]))])

@@ -18,7 +18,7 @@ def test_fast_engine_equals_the_eager_int8_reference(tiny_dirs, family):
     loaded = get_backend("int8").load(c)
     linears = [m for m in loaded.model.modules() if isinstance(m, Int8Linear)]
     assert len(linears) == 7 * len(loaded.model.model.layers)  # every decoder linear, none kept in fp
-    assert loaded.notes and loaded.notes[0].startswith(f"int8: {len(linears)} of {len(linears)} decoder linears")
+    assert loaded.info and loaded.info[0].startswith(f"int8: {len(linears)} of {len(linears)} decoder linears")
     from qcls.engine.int8_linear import cpu_gemm
     fallback = [n for n in loaded.notes if n.startswith("int8 GEMM on the CPU through torch._int_mm")]
     assert len(fallback) == (cpu_gemm()[0] == "int_mm")  # the slower kernel is said at start-up
@@ -44,7 +44,7 @@ def test_int8_stays_close_to_floating_point(tiny_dirs):
 def test_a_group_over_the_error_bound_keeps_its_weights(tiny_dirs):
     loaded = get_backend("int8").load(cfg(tiny_dirs["llama"], "int8", {"max_error": 1e-9, "calibration_tokens": 128}))
     assert not any(isinstance(m, Int8Linear) for m in loaded.model.modules())
-    assert "kept in fp16" in loaded.notes[0] and "layer 0 q_proj/k_proj/v_proj" in loaded.notes[0]
+    assert "kept in fp16" in loaded.info[0] and "layer 0 q_proj/k_proj/v_proj" in loaded.info[0]
     scores(Classifier(cfg(tiny_dirs["llama"], "int8"), loaded=loaded))  # and it still classifies
 
 
@@ -94,7 +94,7 @@ def test_calibration_queries_from_a_file(tiny_dirs, tmp_path):
     f.write_text("query,category\nred dress,dress\nblue jeans,jeans\n")
     loaded = get_backend("int8").load(cfg(tiny_dirs["qwen3"], "int8", {"calibration_queries": str(f),
                                                                        "calibration_tokens": 128}))
-    assert "calibrated on 128 tokens" in loaded.notes[0] and f"the queries of {f}" in loaded.notes[0]
+    assert "calibrated on 128 tokens" in loaded.info[0] and f"the queries of {f}" in loaded.info[0]
 
 
 @pytest.mark.parametrize("options, match", [
