@@ -162,7 +162,9 @@ def test_the_replaced_configuration_is_dropped_once_its_queries_are_answered_and
     with caplog.at_level(logging.WARNING, logger=reload_module.log.name):
         out, built = run(scenario())
         del clf
-        run(until_async(lambda: freed.calls, "the replaced configuration's memory to go back"))
+        # the worker logs the release after giving the memory back, on its own thread: wait for the line itself
+        run(until_async(lambda: freed.calls and "memory reserved by torch" in caplog.text,
+                        "the replaced configuration's memory to go back, and its log line"))
     assert out[0].ok and gone[0] and built.result() is w.clf
     assert freed.calls == [("qcls-launch", 0)]
     assert "memory reserved by torch 12.50 → 9.75 GiB (allocated 9.50 GiB)" in caplog.text
