@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from qcls.backends import int8_cache
 from qcls.backends import int8_calibration as cal
 from qcls.backends import sources
 from qcls.backends.base import Backend, LoadedModel, backend_options, module_bytes, resolve_device, resolve_dtype
@@ -23,6 +24,7 @@ DEFAULTS = {
     "calibration_tokens": 4096,  # tokens of calibration text (prompts around queries) the layers are run over
     "alphas": [0.0, 0.25, 0.5, 0.75],  # smoothing strengths tried per group of linears (0: none)
     "max_error": 0.1,  # a group whose relative output error stays above this keeps floating-point weights
+    "cache": True,  # keep the calibrated weights in cache_dir/int8 and read them at the next such start
 }
 
 
@@ -60,6 +62,9 @@ def options(cfg: QclsConfig) -> dict:
     if int(opts["calibration_tokens"]) < 64:
         raise ConfigError(f"backend int8: calibration_tokens must be at least 64, got {opts['calibration_tokens']}",
                           "e.g. backend.options.calibration_tokens=4096")
+    if not isinstance(opts["cache"], bool):
+        raise ConfigError(f"backend int8: cache must be true or false, got {opts['cache']!r}",
+                          "backend.options.cache=false calibrates at every start and writes nothing")
     return {**opts, "alphas": alphas}
 
 
@@ -79,17 +84,46 @@ class Int8Backend(Backend):
         tokenizer = sources.load_tokenizer(src) if tokenizer is None else tokenizer
         model = sources.load_model(src, dtype, layers)  # on the CPU; each layer moves once it is its turn
         ids, mask = cal.calibration_batch(cfg, tokenizer, queries, int(opts["calibration_tokens"]))
-        report = cal.quantize_model(model, ids, mask, device, opts["alphas"], float(opts["max_error"]))
-        if opts["calibration_queries"]:
-            report.source = f"the queries of {opts['calibration_queries']}"
+        report, where, notes = quantize(cfg, model, ids, mask, device, dtype, opts)
         model.to(device)  # what is still on the CPU: nothing but placeholders, normally
         total = sum(len(g) for g in cal.GROUPS) * len(model.model.layers)
         memory = module_bytes(model)
         if est is not None:
             memory.update(est.as_dict())
-        notes = []
         kernel, why = cpu_gemm() if device.type == "cpu" else ("", "")
         if kernel == "int_mm":  # the slower kernel: said, not silent
             notes.append(f"int8 GEMM on the CPU through torch._int_mm, slower than oneDNN's packed kernel: {why}")
         return LoadedModel(model, tokenizer, device, dtype, self.name, memory=memory, notes=notes,
-                           info=[report.line(total, float(opts["max_error"]))])
+                           info=[report.line(total, float(opts["max_error"])) + where])
+
+
+def quantize(cfg: QclsConfig, model, ids, mask, device, dtype, opts) -> tuple[cal.Int8Report, str, list[str]]:
+    """The model's decoder linears in W8A8: read from the cache where this calibration was done before, otherwise
+    calibrated (and saved). Returns the report, where the weights came from or went, and warnings."""
+    def named(report: cal.Int8Report) -> cal.Int8Report:
+        if opts["calibration_queries"]:  # the file named now: a cached calibration of its queries may name another
+            report.source = f"the queries of {opts['calibration_queries']}"
+        return report
+
+    def calibrate() -> cal.Int8Report:
+        return named(cal.quantize_model(model, ids, mask, device, opts["alphas"], float(opts["max_error"])))
+
+    if not opts["cache"]:
+        return calibrate(), "", []
+    path = int8_cache.path_for(sources.cache_root(cfg.cache_dir), int8_cache.weights_key(model),
+                               int8_cache.calibration_key(ids, mask, opts, dtype, device))
+    notes = []
+    try:
+        report = int8_cache.read(path, model, dtype)
+        if report is not None:
+            return named(report), f"; read from {path}", notes
+    except Exception as e:  # a damaged or foreign file costs a calibration, said here, never a failed start
+        notes.append(f"int8: {path} could not be read ({type(e).__name__}: {e}); calibrated again")
+    report = calibrate()
+    try:
+        int8_cache.write(path, model, report)
+    except Exception as e:  # a full disk, a read-only folder: the next start calibrates again, as said here
+        notes.append(f"int8: the calibrated weights could not be saved to {path} ({e}); the next start "
+                     f"calibrates again (backend.options.cache=false stops trying)")
+        return report, "", notes
+    return report, f"; saved to {path} for the next start", notes

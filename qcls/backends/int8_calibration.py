@@ -123,7 +123,7 @@ def quantize_model(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, devi
 
     def before(layer, _args, _kwargs):
         layer.to(device)
-        layer._qcls_hooks = [getattr(_parent(layer, g[0]), g[0]).register_forward_pre_hook(record(g[0]))
+        layer._qcls_hooks = [getattr(parent_of(layer, g[0]), g[0]).register_forward_pre_hook(record(g[0]))
                              for g in GROUPS]
 
     def after(layer, _args, _kwargs, _out):
@@ -145,12 +145,12 @@ def quantize_model(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, devi
     return report
 
 
-def _parent(layer: nn.Module, name: str) -> nn.Module:
+def parent_of(layer: nn.Module, name: str) -> nn.Module:
     return layer.self_attn if name in ("q_proj", "k_proj", "v_proj", "o_proj") else layer.mlp
 
 
 def _quantize_group(layer, names, x: torch.Tensor, alphas, max_error, report: Int8Report, index: int) -> None:
-    parent = _parent(layer, names[0])
+    parent = parent_of(layer, names[0])
     mods = [getattr(parent, n) for n in names]
     w = torch.cat([m.weight.detach() for m in mods])  # the model's dtype: a float32 copy is made a chunk at a time
     xmax = x.abs().amax(0).clamp_min(1e-5)

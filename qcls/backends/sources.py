@@ -36,10 +36,10 @@ def default_cache_dir() -> Path:
 
 def demo_gguf_path(name: str = "smollm2_demo", cache_dir: str | None = None) -> Path:
     """The GGUF of a demo model (qcls/backends/demos.py), from its installed package(s)."""
-    return demos.gguf_path(demos.get(name), _cache_root(cache_dir))
+    return demos.gguf_path(demos.get(name), cache_root(cache_dir))
 
 
-def _cache_root(cache_dir: str | None) -> Path:
+def cache_root(cache_dir: str | None) -> Path:
     return Path(cache_dir) if cache_dir else default_cache_dir()
 
 
@@ -76,7 +76,7 @@ def convert_gguf(gguf: Path, out: Path) -> Path:
 
 
 def _demo_dir(spec: ModelSpec, cache_dir: str | None, gguf_size: int) -> Path:
-    return _cache_root(cache_dir) / f"{spec.name}-{gguf_size}"
+    return cache_root(cache_dir) / f"{spec.name}-{gguf_size}"
 
 
 def resolve(spec: ModelSpec, cache_dir: str | None) -> Source:
@@ -85,7 +85,7 @@ def resolve(spec: ModelSpec, cache_dir: str | None) -> Source:
         demo = demos.get(spec.name)
         out = _demo_dir(spec, cache_dir, demos.size(demo))
         if not (out / "qcls_source.json").is_file():
-            gguf = demos.gguf_path(demo, _cache_root(cache_dir))
+            gguf = demos.gguf_path(demo, cache_root(cache_dir))
             with step(f"converting the demo model {gguf.name} into {out} (once)"):
                 convert_gguf(gguf, out)
             if demo.chunked:  # assembled from the installed chunks only for this: not kept twice
@@ -105,7 +105,7 @@ def config_source(spec: ModelSpec, cache_dir: str | None) -> Source:
     out = _demo_dir(spec, cache_dir, demos.size(demo))
     if (out / "qcls_source.json").is_file():
         return Source(str(out))
-    gguf = demos.gguf_path(demo, _cache_root(cache_dir))
+    gguf = demos.gguf_path(demo, cache_root(cache_dir))
     return Source(str(gguf.parent), gguf.name)
 
 

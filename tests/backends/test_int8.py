@@ -62,7 +62,8 @@ def test_a_layer_with_some_groups_kept_in_floating_point_equals_the_reference(ti
             quantize(layer, names, x, alphas, max_error, report, index)
 
     monkeypatch.setattr(cal, "_quantize_group", keep_some)
-    c = cfg(tiny_dirs["llama"], "int8", {"calibration_tokens": 128})
+    # calibrated here, not read from a file that another choice of kept groups wrote
+    c = cfg(tiny_dirs["llama"], "int8", {"calibration_tokens": 128, "cache": False})
     loaded = get_backend("int8").load(c)
     n_int8 = sum(isinstance(m, Int8Linear) for m in loaded.model.modules())
     assert 0 < n_int8 < 7 * len(loaded.model.model.layers)
