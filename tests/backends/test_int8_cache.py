@@ -103,3 +103,10 @@ def test_a_read_calibration_names_the_query_file_given_now(tiny_dirs, tmp_path):
     get_backend("int8").load(int8_cfg(tiny_dirs, tmp_path, calibration_queries=str(first)))
     again = get_backend("int8").load(int8_cfg(tiny_dirs, tmp_path, calibration_queries=str(moved)))
     assert "; read from" in again.info[0] and f"the queries of {moved}" in again.info[0]
+
+
+def test_the_cache_is_turned_off_from_the_command_line():
+    from qcls.backends.int8 import options
+    from qcls.config.compose import compose
+    assert options(compose(["backend=int8"]))["cache"] is True
+    assert options(compose(["backend=int8", "backend.options.cache=false"]))["cache"] is False
