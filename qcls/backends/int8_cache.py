@@ -85,7 +85,10 @@ def read(path: Path, model: nn.Module, dtype: torch.dtype) -> Int8Report | None:
         raise ValueError(f"{len(modules)} linears in the file, its report says {report.int8}")
     for parent, name, mod in modules.values():
         setattr(parent, name, mod)
-    os.utime(path)  # the newest files are the ones kept
+    try:
+        os.utime(path)  # the most recently used files are the ones kept
+    except OSError:  # a read-only cache (one prepared for a container) is read all the same
+        pass
     return report
 
 

@@ -110,3 +110,15 @@ def test_the_cache_is_turned_off_from_the_command_line():
     from qcls.config.compose import compose
     assert options(compose(["backend=int8"]))["cache"] is True
     assert options(compose(["backend=int8", "backend.options.cache=false"]))["cache"] is False
+
+
+def test_a_read_only_cache_is_read(tiny_dirs, tmp_path, monkeypatch):
+    c = int8_cfg(tiny_dirs, tmp_path)
+    get_backend("int8").load(c)
+
+    def read_only(*args, **kwargs):  # what a cache folder mounted read-only answers (root is never refused here)
+        raise PermissionError(30, "Read-only file system")
+
+    monkeypatch.setattr(int8_cache.os, "utime", read_only)
+    again = get_backend("int8").load(c)
+    assert "; read from" in again.info[0] and not again.notes
