@@ -8,9 +8,9 @@ A file holds every Int8Linear's buffers and the calibration's report. It is name
 - the calibration's: the token ids it ran over (the prompts, the queries, the token budget), the options that
   choose the quantization, the model's dtype and the device kind, and FORMAT.
 
-The newest KEEP files of one model's weights stay (a file is as large as the int8 weights: ~0.1 GB for the demo
-models, ~7.5 GB for Qwen3-8B); older ones are removed when a new one is written. Files are written whole and renamed
-into place, so two processes calibrating at once leave one complete file.
+The KEEP most recently used files of one model's weights stay (a file is as large as the int8 weights: ~0.1 GB for
+the demo models, ~7 GB for Qwen3-8B); older ones are removed when a new one is written. Files are written whole and
+renamed into place, so two processes calibrating at once leave one complete file.
 """
 from __future__ import annotations
 
