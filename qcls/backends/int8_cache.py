@@ -108,6 +108,13 @@ def write(path: Path, model: nn.Module, report: Int8Report) -> None:
     finally:
         tmp.unlink(missing_ok=True)
     weights = path.name.split("-", 1)[0]
-    same = sorted(path.parent.glob(f"{weights}-*.safetensors"), key=lambda p: p.stat().st_mtime, reverse=True)
+    same = sorted(path.parent.glob(f"{weights}-*.safetensors"), key=_used, reverse=True)
     for old in same[KEEP:]:
         old.unlink(missing_ok=True)
+
+
+def _used(p: Path) -> float:
+    try:
+        return p.stat().st_mtime
+    except FileNotFoundError:  # removed by another process's write a moment ago
+        return 0.0
