@@ -85,6 +85,8 @@ class Int8Backend(Backend):
         model = sources.load_model(src, dtype, layers)  # on the CPU; each layer moves once it is its turn
         ids, mask = cal.calibration_batch(cfg, tokenizer, queries, int(opts["calibration_tokens"]))
         report, where, notes = quantize(cfg, model, ids, mask, device, dtype, opts)
+        if opts["calibration_queries"]:  # the file named now (a cached calibration of its queries may name another)
+            report.source = f"the queries of {opts['calibration_queries']}"
         model.to(device)  # what is still on the CPU: nothing but placeholders, normally
         total = sum(len(g) for g in cal.GROUPS) * len(model.model.layers)
         memory = module_bytes(model)
@@ -100,13 +102,8 @@ class Int8Backend(Backend):
 def quantize(cfg: QclsConfig, model, ids, mask, device, dtype, opts) -> tuple[cal.Int8Report, str, list[str]]:
     """The model's decoder linears in W8A8: read from the cache where this calibration was done before, otherwise
     calibrated (and saved). Returns the report, where the weights came from or went, and warnings."""
-    def named(report: cal.Int8Report) -> cal.Int8Report:
-        if opts["calibration_queries"]:  # the file named now: a cached calibration of its queries may name another
-            report.source = f"the queries of {opts['calibration_queries']}"
-        return report
-
     def calibrate() -> cal.Int8Report:
-        return named(cal.quantize_model(model, ids, mask, device, opts["alphas"], float(opts["max_error"])))
+        return cal.quantize_model(model, ids, mask, device, opts["alphas"], float(opts["max_error"]))
 
     if not opts["cache"]:
         return calibrate(), "", []
@@ -116,7 +113,7 @@ def quantize(cfg: QclsConfig, model, ids, mask, device, dtype, opts) -> tuple[ca
     try:
         report = int8_cache.read(path, model, dtype)
         if report is not None:
-            return named(report), f"; read from {path}", notes
+            return report, f"; read from {path}", notes
     except Exception as e:  # a damaged or foreign file costs a calibration, said here, never a failed start
         notes.append(f"int8: {path} could not be read ({type(e).__name__}: {e}); calibrated again")
     report = calibrate()

@@ -10,7 +10,7 @@ A file holds every Int8Linear's buffers and the calibration's report. It is name
 
 The KEEP most recently used files of one model's weights stay (a file is as large as the int8 weights: ~0.1 GB for
 the demo models, ~7 GB for Qwen3-8B); older ones are removed when a new one is written. Files are written whole and
-renamed into place, so two processes calibrating at once leave one complete file.
+renamed into place (sources.atomic_file), so two processes calibrating at once leave one complete file.
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from qcls.backends.int8_calibration import GROUPS, Int8Report, parent_of
+from qcls.backends.sources import atomic_file
 from qcls.engine.int8_linear import Int8Linear
 from qcls.heads.weights_fingerprint import weights_fingerprint
 
@@ -100,13 +101,8 @@ def write(path: Path, model: nn.Module, report: Int8Report) -> None:
                for b in BUFFERS if getattr(mod, b) is not None}
     meta = {"format": str(FORMAT), "report": json.dumps({**report.__dict__, "alphas": {
         str(a): n for a, n in report.alphas.items()}})}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    try:
+    with atomic_file(path) as tmp:  # streamed to disk: a Qwen3-8B file is never held in memory as bytes
         save_file(tensors, str(tmp), metadata=meta)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
     weights = path.name.split("-", 1)[0]
     same = sorted(path.parent.glob(f"{weights}-*.safetensors"), key=_used, reverse=True)
     for old in same[KEEP:]:

@@ -199,20 +199,27 @@ def _stored_tokenizer(src: Source) -> Path | None:
     return default_cache_dir() / "tokenizers" / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.pickle"
 
 
-def write_atomically(path: Path, data: bytes) -> None:
-    """`data` as the file `path`, whole or not at all (a temporary file renamed over it; mode 0600): processes
-    writing one cache entry at once each write a whole file, one wins."""
+@contextlib.contextmanager
+def atomic_file(path: Path):
+    """A temporary file beside `path` (mode 0600) to write whole; renamed over `path` when the block ends, removed
+    if it raises: processes writing one cache entry at once each write a whole file, one wins."""
     import tempfile
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".part")
+    os.close(fd)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        yield Path(tmp)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """`data` as the file `path`, whole or not at all (atomic_file)."""
+    with atomic_file(path) as tmp:
+        tmp.write_bytes(data)
 
 
 _gguf_scope = threading.local()  # .parsed: {file key: metadata} while a scope is open in this thread

@@ -122,3 +122,16 @@ def test_a_read_only_cache_is_read(tiny_dirs, tmp_path, monkeypatch):
     monkeypatch.setattr(int8_cache.os, "utime", read_only)
     again = get_backend("int8").load(c)
     assert "; read from" in again.info[0] and not again.notes
+
+
+def test_a_write_that_fails_halfway_leaves_no_file(tiny_dirs, tmp_path, monkeypatch):
+    import safetensors.torch
+
+    def disk_full(tensors, filename, metadata=None):
+        open(filename, "wb").write(b"half a file")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", disk_full)
+    loaded = get_backend("int8").load(int8_cfg(tiny_dirs, tmp_path))
+    assert any("No space left on device" in n for n in loaded.notes), loaded.notes
+    assert list((tmp_path / "int8").iterdir()) == []
