@@ -224,7 +224,7 @@ class QclsConfig(_Strict):
     max_query_tokens: int = Field(default=64, ge=1)
     max_queries_per_request: int = Field(default=16, ge=1)
     gpu_memory_gib: float | None = None  # budget checked before loading; None = the card's total
-    cache_dir: str | None = None  # demo-model conversion cache; None = ~/.cache/qcls
+    cache_dir: str | None = None  # demo-model conversions and int8 calibrations; None = ~/.cache/qcls
     seed: int = 0
     serve: ServeSpec = ServeSpec()
     # a head or calibration file (qcls/heads/files.py): absolute, or relative to the cwd, then the repo;
