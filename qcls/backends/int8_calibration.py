@@ -13,7 +13,6 @@ from `alphas` by the output error on the calibration rows, ‖Y_int8 − Y‖ / 
 """
 from __future__ import annotations
 
-import csv
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from torch import nn
 from qcls.engine.int8_kernels import quantize_rows_torch
 from qcls.engine.int8_linear import Int8Linear, int_mm, quantize_weight
 from qcls.errors import ConfigError
+from qcls.query_files import Reader
 
 # queries written into each prompt's template where the user gives no query file: varied in length, language and
 # kind, so that the query positions' activations are seen too (the prompts' fixed text is most of every row)
@@ -53,26 +53,28 @@ class Int8Report:
                 f"prompts' text around {self.source} ({alphas}; largest output error {self.worst:.3f}){kept}")
 
 
+FORMATS_WAY_OUT = ("give a .csv or .tsv with a `query` column, a .jsonl file of {\"query\": …} objects, a .txt "
+                   "file of one query a line or a .parquet file (backend.options.calibration_queries=PATH), or "
+                   "null for the built-in queries")
+
+
 def read_queries(path: str) -> list[str]:
-    """Queries from a CSV with a `query` column, a JSON-lines file of {"query": …}, or a text file of one per line."""
+    """Every query of a query file, read as `qcls bulk` reads its input (qcls/query_files.py); any file or row it
+    cannot read is refused, naming the option, the file and the line."""
     p = Path(path).expanduser()
     if not p.is_file():
-        raise ConfigError(f"backend int8: calibration_queries file {str(p)!r} does not exist",
-                          "give a CSV with a `query` column or a text file of one query per line "
-                          "(backend.options.calibration_queries=PATH), or null for the built-in queries")
-    text = p.read_text(encoding="utf-8")
-    if p.suffix == ".csv":
-        rows = list(csv.DictReader(text.splitlines()))
-        if not rows or "query" not in rows[0]:
-            raise ConfigError(f"backend int8: {str(p)!r} has no `query` column",
-                              "name the column of queries `query`, or pass a text file of one query per line")
-        out = [r["query"] for r in rows]
-    elif p.suffix == ".jsonl":
-        import json
-        out = [json.loads(line).get("query", "") for line in text.splitlines() if line.strip()]
-    else:
-        out = text.splitlines()
-    out = [q.strip() for q in out if q and q.strip()]
+        raise ConfigError(f"backend int8: calibration_queries file {str(p)!r} does not exist", FORMATS_WAY_OUT)
+    try:
+        reader = Reader(p)  # the extension, NUL bytes, the header or first object: checked before any row
+    except ConfigError as e:
+        raise ConfigError(f"backend int8: calibration_queries: {e.what}", FORMATS_WAY_OUT) from None
+    out = []
+    for row in reader.rows():
+        if row.error:  # undecodable bytes, a malformed record, a missing or non-text query
+            raise ConfigError(f"backend int8: calibration_queries {str(p)!r} line {row.line}: {row.error}",
+                              "mend or remove that line, or " + FORMATS_WAY_OUT)
+        if row.query.strip():
+            out.append(row.query.strip())
     if not out:
         raise ConfigError(f"backend int8: {str(p)!r} holds no query", "give a file with at least one query")
     return out

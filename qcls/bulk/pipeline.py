@@ -23,7 +23,7 @@ from typing import Callable, Iterator
 from qcls.results.cache import ResultCache
 from qcls.bulk.outputs import Columns, Result
 from qcls.bulk.progress import Tally
-from qcls.bulk.readers import Row
+from qcls.query_files import Row
 from qcls.results import QueryResult
 from qcls.results.requests import error_kind, finish_batch, start_batch
 

@@ -6,7 +6,7 @@ output, or any query file.
   qcls/predictions/schema.py); a part that does not (a file from elsewhere) or that has a row that is not a JSON
   object (a part cut short by a crash) is refused, naming the file and the row. Parts written under different configurations (before and
   after a reload) are read alike: only the queries are used.
-- A **file** is read as `qcls bulk` reads its input (qcls/bulk/readers.py: `.txt` one query a line, `.csv` /
+- A **file** is read as `qcls bulk` reads its input (qcls/query_files.py: `.txt` one query a line, `.csv` /
   `.tsv` with a header, `.jsonl`, `.parquet`), the query in column `query` or the one named; a bulk output
   keeps its input's query column, so the same name reads it. Rows without a query are skipped and counted.
 
@@ -19,7 +19,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from qcls.bulk.readers import Reader
+from qcls.query_files import Reader
 from qcls.errors import ConfigError, missing_package
 from qcls.predictions.schema import QUERY, prediction_columns
 

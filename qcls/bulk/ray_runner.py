@@ -1,7 +1,7 @@
 """The bulk run through Ray Data: read → an actor pool of Classifiers → write, on one machine or a cluster.
 
 - Read: `ray.data.read_parquet` for Parquet; for the text formats `ray.data.read_binary_files` and the same
-  parsers as the single-process path (qcls/bulk/readers.py) in a `flat_map`, so rows, line numbers and
+  parsers as the single-process path (qcls/query_files.py) in a `flat_map`, so rows, line numbers and
   error rows are the same (one read task per file: split a large log into several files to read in parallel).
 - Classify: `map_batches` over `BulkActor`, `concurrency=N` actors, `num_gpus=1` each where the cluster has
   GPUs. Each actor builds and warms one Classifier in `__init__` and dedupes what it gets through its own
@@ -42,7 +42,7 @@ from qcls.bulk.options import BulkOptions
 from qcls.bulk.outputs import Columns, Format
 from qcls.bulk.progress import Progress, Tally, format_summary, summary
 from qcls.bulk.ray_tally import actor_info, tally_actor
-from qcls.bulk.readers import Row, with_query, parse_bytes
+from qcls.query_files import Row, with_query, parse_bytes
 from qcls.bulk.pipeline import SLICE_ROWS, Feed, process_chunk
 from qcls.bulk.runner import plan
 from qcls.errors import ConfigError, MissingPackageError, missing_package

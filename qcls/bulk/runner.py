@@ -29,7 +29,7 @@ from qcls.bulk.options import BulkOptions
 from qcls.bulk.outputs import Columns, Format, output_format
 from qcls.bulk.pipeline import SLICE_ROWS, Feed, count, process_chunk
 from qcls.bulk.progress import Progress, Tally, format_summary, summary
-from qcls.bulk.readers import Reader, Row, file_identity
+from qcls.query_files import Reader, Row, file_identity
 from qcls.errors import ConfigError
 
 MANIFEST = "run.json"

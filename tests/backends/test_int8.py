@@ -110,11 +110,33 @@ def test_bad_options_are_refused_with_the_way_out(tiny_dirs, options, match):
         get_backend("int8").load(cfg(tiny_dirs["qwen3"], "int8", options))
 
 
-def test_a_file_without_a_query_column_is_refused(tiny_dirs, tmp_path):
-    f = tmp_path / "q.csv"
-    f.write_text("text\nred dress\n")
-    with pytest.raises(ConfigError, match="no `query` column"):
+@pytest.mark.parametrize("name, data, match", [
+    ("q.csv", b"text\nred dress\n", r"no column 'query' in the header"),
+    ("q.xlsx", b"PK\x03\x04\x14\x00\x06\x00\x08\x00\x00\x00!\x00\xb5U", r"unknown extension '\.xlsx'"),
+    ("q.yaml", b"queries:\n  - red dress\n", r"unknown extension '\.yaml'"),
+    ("q.csv", b"query\x00\x01\x02\n", "NUL bytes"),
+    ("q.txt", b"red dress\nbad \xff byte\n", r"line 2: undecodable bytes"),
+    ("q.jsonl", b'{"query": "red dress"}\n[1, 2]\n', r"line 2: malformed"),
+    ("q.txt", b"\n  \n", "holds no query"),
+])
+def test_a_query_file_it_cannot_read_is_refused_with_the_file_and_the_formats(tiny_dirs, tmp_path, name, data,
+                                                                              match):
+    f = tmp_path / name
+    f.write_bytes(data)
+    with pytest.raises(ConfigError, match=match) as e:
         get_backend("int8").load(cfg(tiny_dirs["qwen3"], "int8", {"calibration_queries": str(f)}))
+    assert "calibration_queries" in str(e.value) or "holds no query" in str(e.value)
+    assert "backend int8" in e.value.what and e.value.way_out
+
+
+def test_every_query_format_gives_the_same_queries(tmp_path):
+    from qcls.backends.int8_calibration import read_queries
+    files = {"q.txt": "red dress\n\nblue jeans\n", "q.csv": "id,query\n1,red dress\n2,blue jeans\n",
+             "q.tsv": "query\tid\nred dress\t1\nblue jeans\t2\n",
+             "q.jsonl": '{"query": "red dress"}\n{"query": " blue jeans "}\n'}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+        assert read_queries(str(tmp_path / name)) == ["red dress", "blue jeans"], name
 
 
 def test_shapes_and_old_gpus_are_refused_before_weights_are_read(monkeypatch):

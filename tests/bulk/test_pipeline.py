@@ -15,7 +15,7 @@ from qcls.results.cache import ResultCache
 from qcls.bulk.outputs import Columns, Format
 from qcls.bulk.pipeline import Feed, process_chunk
 from qcls.bulk.progress import Tally
-from qcls.bulk.readers import Row
+from qcls.query_files import Row
 from qcls.bulk.runner import Slices
 from qcls.results import LabelScore, PromptResult, QueryResult
 from qcls.results.requests import Request, error_kind

@@ -97,7 +97,7 @@ def test_ray_two_actors_equal_single_process(tmp_path, tiny_overrides, clf_facto
 def test_rows_sorted_by_query_hash_lie_together(tmp_path, ray_cluster, fmt):
     """What several actors get: every row once, ordered by query hash, so each query's rows are one run."""
     import ray
-    from qcls.bulk.readers import Reader
+    from qcls.query_files import Reader
     queries = log_queries(300, seed=9)
     inp = tmp_path / f"log.{fmt}"
     write_log(inp, queries, fmt)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from qcls.bulk.readers import InputError, Reader
+from qcls.query_files import InputError, Reader
 
 
 def rows(path, column=None):
