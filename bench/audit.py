@@ -38,11 +38,11 @@ def setup(tiny: bool) -> tuple[list[str], dict[str, Read], str]:
         from qcls.testing.tiny_models import make_tiny_model_dir, tiny_byte_tokenizer
         d = make_tiny_model_dir(Path(tempfile.mkdtemp()) / "tiny", "qwen3", tiny_byte_tokenizer(), seed=1)
         over = ["prompts=default", "model.source=local", f"model.path={d}", "model.name=tiny", "model.head=null",
-                "engine.query_buckets=[16,32]", "max_query_tokens=32", "engine.warmup_requests=1"]
+                "engine.query_buckets=[16,32]", "max_query_tokens=32", "engine.warmup_requests=1", "backend=fp16"]
         return over, {p.name: Read(1, "position") for p in compose(over).prompts}, "tiny"
     from qcls.heads import files
     from qcls.heads.startup import resolve_path
-    over = ["model=gemma3_demo"]
+    over = ["model=gemma3_demo", "backend=fp16"]
     head = files.load(resolve_path(compose(over).model.head))
     return over, {name: ph.read for name, ph in head.prompts.items()}, "gemma3_demo"
 

@@ -74,13 +74,14 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for model in args.models:
         base = [f"model={model}", "engine.layer_exit=false"]
-        ref = Classifier(compose(base))
+        ref = Classifier(compose(base + ["backend=fp16"]))
         prompts = [p.name for p in ref.cfg.prompts]
         splits = {name: load_eval_set(path, ref.cfg.prompts, limit=args.limit) for name, path in
                   (("dev", DEV), ("test", TEST))}
         fp = {name: answers(ref, [e.query for e in s.examples]) for name, s in splits.items()}
         int8 = ["backend=int8", f"backend.options.calibration_tokens={args.tokens}"]
-        for cal, extra in (("float16 (reference)", ["backend.dtype=float16"]), ("int8, built-in queries", int8),
+        for cal, extra in (("float16 (reference)", ["backend=fp16", "backend.dtype=float16"]),
+                           ("int8, built-in queries", int8),
                            ("int8, dev queries", int8 + [f"backend.options.calibration_queries={DEV}"])):
             clf = Classifier(compose(base + extra))
             for name, s in splits.items():

@@ -46,16 +46,15 @@ TARGET, CONFIDENCE, MISS, RULE = 0.95, 0.9, 0.93, "one-se"
 def read_states(model: str) -> None:
     """Every candidate tap's states of dev + test, once (the engine's numerics, as calibrate reads them)."""
     from qcls.backends import sources
-    from qcls.backends.registry import get_backend
     from qcls.classifier import Classifier
     from qcls.config.compose import compose
     from qcls.eval.dataset import load_eval_set
     from qcls.fitting.calibrate import split_path
     from qcls.fitting.head_fitting import read_set
     from qcls.heads.weights_fingerprint import num_layers
-    over = C.checkpoint_overrides("tiny") if model == "tiny" else [f"model={model}"]
+    over = (C.checkpoint_overrides("tiny") if model == "tiny" else [f"model={model}"]) + ["backend=fp16"]
     cfg = compose(over).model_copy(update={"calibration": None})
-    n = num_layers(sources.load_config(get_backend(cfg.backend.name).source(cfg)))
+    n = num_layers(sources.load_config(sources.resolve(cfg.model, cfg.cache_dir)))
     taps = H.taps_of(H.candidate_reads("auto", "auto", n))
     clf = Classifier(cfg, taps=taps)
     sets = [read_set(clf, load_eval_set(split_path(s), cfg.prompts)) for s in ("dev", "test")]

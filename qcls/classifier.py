@@ -10,7 +10,7 @@ import torch
 from qcls.backends import sources
 from qcls.backends.base import LoadedModel
 from qcls.backends.device_memory import measured
-from qcls.backends.registry import get_backend
+from qcls.backends.registry import backend_for
 from qcls.config.compose import compose
 from qcls.config import QclsConfig
 from qcls.engine.engine import FastEngine
@@ -68,7 +68,7 @@ class Classifier:
         # checked against the prompts before anything else loads: a file that does not fit fails in milliseconds
         self.heads = heads.choose(cfg)
         self.head, self.head_path, cal_notes = self.heads.head, self.heads.path, self.heads.notes
-        backend = get_backend(cfg.backend.name)
+        backend = backend_for(cfg)
         with sources.gguf_metadata_read_once():  # a GGUF's header is read for the tokenizer, config and model
             loaded, given = self._read(backend, loaded)
         yield "the configuration's checks and prompts"  # the device work starts: a head's weight fingerprint copies

@@ -47,7 +47,8 @@ def pytest_configure(config):
 
 
 # Small buckets keep CPU warm-up short; the engine's logic is the same for any bucket list.
-FAST = ["engine.query_buckets=[8,16]", "max_query_tokens=16", "engine.warmup_requests=1"]
+# float32 on the CPU, as the references compute (the default, auto, runs int8 on a CPU: its own tests)
+FAST = ["engine.query_buckets=[8,16]", "max_query_tokens=16", "engine.warmup_requests=1", "backend=fp16"]
 
 _demo_weights: dict[tuple, object] = {}
 _fresh_load = False
@@ -188,11 +189,11 @@ def prompt(name: str, labels: list[str], system: str = "Pick one label.", label_
 
 
 def tiny_cfg(model_dir: str, prompts: list[dict], **extra):
-    """A validated config for a local tiny model (fp32 on the CPU)."""
+    """A validated config for a local tiny model (fp32 on the CPU unless `backend` says otherwise)."""
     from qcls.config.compose import validate
     engine = {"query_buckets": [8, 16], "warmup_requests": 1, **extra.pop("engine", {})}
     data = {"model": {"name": "tiny", "source": "local", "path": model_dir}, "prompts": prompts,
-            "max_query_tokens": 16, "engine": engine, **extra}
+            "max_query_tokens": 16, "engine": engine, "backend": {"name": "fp16"}, **extra}
     return validate(data)
 
 

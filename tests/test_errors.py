@@ -157,8 +157,9 @@ def test_offline_hub_id_uses_the_cache_or_names_the_ways_out(tiny_dirs, tmp_path
 def test_memory_budget_is_refused_before_any_weight(tiny_dirs, monkeypatch, capsys):
     import torch
 
-    from qcls.backends import fp16, sources
-    monkeypatch.setattr(fp16, "resolve_device", lambda cfg: torch.device("cuda"))  # the preflight runs on CUDA
+    from qcls.backends import fp16, registry, sources
+    for module in (fp16, registry):  # the default backend is fp16 on a GPU, whose preflight runs on CUDA
+        monkeypatch.setattr(module, "resolve_device", lambda cfg: torch.device("cuda"))
     monkeypatch.setattr(sources, "load_model", lambda *a, **k: pytest.fail("weights read before the check"))
     assert_clean(*cli(["classify", "x", *tiny(tiny_dirs), "gpu_memory_gib=0.001"], capsys),
                  "over the budget of 0.00 GiB", "gpu_memory_gib", "qcls check")

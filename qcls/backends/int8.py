@@ -17,10 +17,11 @@ from qcls.backends.base import Backend, LoadedModel, backend_options, module_byt
 from qcls.config import QclsConfig
 from qcls.engine.int8_linear import cpu_gemm, shapes_ok
 from qcls.errors import ConfigError, DeviceError
+from qcls.progress import step_note
 
 WAY_OUT = "use backend=fp16"
 DEFAULTS = {
-    "calibration_queries": None,  # a query file (CSV `query` column, JSON lines, or one per line); None: built-in
+    "calibration_queries": None,  # a query file (.csv/.tsv `query` column, .jsonl, .txt, .parquet); None: built-in
     "calibration_tokens": 4096,  # tokens of calibration text (prompts around queries) the layers are run over
     "alphas": [0.0, 0.25, 0.5, 0.75],  # smoothing strengths tried per group of linears (0: none)
     "max_error": 0.1,  # a group whose relative output error stays above this keeps floating-point weights
@@ -103,6 +104,9 @@ def quantize(cfg: QclsConfig, model, ids, mask, device, dtype, opts) -> tuple[ca
     """The model's decoder linears in W8A8: read from the cache where this calibration was done before, otherwise
     calibrated (and saved). Returns the report, where the weights came from or went, and warnings."""
     def calibrate() -> cal.Int8Report:
+        kept = "kept for later starts with these prompts" if opts["cache"] else "backend.options.cache=false"
+        step_note(f"int8: calibrating the decoder linears on {ids.shape[0]} rows of the prompts' text ({kept}; "
+                  f"backend=fp16 starts without it, in float32 on a CPU)")
         return cal.quantize_model(model, ids, mask, device, opts["alphas"], float(opts["max_error"]))
 
     if not opts["cache"]:

@@ -170,6 +170,8 @@ def estimate(cfg: QclsConfig, model_config: Any, backend: str | None = None,
     head's layer)."""
     backend = backend or cfg.backend.name
     opts = _options(cfg, backend)
+    if backend == "auto":  # an estimate is of GPU memory, and on a GPU auto runs fp16
+        backend, opts = "fp16", {}
     budget = budget if budget is not None else budget_bytes(cfg)
     pc = param_counts(model_config)
     if layers is not None and layers < pc.layers:

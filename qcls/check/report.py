@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from qcls.backends import memory, sources
-from qcls.backends.registry import BACKENDS
+from qcls.backends.registry import AUTO, BACKENDS
 from qcls.config import QclsConfig
 from qcls.heads.depth import plan_depth
 from qcls.heads.weights_fingerprint import num_layers
@@ -143,11 +143,17 @@ def forward_tokens(cfg: QclsConfig, layouts: list[PromptLayout], query_tokens: i
     return pool.n_slots, out
 
 
+def gpu_backend(cfg: QclsConfig) -> str:
+    """The backend the configuration runs on a GPU, whose memory the check estimates: auto's is fp16."""
+    return "fp16" if cfg.backend.name == AUTO else cfg.backend.name
+
+
 def backend_fits(cfg: QclsConfig, mc, layers: int | None = None) -> tuple[list[BackendFit], str | None]:
     """Every registered backend's estimate against the budget, and the refusal the configured backend
     would meet at start-up (None when it fits or there is no budget); `layers`: only that many are loaded."""
     budget = memory.budget_bytes(cfg)
     fits, refusal = [], None
+    on_gpu = gpu_backend(cfg)
     for name in BACKENDS:
         applies = memory.applies(name, mc)
         try:
@@ -162,7 +168,7 @@ def backend_fits(cfg: QclsConfig, mc, layers: int | None = None) -> tuple[list[B
         fits.append(BackendFit(name, applies, _gib(e.total), _gib(e.weights_gpu), _gib(e.weights_cpu),
                                _gib(e.kv_buffer), _gib(e.activations), e.layers_on_gpu, e.n_layers,
                                None if budget is None else e.total <= budget, note))
-        if name == cfg.backend.name:
+        if name == on_gpu:
             try:
                 memory.check_budget(cfg, e)
             except memory.MemoryBudgetError as err:
@@ -182,7 +188,8 @@ def build(cfg: QclsConfig, query_tokens: int = 8) -> CheckReport:
     where = src.path + (f" ({src.gguf_file})" if src.gguf_file else "")
     budget = memory.budget_bytes(cfg)
     rep = CheckReport(cfg.model.name, f"{cfg.model.source}: {where}", describe_config(mc), cfg.strategy,
-                      cfg.engine.kind, cfg.backend.name, None if budget is None else _gib(budget))
+                      cfg.engine.kind, cfg.backend.name + (" (int8 on a CPU, fp16 on a GPU)" if cfg.backend.name == AUTO
+                                                           else ""), None if budget is None else _gib(budget))
     rep.head, head = head_check(cfg, mc, rep.problems)
     depth = plan_depth(num_layers(mc), head, [p.name for p in cfg.prompts], enabled=cfg.engine.layer_exit,
                        engine=cfg.engine.kind, default_head=bool(rep.head and rep.head["default"]))
@@ -194,8 +201,8 @@ def build(cfg: QclsConfig, query_tokens: int = 8) -> CheckReport:
     rep.backends, refusal = backend_fits(cfg, mc, depth.loads_part)
     if refusal:
         rep.problems.append(refusal)
-    if cfg.backend.name in BACKENDS and not memory.applies(cfg.backend.name, mc):
-        rep.problems.append(next(b.note for b in rep.backends if b.backend == cfg.backend.name)
+    if not memory.applies(gpu_backend(cfg), mc):
+        rep.problems.append(next(b.note for b in rep.backends if b.backend == gpu_backend(cfg))
                             + f" (backend={cfg.backend.name})")
     return rep
 

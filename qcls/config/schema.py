@@ -86,7 +86,7 @@ class ModelSpec(_Strict):
 class BackendSpec(_Strict):
     """Which backend turns the checkpoint into the modules the engine calls (see qcls/backends/)."""
 
-    name: str = "fp16"
+    name: str = "auto"  # int8 on a CPU, fp16 on a GPU (qcls/backends/registry.py)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     # auto: float16 on a GPU, float32 on the CPU (fp16 matmuls on the CPU are slow and less exact)
     dtype: Literal["auto", "float16", "float32"] = "auto"

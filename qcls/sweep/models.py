@@ -62,6 +62,6 @@ def budget_check(cfg: QclsConfig, loaded: LoadedModel) -> None:
     buffers, which depend on prompts and buckets: run it again for this job's config (CUDA only)."""
     if loaded.device.type != "cuda":
         return
-    from qcls.backends.registry import get_backend
-    backend = get_backend(cfg.backend.name)
+    from qcls.backends.registry import backend_for
+    backend = backend_for(cfg)
     backend.preflight(cfg, backend.source(cfg), loaded.device)

@@ -15,7 +15,7 @@ def _cfg(**kw):
 
 def test_default_composition_is_the_mission():
     cfg = compose([])
-    assert cfg.model.source == "demo" and cfg.backend.name == "fp16" and cfg.strategy == "trie"
+    assert cfg.model.source == "demo" and cfg.backend.name == "auto" and cfg.strategy == "trie"
     assert [p.name for p in cfg.prompts] == ["category", "audience"]
     assert cfg.prompts[0].labels[-1] == "none" and "pregnant" in cfg.prompts[1].labels
     assert cfg.prompts[0].template.count("{query}") == 1 and cfg.prompts[0].label_prefix == " "
