@@ -217,7 +217,8 @@ def _prediction_rows(data: EvalSet, per: dict[str, PromptScores], exact: dict[st
 
 
 def _config_summary(cfg: QclsConfig, spec: EvalSpec) -> dict[str, Any]:
-    return {"model": cfg.model.name, "backend": cfg.backend.name, "strategy": cfg.strategy,
+    from qcls.backends.registry import resolved_name
+    return {"model": cfg.model.name, "backend": resolved_name(cfg), "strategy": cfg.strategy,  # auto: what it ran
             "engine": cfg.engine.kind, "max_batch_size": cfg.engine.max_batch_size,
             "prompts": [p.name for p in cfg.prompts], "calibration": cfg.calibration_file,
             "calibration_is_default": cfg.calibration_is_default,

@@ -186,6 +186,7 @@ def test_colliding_first_tokens_fail_the_job_before_any_weight_loads(tiny_dirs, 
     assert rc == 0
     r = json.loads((out / "result.json").read_text())
     assert r["status"] == "failed" and "first-token scoring" in r["reason"], r["reason"]
+    assert r["config"]["backend"] == "int8"  # the default, auto, is recorded as what it runs on this CPU
     assert "1 jobs: 0 ok, 1 failed" in (out / "summary.md").read_text()
 
 
